@@ -1,0 +1,5 @@
+import sys
+
+from callproof.cli import main
+
+sys.exit(main())

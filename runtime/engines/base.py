@@ -1,0 +1,102 @@
+"""The engine interface: what the gateway needs from a decoding runtime.
+
+An engine takes plain chat messages (tools already rendered into them by a renderer), at
+most one constraint, and sampling parameters, and returns text. Two implementations:
+embedded (transformers + a grammar backend, in-process) and vllm (HTTP client of a vLLM
+server doing structured outputs). Faults raise runtime.errors.EngineError subclasses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from runtime.constraint import Constraint
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding parameters; temperature 0 means greedy (deterministic, replayable)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def as_manifest(self) -> dict[str, object]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "seed": self.seed,
+            "stop": list(self.stop),
+        }
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """What the manifest binds about the engine that produced an output."""
+
+    model: str
+    weights_digest: str | None
+    tokenizer_digest: str | None
+    engine: str  # "embedded" | "vllm"
+    backend: str  # grammar backend that enforces constraints, e.g. "llguidance"
+
+
+@dataclass(frozen=True)
+class Generation:
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+    backend: str  # backend that actually enforced this request's constraint ("none" if free)
+    fallback: str | None = None  # e.g. "post_hoc_retry:2" when no backend could compile it
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+StreamEvent = TextDelta | Generation  # deltas, then exactly one final Generation
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class Engine(Protocol):
+    identity: EngineIdentity
+
+    async def generate(
+        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+    ) -> Generation: ...
+
+    def stream(
+        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+    ) -> AsyncIterator[StreamEvent]: ...
+
+    async def ready(self) -> bool:
+        """True when the engine can serve a request now (model loaded / server healthy)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+__all__ = [
+    "ChatMessage",
+    "Engine",
+    "EngineIdentity",
+    "FinishReason",
+    "Generation",
+    "Sampling",
+    "StreamEvent",
+    "TextDelta",
+]

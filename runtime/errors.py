@@ -1,0 +1,93 @@
+"""Typed errors raised by runtime/.
+
+Every input error names the request parameter at fault (``param``) and a stable ``code`` so
+the gateway can turn it into an OpenAI-shaped 4xx without guessing. Faults of the decoding
+runtime itself (engine unreachable) are a separate family: the gateway fails closed on them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RuntimeInputError(ValueError):
+    """The request cannot be served as given; fixing the request fixes the error (HTTP 400)."""
+
+    code: str = "invalid_request"
+    status: int = 400
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class ConflictingConstraints(RuntimeInputError):
+    code = "conflicting_constraints"
+
+
+class InvalidTools(RuntimeInputError):
+    code = "invalid_tools"
+
+
+class UnknownTool(RuntimeInputError):
+    code = "unknown_tool"
+
+
+class InvalidSchema(RuntimeInputError):
+    code = "invalid_schema"
+
+
+class InvalidRegex(RuntimeInputError):
+    code = "invalid_regex"
+
+
+class InvalidGrammar(RuntimeInputError):
+    code = "invalid_grammar"
+
+
+class ConstraintTooComplex(RuntimeInputError):
+    """Over a configured limit: schema size or depth, tool count, regex complexity."""
+
+    code = "constraint_too_complex"
+
+
+class UnsupportedParameter(RuntimeInputError):
+    code = "unsupported_parameter"
+
+
+class StructuredOutputInvalid(RuntimeInputError):
+    """The fallback path could not produce output that validates (non-transient, HTTP 422)."""
+
+    code = "structured_output_invalid"
+    status = 422
+
+    def __init__(self, message: str, *, schema: Any, raw_output: str, pointer: str):
+        super().__init__(message, param="response_format")
+        self.schema = schema
+        self.raw_output = raw_output
+        self.pointer = pointer
+
+
+class EngineError(RuntimeError):
+    """The decoding runtime failed; the request may succeed later (the gateway answers 503)."""
+
+    status: int = 503
+    code: str = "engine_unavailable"
+
+
+class EngineUnavailable(EngineError):
+    """The engine is not loaded, unreachable, or timed out."""
+
+
+class EngineRejected(EngineError):
+    """The upstream engine refused the request with a 4xx; carries its status and message."""
+
+    code = "upstream_rejected"
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message

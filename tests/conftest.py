@@ -1,0 +1,49 @@
+"""Shared fixtures: the throwaway Postgres cluster and database URLs for both stores."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from callproof.devpg import throwaway_postgres
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SHARED_TESTDATA = PROJECT_ROOT.parent / "shared" / "testdata"
+
+
+@pytest.fixture(scope="session")
+def postgres_server_url() -> Iterator[str]:
+    """URL of a real Postgres cluster started for this test session."""
+    with throwaway_postgres() as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_postgres_url(postgres_server_url: str) -> Iterator[str]:
+    """A new, empty database on the session cluster (schema created by the test via Alembic)."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = "t_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    url = postgres_server_url.rsplit("/", 1)[0] + "/" + name
+    yield url
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
+
+
+@pytest.fixture
+def fresh_sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """A fresh empty database of each kind: the same test runs on SQLite and Postgres."""
+    return request.getfixturevalue(f"fresh_{request.param}_url")
