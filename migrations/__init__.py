@@ -1,0 +1,1 @@
+"""Alembic migrations: the only way callproof's tables are created (tests included)."""

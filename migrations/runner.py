@@ -1,0 +1,44 @@
+"""Run the migrations from Python: ``upgrade(url)`` is what tests, `callproof ledger migrate`
+and the gateway call; it works from an installed package (no alembic.ini in the cwd)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+
+HERE = Path(__file__).resolve().parent
+
+
+def alembic_config() -> Config:
+    """The packaged alembic.ini, with paths resolved against the installed package."""
+    cfg = Config(str(HERE / "alembic.ini"))
+    cfg.set_main_option("script_location", str(HERE))
+    cfg.set_main_option("version_locations", str(HERE / "versions"))
+    return cfg
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Bring the database at ``url`` up to ``revision`` (idempotent)."""
+    cfg = alembic_config()
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, revision)
+    finally:
+        engine.dispose()
+
+
+def current(url: str) -> str | None:
+    """The revision the database is at (None before the first migration)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()

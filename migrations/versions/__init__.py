@@ -1,0 +1,1 @@
+"""Alembic revision scripts (a package so they ship inside the installed distribution)."""

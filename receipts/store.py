@@ -1,0 +1,165 @@
+"""SQLAlchemy 2 models of the ledger tables (Postgres and SQLite).
+
+The models describe the tables; migrations/versions/0001_ledger.py is what creates them (a
+test compares the two). Every table except ``chains`` is append-only: the migration installs
+triggers that reject UPDATE and DELETE, so the only mutable row is a chain's head.
+
+The full signed receipt is kept as its canonical JSON text in ``receipts.body``; the other
+columns of ``receipts`` (and the ``receipt_calls`` / ``receipt_links`` rows) are copies that
+exist only so the audit queries can use indexes. The verifier trusts the body and checks
+that the copies agree with it.
+
+``created_at`` is stored as the receipt's own fixed-width RFC 3339 UTC string
+(``2026-11-21T23:15:00.123456Z``): it is byte-identical to the signed value, sorts
+chronologically as text, and behaves the same in both databases.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+HASH = String(64)
+"""A SHA-256 digest in lowercase hex."""
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class ChainRow(Base):
+    """One row per chain (= tenant): the head that appends lock to stay serialised.
+
+    ``frontier`` is the Merkle tree's right edge at ``head_seq`` (the roots of its perfect
+    subtrees, largest first, hex, comma-separated), so a batch can extend the tree and sign
+    a checkpoint without reading any receipt back.
+    """
+
+    __tablename__ = "chains"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    head_seq: Mapped[int] = mapped_column(BigInteger)
+    head_hash: Mapped[str] = mapped_column(HASH)
+    frontier: Mapped[str] = mapped_column(Text)
+    key_id: Mapped[str | None] = mapped_column(String(64))
+    checkpoint_size: Mapped[int] = mapped_column(BigInteger)
+    checkpoint_at: Mapped[int] = mapped_column(BigInteger)
+    """Unix time (seconds) of the latest checkpoint; 0 before the first."""
+
+
+class ReceiptRow(Base):
+    __tablename__ = "receipts"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    created_at: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str] = mapped_column(String(128))
+    key_id: Mapped[str] = mapped_column(String(64))
+    manifest_hash: Mapped[str] = mapped_column(HASH)
+    schema_hash: Mapped[str | None] = mapped_column(HASH)
+    model: Mapped[str] = mapped_column(String(256))
+    output_kind: Mapped[str] = mapped_column(String(16))
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    prev_hash: Mapped[str] = mapped_column(HASH)
+    entry_hash: Mapped[str] = mapped_column(HASH)
+    body: Mapped[str] = mapped_column(Text)
+    """The whole signed receipt as RFC 8785 canonical JSON (the authoritative copy)."""
+
+    __table_args__ = (
+        Index("ix_receipts_chain_created_at", "chain", "created_at"),
+        Index("ix_receipts_chain_model_seq", "chain", "model", "seq"),
+        Index("ix_receipts_chain_schema_hash_seq", "chain", "schema_hash", "seq"),
+    )
+
+
+class CallRow(Base):
+    """One row per tool call a receipt issued: serves lookups by call id and by tool name."""
+
+    __tablename__ = "receipt_calls"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    call_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    tool_name: Mapped[str] = mapped_column(String(256))
+
+    __table_args__ = (Index("ix_receipt_calls_chain_tool_seq", "chain", "tool_name", "seq"),)
+
+
+class LinkRow(Base):
+    """A receipt answering an earlier tool call (``tool_call_id``), resolved or not."""
+
+    __tablename__ = "receipt_links"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tool_call_id: Mapped[str] = mapped_column(String(64))
+    receipt_id: Mapped[str | None] = mapped_column(String(32))
+
+    __table_args__ = (Index("ix_receipt_links_chain_call", "chain", "tool_call_id"),)
+
+
+class SchemaRow(Base):
+    """Content-addressed schemas: sha256(JCS(schema)) -> the canonical JSON that hashed."""
+
+    __tablename__ = "schemas"
+
+    hash: Mapped[str] = mapped_column(HASH, primary_key=True)
+    body: Mapped[str] = mapped_column(Text)
+
+
+class SigningKeyRow(Base):
+    __tablename__ = "signing_keys"
+
+    key_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    public_key_pem: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[str] = mapped_column(String(32))
+
+
+class KeyRangeRow(Base):
+    """From ``first_seq`` on, a chain's receipts are signed by ``key_id`` (until the next row).
+
+    One row per switch of signer, written in the batch that made the switch; the range's end
+    is the next row's first_seq - 1, or the chain head.
+    """
+
+    __tablename__ = "key_ranges"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    first_seq: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    key_id: Mapped[str] = mapped_column(ForeignKey("signing_keys.key_id"))
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    tree_size: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    root_hash: Mapped[str] = mapped_column(HASH)
+    timestamp: Mapped[str] = mapped_column(String(32))
+    key_id: Mapped[str] = mapped_column(String(64))
+    body: Mapped[str] = mapped_column(Text)
+    """The signed checkpoint as canonical JSON."""
+
+
+class MerkleNodeRow(Base):
+    """Hash of the perfect subtree covering leaves [idx * 2**level, (idx + 1) * 2**level).
+
+    Stored for level >= 1 as each subtree completes (level 0 is the receipts' entry hashes),
+    so an inclusion or consistency proof at any size reads O(log n) rows.
+    """
+
+    __tablename__ = "merkle_nodes"
+
+    chain: Mapped[str] = mapped_column(String(128), primary_key=True)
+    level: Mapped[int] = mapped_column(Integer, primary_key=True)
+    idx: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    hash: Mapped[bytes] = mapped_column(LargeBinary(32))
+
+
+APPEND_ONLY_TABLES: tuple[str, ...] = (
+    "receipts", "receipt_calls", "receipt_links", "schemas", "signing_keys", "key_ranges",
+    "checkpoints", "merkle_nodes",
+)
+"""Tables whose rows the database refuses to UPDATE or DELETE (migration triggers)."""
