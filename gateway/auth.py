@@ -1,0 +1,60 @@
+"""Bearer-token authentication and role checks, injected into controllers as `principal`.
+
+Each controller declares the one role it serves (`principal=Provide(require_role("agent"))`),
+so an agent key can never reach /audit and an auditor key never /v1. Looked-up keys are cached
+for a short TTL (settings.key_cache_ttl_s) to keep the database off the hot path; a revoked key
+therefore stops working within that TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from litestar import Request
+
+from gateway.apikeys import ApiKey, KeyStore, Role, hash_secret
+from gateway.errors import APIError
+
+
+class Authenticator:
+    def __init__(self, store: KeyStore, ttl_s: float):
+        self._store = store
+        self._ttl_s = ttl_s
+        self._cache: dict[str, tuple[ApiKey, float]] = {}
+
+    async def authenticate(self, authorization: str | None) -> ApiKey:
+        """The active key named by an `Authorization: Bearer cp_...` header, else 401."""
+        scheme, _, secret = (authorization or "").partition(" ")
+        secret = secret.strip()
+        if scheme.lower() != "bearer" or not secret:
+            raise APIError(
+                401, "missing API key: send Authorization: Bearer cp_...", code="invalid_api_key"
+            )
+        digest = hash_secret(secret)
+        cached = self._cache.get(digest)
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        key = await asyncio.to_thread(self._store.lookup, secret)
+        if key is None:
+            self._cache.pop(digest, None)
+            raise APIError(401, "invalid or revoked API key", code="invalid_api_key")
+        self._cache[digest] = (key, time.monotonic() + self._ttl_s)
+        return key
+
+
+def require_role(role: Role) -> Callable[[Request, Authenticator], Awaitable[ApiKey]]:
+    """A dependency provider yielding the caller's key, or raising 401/403."""
+
+    async def principal(request: Request, authenticator: Authenticator) -> ApiKey:
+        key = await authenticator.authenticate(request.headers.get("authorization"))
+        if key.role != role:
+            raise APIError(
+                403,
+                f"a {key.role} key cannot use {request.url.path}: it needs a {role} key",
+                code="wrong_role",
+            )
+        return key
+
+    return principal

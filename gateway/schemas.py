@@ -1,0 +1,271 @@
+"""Request and response bodies of the HTTP API as msgspec Structs.
+
+The OpenAPI schema Litestar serves is generated from these, so they are the single written
+form of the wire format. The chat request forbids unknown fields: a parameter the gateway does
+not implement is a 400 naming it, never silently ignored. Wire shapes follow OpenAI's API.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+# --- chat completion request --------------------------------------------------------------
+
+
+class ContentPart(Struct, omit_defaults=True):
+    type: str
+    text: str | None = None
+
+
+class FunctionCall(Struct):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class Message(Struct, omit_defaults=True):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(Struct, omit_defaults=True):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(Struct):
+    function: FunctionDef
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(Struct):
+    name: str
+
+
+class NamedToolChoice(Struct):
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+class TextFormat(Struct, tag_field="type", tag="text"):
+    pass
+
+
+class JsonObjectFormat(Struct, tag_field="type", tag="json_object"):
+    pass
+
+
+class JsonSchemaSpec(Struct, omit_defaults=True):
+    name: str
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class JsonSchemaFormat(Struct, tag_field="type", tag="json_schema"):
+    json_schema: JsonSchemaSpec
+
+
+class StreamOptions(Struct, omit_defaults=True):
+    include_usage: bool = False
+
+
+NonNegativeFloat = Annotated[float, Meta(ge=0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+
+
+class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """POST /v1/chat/completions. `regex` and `grammar` are callproof extensions (extra_body)."""
+
+    model: str
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: TextFormat | JsonObjectFormat | JsonSchemaFormat | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    n: PositiveInt | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+
+# --- chat completion response -------------------------------------------------------------
+
+
+class ReceiptRef(Struct):
+    """Where the call's receipt sits in the tenant's chain (also sent as X-Callproof-Receipt)."""
+
+    id: str
+    seq: int
+    entry_hash: str
+    manifest_hash: str
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ToolCallOut(Struct):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
+class AssistantMessage(Struct):
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+    refusal: None = None
+    role: Literal["assistant"] = "assistant"
+
+
+class Choice(Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: None = None
+
+
+class ChatCompletion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    receipt: ReceiptRef
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class FunctionDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
+class Delta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(Struct):
+    index: int
+    delta: Delta
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct, omit_defaults=True):
+    """One SSE event; `usage` only in the usage chunk, `receipt` only in the last chunk."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    usage: Usage | None = None
+    receipt: ReceiptRef | None = None
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+class ModelCard(Struct):
+    id: str
+    created: int
+    owned_by: str
+    object: Literal["model"] = "model"
+
+
+class ModelList(Struct):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+# --- audit and admin ------------------------------------------------------------------------
+
+
+class ReceiptPage(Struct):
+    items: list[dict[str, Any]]
+    next_cursor: int | None
+
+
+class CallRecord(Struct):
+    """A tool call, the receipt that issued it and the receipts whose requests answered it."""
+
+    call_id: str
+    receipt: dict[str, Any]
+    answered_by: list[dict[str, Any]]
+
+
+class VerifyRequest(Struct, forbid_unknown_fields=True):
+    from_seq: PositiveInt | None = None
+    to_seq: PositiveInt | None = None
+
+
+class ReplayRequest(Struct, forbid_unknown_fields=True):
+    force: bool = False
+
+
+class ReplayReport(Struct):
+    receipt_id: str
+    match: bool
+    forced: bool
+    differences: list[str]  # manifest fields that differ from the current engine (forced runs)
+    recorded: dict[str, Any]
+    replayed: dict[str, Any]
+    diff: list[str]
+
+
+class KeyCreate(Struct, forbid_unknown_fields=True):
+    role: Literal["agent", "auditor", "admin"]
+    tenant: Annotated[str, Meta(min_length=1, max_length=200)]
+    name: Annotated[str, Meta(max_length=200)] | None = None
+
+
+class KeyInfo(Struct):
+    id: str
+    name: str
+    role: str
+    tenant: str
+    created_at: str
+    revoked_at: str | None
+
+
+class CreatedKey(Struct):
+    key: KeyInfo
+    secret: str  # shown once; only its SHA-256 is stored
+
+
+def to_plain(value: Struct) -> Any:
+    """Builtins without the unset optional fields (what the runtime and the digests see)."""
+    return msgspec.to_builtins(value)

@@ -1,0 +1,142 @@
+"""Gateway settings: defaults < config file (TOML or YAML) < environment (CALLPROOF_*) < flags.
+
+One flat dataclass so that every knob has exactly one name, used verbatim as the config-file
+key, the flag (``--max-body-bytes``) and the environment variable (``CALLPROOF_MAX_BODY_BYTES``).
+docs/configuration.md lists them all.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_type_hints
+
+ENV_PREFIX = "CALLPROOF_"
+
+
+class SettingsError(ValueError):
+    """A setting has a bad value or the config file cannot be read (exit before serving)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    data_dir: Path = Path("data")
+    db: str | None = None  # default: SQLite at <data_dir>/ledger.db
+    host: str = "127.0.0.1"
+    port: int = 8000
+    engine: Literal["embedded", "vllm"] = "embedded"
+    model: str | None = None  # embedded: local HF dir or GGUF (default: bundled); vllm: name
+    vllm_url: str | None = None
+    weights_digest: str | None = None  # vllm: the served weights' sha256, bound in manifests
+    signing_key: Path | None = None  # default: <data_dir>/signing-key.pem, made on first run
+    retain_payloads: bool = False  # keep request messages+params in receipts (needed by replay)
+    max_body_bytes: int = 1_048_576
+    default_max_tokens: int = 256
+    max_tokens_limit: int = 4096
+    max_tools: int = 64
+    max_schema_bytes: int = 65_536
+    max_schema_depth: int = 16
+    max_regex_length: int = 1_000
+    checkpoint_every: int = 1000
+    checkpoint_interval_s: float = 60.0
+    key_cache_ttl_s: float = 2.0  # how long a looked-up API key is trusted before re-checking
+    log_level: str = "INFO"
+
+    @property
+    def db_url(self) -> str:
+        return self.db or f"sqlite:///{(self.data_dir / 'ledger.db').resolve()}"
+
+    @property
+    def signing_key_path(self) -> Path:
+        return self.signing_key or self.data_dir / "signing-key.pem"
+
+
+def _field_names() -> list[str]:
+    return [f.name for f in fields(Settings)]
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    """Turn a string (env, flag) or a config-file value into the field's type."""
+    hint = get_type_hints(Settings)[name]
+    if raw is None:
+        return None
+    if isinstance(hint, types.UnionType):  # "X | None": coerce to X
+        hint = next(a for a in get_args(hint) if a is not type(None))
+    kind = hint
+    try:
+        if getattr(kind, "__origin__", None) is Literal:
+            if raw not in get_args(kind):
+                raise ValueError(f"must be one of {', '.join(get_args(kind))}")
+            return raw
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            lowered = str(raw).strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("must be true or false")
+        if kind in (int, float):
+            value = kind(raw)
+            if value < 0:
+                raise ValueError("must not be negative")
+            return value
+        return kind(raw)
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"setting {name!r}: {raw!r} {exc}") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A flat mapping of setting names (dashes or underscores) from a .toml or .yaml file."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise SettingsError(f"config file {path} must end in .toml, .yaml or .yml")
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        if isinstance(exc, SettingsError):
+            raise
+        raise SettingsError(f"config file {path} is not valid: {exc}") from None
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of settings")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> Settings:
+    """Merge the sources; ``flags`` holds only the flags the user actually gave (None = unset)."""
+    env = os.environ if env is None else env
+    names = _field_names()
+    merged: dict[str, Any] = {}
+    if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
+        config_file = Path(env[ENV_PREFIX + "CONFIG"])
+    if config_file is not None:
+        from_file = read_config_file(config_file)
+        unknown = sorted(set(from_file) - set(names))
+        if unknown:
+            raise SettingsError(f"unknown setting(s) in {config_file}: {', '.join(unknown)}")
+        merged.update(from_file)
+    for name in names:
+        if ENV_PREFIX + name.upper() in env:
+            merged[name] = env[ENV_PREFIX + name.upper()]
+    for name, value in (flags or {}).items():
+        if value is not None and name in names:
+            merged[name] = value
+    return Settings(**{name: _coerce(name, value) for name, value in merged.items()})
+
