@@ -40,3 +40,80 @@ class Constraint:
         if not self.is_json:
             raise TypeError(f"a {self.kind} constraint has no JSON schema")
         return json.loads(self.source)
+
+
+def validate_constraint(constraint: Constraint) -> None:
+    """Reject malformed input with a typed error before any backend sees it.
+
+    Backends disagree on dialects and report bad input and missing features the same way;
+    checking syntax once here is what lets the backend chain treat every later compile failure
+    as "unsupported, try the next backend" without looping over a typo.
+
+    * json/tools: a JSON object (or boolean) that passes its metaschema (jsonschema).
+    * regex: Python ``re`` syntax; the pattern must match the whole output.
+    * ebnf: the Lark dialect of llguidance (``start: ...``); llama.cpp GBNF (``root ::= ...``)
+      is accepted too and converted.
+    """
+    if constraint.is_json:
+        _validate_schema(constraint)
+    elif constraint.kind == "regex":
+        _validate_regex(constraint.source)
+    elif constraint.kind == "ebnf":
+        _validate_grammar(constraint.source)
+    else:  # pragma: no cover - Constraint.kind is a closed Literal
+        raise TypeError(f"unknown constraint kind {constraint.kind!r}")
+
+
+def _validate_schema(constraint: Constraint) -> None:
+    import jsonschema
+
+    from runtime.errors import InvalidSchema
+
+    param = "tools" if constraint.kind == "tools" else "response_format"
+    schema = constraint.schema()
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidSchema(f"a JSON schema must be an object, not {type(schema).__name__}",
+                            param=param)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        pointer = "/" + "/".join(str(p) for p in exc.absolute_path)
+        raise InvalidSchema(f"invalid JSON schema at {pointer}: {exc.message}",
+                            param=param) from None
+
+
+def _validate_regex(pattern: str) -> None:
+    import re
+
+    from runtime.errors import InvalidRegex
+
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidRegex(f"invalid regex: {exc}", param="regex") from None
+
+
+def _validate_grammar(grammar: str) -> None:
+    from runtime.errors import InvalidGrammar
+
+    if not grammar.strip():
+        raise InvalidGrammar("the grammar is empty", param="grammar")
+    try:
+        lark = to_lark(grammar)
+    except ValueError as exc:
+        raise InvalidGrammar(f"invalid grammar: {exc}", param="grammar") from None
+    import llguidance
+
+    error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
+    if error:
+        raise InvalidGrammar(f"invalid grammar: {error.strip()}", param="grammar")
+
+
+def to_lark(grammar: str) -> str:
+    """The grammar in Lark syntax: GBNF (``::=`` rules) is converted, Lark passes through."""
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        return any_to_lark(grammar)
+    except Exception as exc:  # the converter raises plain exceptions on bad GBNF
+        raise ValueError(f"cannot read the GBNF grammar: {exc}") from None

@@ -54,6 +54,14 @@ class ConstraintTooComplex(RuntimeInputError):
     code = "constraint_too_complex"
 
 
+class BackendCannotCompile(RuntimeInputError):
+    """A grammar backend lacks a feature this (valid) constraint needs. The backend chain
+    falls through to the next backend; raised to the caller only when none can compile it,
+    which is when the engine may use the post-hoc retry path instead."""
+
+    code = "constraint_unsupported"
+
+
 class UnsupportedParameter(RuntimeInputError):
     code = "unsupported_parameter"
 

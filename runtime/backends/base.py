@@ -1,0 +1,113 @@
+"""The grammar backend interface, modelled on vLLM's structured-output backends.
+
+Two levels, because compiling is expensive and matching is per request:
+
+* ``GrammarBackend`` (engine level): tied to one tokenizer; ``compile(constraint)`` turns a
+  validated ``Constraint`` into a ``CompiledGrammar`` or raises ``BackendCannotCompile`` when
+  the backend lacks a feature the constraint needs (the chain then tries the next backend).
+* ``GrammarMatcher`` (request level, from ``compiled.matcher()``): walks one generation token
+  by token and fills the allowed-token bitmask.
+
+The bitmask layout is the one llguidance, xgrammar and outlines_core share: int32 words,
+``(vocab + 31) // 32`` per row, bit ``i % 32`` of word ``i // 32`` set when token ``i`` is
+allowed. One layout lets one torch routine apply every backend's mask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from runtime.constraint import Constraint
+
+
+class GrammarMatcher(ABC):
+    """One request's walk through a compiled grammar."""
+
+    @abstractmethod
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one sampled token; False when the grammar forbids it."""
+
+    @abstractmethod
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
+        """Write the tokens allowed next into row ``index`` of an int32 bitmask."""
+
+    @abstractmethod
+    def can_stop(self) -> bool:
+        """The text so far is a complete match: ending here (EOS) is allowed."""
+
+    @abstractmethod
+    def is_terminated(self) -> bool:
+        """No token but EOS can follow: the grammar is complete and closed."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Back to the start state, so one matcher can serve several regions of a generation."""
+
+
+class CompiledGrammar(ABC):
+    """A compiled constraint, shareable across requests (the grammar cache stores these)."""
+
+    backend: str
+    constraint: Constraint
+
+    @abstractmethod
+    def matcher(self) -> GrammarMatcher:
+        """A fresh matcher at the start state; cheap, called once per request."""
+
+
+class GrammarBackend(ABC):
+    """Compiles constraints for one tokenizer."""
+
+    name: ClassVar[str]
+    kinds: ClassVar[frozenset[str]] = frozenset({"json", "tools", "regex", "ebnf"})
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+
+    @abstractmethod
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """Compile or raise BackendCannotCompile (unsupported feature, not bad input)."""
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_bitmask(vocab_size: int, batch: int = 1) -> torch.Tensor:
+    """All-allowed int32 bitmask rows for ``vocab_size`` tokens."""
+    return torch.full((batch, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def bitmask_to_bool(bitmask_row: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Unpack one bitmask row into a bool tensor of ``vocab_size`` (True = allowed)."""
+    bits = (bitmask_row.unsqueeze(-1) >> _BIT_SHIFTS) & 1
+    return bits.view(-1)[:vocab_size].bool()
+
+
+def set_token_bit(bitmask_row: torch.Tensor, token_id: int, allowed: bool) -> None:
+    """Allow or forbid one token in a bitmask row (used to gate EOS and forced tags)."""
+    word, bit = divmod(token_id, 32)
+    value = int(bitmask_row[word])
+    value = value | (1 << bit) if allowed else value & ~(1 << bit)
+    if value >= 1 << 31:  # back to a signed int32
+        value -= 1 << 32
+    bitmask_row[word] = value
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    """sha256 of the tokenizer's serialised vocabulary and rules: the identity the cache and
+    the manifest bind, so two tokenizers with one name but different vocabularies differ."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        payload = backend.to_str().encode()
+    else:  # a slow tokenizer: its vocabulary is what grammars depend on
+        payload = repr(sorted(tokenizer.get_vocab().items())).encode()
+    return hashlib.sha256(payload).hexdigest()

@@ -1,0 +1,111 @@
+"""Which grammar backends exist here, in what order, and falling through between them.
+
+The default order comes from bench.compile and bench.constrained (docs/backends.md):
+llguidance compiles in milliseconds and masks fastest per token here, xgrammar is close,
+Outlines takes seconds to compile, lm-format-enforcer has no grammars and a slow mask.
+``CALLPROOF_BACKENDS`` (comma separated names) overrides the order.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.backends.base import CompiledGrammar, GrammarBackend, tokenizer_digest
+from runtime.constraint import Constraint, validate_constraint
+from runtime.errors import BackendCannotCompile
+
+DEFAULT_ORDER = ("llguidance", "xgrammar", "outlines", "lm-format-enforcer")
+ENV_ORDER = "CALLPROOF_BACKENDS"
+
+# name -> (module that implements it, class name, import that proves it is installed)
+_BACKENDS = {
+    "llguidance": ("runtime.backends.llguidance", "LLGuidanceBackend", "llguidance"),
+    "xgrammar": ("runtime.backends.xgrammar", "XGrammarBackend", "xgrammar"),
+    "outlines": ("runtime.backends.outlines", "OutlinesBackend", "outlines_core"),
+    "lm-format-enforcer": (
+        "runtime.backends.lm_format_enforcer",
+        "LMFormatEnforcerBackend",
+        "lmformatenforcer",
+    ),
+}
+
+
+def available_backends() -> list[str]:
+    """Backend names whose library imports here, in the default order."""
+    found = []
+    for name in DEFAULT_ORDER:
+        try:
+            importlib.import_module(_BACKENDS[name][2])
+        except ImportError:
+            continue
+        found.append(name)
+    return found
+
+
+def backend_order(order: Sequence[str] | str | None = None) -> list[str]:
+    """The configured order: the argument, else $CALLPROOF_BACKENDS, else the default;
+    names that are not installed are dropped, unknown names are an error."""
+    if order is None:
+        order = os.environ.get(ENV_ORDER) or DEFAULT_ORDER
+    if isinstance(order, str):
+        order = [n.strip() for n in order.split(",") if n.strip()]
+    unknown = [n for n in order if n not in _BACKENDS]
+    if unknown:
+        raise ValueError(f"unknown grammar backend(s) {unknown}; known: {list(_BACKENDS)}")
+    installed = set(available_backends())
+    chosen = [n for n in order if n in installed]
+    if not chosen:
+        raise ValueError(f"none of the grammar backends {list(order)} is installed")
+    return chosen
+
+
+def make_backend(name: str, tokenizer: Any) -> GrammarBackend:
+    module, cls, _ = _BACKENDS[name]
+    return getattr(importlib.import_module(module), cls)(tokenizer)
+
+
+class BackendChain:
+    """The backends for one tokenizer in preference order; compile falls through.
+
+    Backends are built lazily: a tokenizer conversion costs up to a second per backend, and
+    most constraints never get past the first.
+    """
+
+    def __init__(self, tokenizer: Any, order: Sequence[str] | str | None = None):
+        self.tokenizer = tokenizer
+        self.names: tuple[str, ...] = tuple(backend_order(order))
+        self.tokenizer_digest = tokenizer_digest(tokenizer)
+        self._built: dict[str, GrammarBackend] = {}
+        self._lock = threading.Lock()  # the cache compiles from several threads
+
+    def backend(self, name: str) -> GrammarBackend:
+        with self._lock:
+            if name not in self._built:
+                self._built[name] = make_backend(name, self.tokenizer)
+            return self._built[name]
+
+    def compile(self, constraint: Constraint) -> CompiledGrammar:
+        """Validate once (bad input raises its typed error at once), then the first backend
+        that can compile wins; BackendCannotCompile lists every backend's reason."""
+        validate_constraint(constraint)
+        reasons = []
+        for name in self.names:
+            backend = self.backend(name)
+            if constraint.kind not in backend.kinds:
+                reasons.append(f"{name}: no {constraint.kind} support")
+                continue
+            try:
+                return backend.compile(constraint)
+            except BackendCannotCompile as exc:
+                reasons.append(str(exc))
+        raise BackendCannotCompile(
+            "no grammar backend can compile this constraint: " + " | ".join(reasons),
+            param=_PARAM[constraint.kind],
+        )
+
+
+_PARAM = {"json": "response_format", "tools": "tools", "regex": "regex", "ebnf": "grammar"}

@@ -1,0 +1,235 @@
+"""Constrained decoding for transformers: grammar-masked logits, and the post-hoc fallback.
+
+``json_schema_processor`` / ``regex_processor`` / ``cfg_processor`` compile through the grammar
+cache and return a ``ConstrainedProcessor`` whose ``.processor`` goes into
+``model.generate(logits_processor=[...])``. A processor holds one generation's state: make a
+new one per generate call (``compiled.matcher()`` is cheap; the compile is cached).
+
+Masking is one bitmask fill by the backend plus one vectorised torch ``masked_fill_``: no
+Python loop over the vocabulary. EOS is allowed only where the grammar may stop.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import LogitsProcessor
+
+from runtime.backends.base import (
+    CompiledGrammar,
+    GrammarMatcher,
+    allocate_bitmask,
+    bitmask_to_bool,
+    set_token_bit,
+)
+from runtime.backends.registry import BackendChain
+from runtime.cache import GrammarCache
+from runtime.constraint import Constraint
+from runtime.errors import StructuredOutputInvalid
+from runtime.thinking import Enforcement, EnforcementMachine, Phase
+
+
+class GrammarViolation(RuntimeError):
+    """A token reached the matcher that its own mask forbade: a backend bug. Generation stops
+    (fail closed) rather than emit output the constraint does not admit."""
+
+
+class ConstrainedLogitsProcessor(LogitsProcessor):
+    """Masks logits to what the grammar allows next, for a batch of one sequence.
+
+    With an ``Enforcement`` the mask applies only where the state machine says so (thinking
+    regions and text outside tool-call tags stay free).
+    """
+
+    def __init__(
+        self,
+        matcher: GrammarMatcher,
+        tokenizer: Any,
+        *,
+        eos_token_ids: Iterable[int] | None = None,
+        enforcement: Enforcement | None = None,
+    ):
+        self.matcher = matcher
+        self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
+        ids = tokenizer.eos_token_id if eos_token_ids is None else eos_token_ids
+        self.eos_token_ids = [ids] if isinstance(ids, int) else list(ids)
+        self.machine = EnforcementMachine(enforcement or Enforcement())
+        self._bitmask = allocate_bitmask(self.vocab_size)
+        self._started = False
+        self._end_tag_token: int | None = None  # triggered: the end tag's first token, if offered
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[0] != 1:
+            raise ValueError("ConstrainedLogitsProcessor serves one sequence (batch size 1)")
+        if self._started:
+            self._advance(int(input_ids[0, -1]))
+        self._started = True
+        return self._mask(scores)
+
+    # -- advancing -------------------------------------------------------------------------
+
+    def _advance(self, token: int) -> None:
+        if self.machine.phase is Phase.ENFORCED:
+            if self.matcher.accept_token(token):
+                if self.matcher.is_terminated():
+                    self.machine.grammar_complete()
+                return
+            if token != self._end_tag_token:
+                raise GrammarViolation(f"token {token} rejected by the grammar it was masked to")
+            self.machine.grammar_complete()  # the model chose to close the tool call here
+        elif self.machine.phase is Phase.DONE:
+            return  # only EOS was allowed; generation ends with it
+        rest = self.machine.feed(self.tokenizer.decode([token]))
+        if rest is not None:  # a tag switched the grammar on mid-token
+            self.matcher.reset()
+            self._feed_grammar(rest.lstrip())
+
+    def _feed_grammar(self, text: str) -> None:
+        """Text after a start tag inside the same token belongs to the grammar."""
+        for token in self.tokenizer.encode(text, add_special_tokens=False) if text else ():
+            if not self.matcher.accept_token(token):
+                raise GrammarViolation(f"text {text!r} after the start tag breaks the grammar")
+        if self.matcher.is_terminated():
+            self.machine.grammar_complete()
+
+    # -- masking ---------------------------------------------------------------------------
+
+    def _mask(self, scores: torch.FloatTensor) -> torch.FloatTensor:
+        phase = self.machine.phase
+        self._end_tag_token = None
+        if phase is Phase.FREE:
+            return scores
+        if phase is Phase.THINKING:
+            if self.machine.config.mode == "always":  # the constrained part must still come
+                scores[:, self.eos_token_ids] = float("-inf")
+            return scores
+        row = self._bitmask[0]
+        if phase is Phase.ENFORCED:
+            self.matcher.fill_next_token_bitmask(self._bitmask, 0)
+            may_stop = self.matcher.can_stop()
+            for eos in self.eos_token_ids:
+                set_token_bit(row, eos, may_stop and self.machine.config.mode == "always")
+            if may_stop and self.machine.config.mode == "triggered":
+                self._end_tag_token = self._first_token(self.machine.config.trigger_end)
+                set_token_bit(row, self._end_tag_token, True)
+        else:
+            row.zero_()
+            if phase is Phase.CLOSING:  # force the end tag, one token at a time
+                set_token_bit(row, self._first_token(self.machine.pending_end_tag()), True)
+            else:  # DONE
+                for eos in self.eos_token_ids:
+                    set_token_bit(row, eos, True)
+        allowed = bitmask_to_bool(row, self.vocab_size)
+        scores[:, : self.vocab_size].masked_fill_(~allowed, float("-inf"))
+        scores[:, self.vocab_size :] = float("-inf")  # padding rows of the embedding
+        return scores
+
+    def _first_token(self, text: str) -> int:
+        return self.tokenizer.encode(text, add_special_tokens=False)[0]
+
+
+@dataclass(frozen=True)
+class ConstrainedProcessor:
+    """What the ``*_processor`` factories return."""
+
+    processor: ConstrainedLogitsProcessor
+    backend: str
+    compiled: CompiledGrammar
+
+
+_caches: weakref.WeakKeyDictionary[Any, GrammarCache] = weakref.WeakKeyDictionary()
+
+
+def default_cache(tokenizer: Any) -> GrammarCache:
+    """One grammar cache per tokenizer object, with the configured backend order."""
+    cache = _caches.get(tokenizer)
+    if cache is None:
+        cache = _caches[tokenizer] = GrammarCache(BackendChain(tokenizer))
+    return cache
+
+
+def processor_for(
+    constraint: Constraint,
+    tokenizer: Any,
+    *,
+    cache: GrammarCache | None = None,
+    enforcement: Enforcement | None = None,
+    eos_token_ids: Iterable[int] | None = None,
+) -> ConstrainedProcessor:
+    compiled = (cache or default_cache(tokenizer)).get(constraint)
+    proc = ConstrainedLogitsProcessor(
+        compiled.matcher(), tokenizer, eos_token_ids=eos_token_ids, enforcement=enforcement
+    )
+    return ConstrainedProcessor(proc, compiled.backend, compiled)
+
+
+def json_schema_processor(schema: dict[str, Any], tokenizer: Any, **kw: Any) -> ConstrainedProcessor:
+    return processor_for(Constraint.json_schema(schema), tokenizer, **kw)
+
+
+def regex_processor(pattern: str, tokenizer: Any, **kw: Any) -> ConstrainedProcessor:
+    return processor_for(Constraint.regex(pattern), tokenizer, **kw)
+
+
+def cfg_processor(ebnf: str, tokenizer: Any, **kw: Any) -> ConstrainedProcessor:
+    return processor_for(Constraint.ebnf(ebnf), tokenizer, **kw)
+
+
+# -- the last resort: validate, fold the error into the prompt, retry ----------------------
+
+
+def post_hoc_retry_json(
+    generate_fn: Callable[[str], str],
+    prompt: str,
+    schema: dict[str, Any],
+    max_retries: int = 2,
+) -> tuple[bool, Any, StructuredOutputInvalid | None]:
+    """For constraints no backend can compile: generate freely, check, re-prompt.
+
+    Returns ``(True, parsed, None)`` on the first output that validates, else
+    ``(False, None, error)`` where the error carries the schema, the last raw output and the
+    failing JSON pointer (raise it to answer ``structured_output_invalid``).
+    """
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    attempt_prompt, error = prompt, None
+    for _ in range(max_retries + 1):
+        raw = generate_fn(attempt_prompt)
+        try:
+            parsed = _first_json_value(raw)
+        except ValueError as exc:
+            message, pointer = f"the output is not JSON: {exc}", ""
+        else:
+            failure = jsonschema.exceptions.best_match(validator.iter_errors(parsed))
+            if failure is None:
+                return True, parsed, None
+            pointer = "".join(f"/{p}" for p in failure.absolute_path)
+            message = failure.message
+        error = StructuredOutputInvalid(
+            f"output invalid at JSON pointer {pointer or '/'}: {message}",
+            schema=schema, raw_output=raw, pointer=pointer,
+        )
+        attempt_prompt = (
+            f"{prompt}\n\nYour previous answer was:\n{raw}\nIt is invalid at JSON pointer "
+            f"{pointer or '/'}: {message}\nAnswer again with only a JSON value that matches "
+            f"this JSON schema:\n{json.dumps(schema)}"
+        )
+    return False, None, error
+
+
+def _first_json_value(text: str) -> Any:
+    """The first JSON object or array in the text (models wrap JSON in prose or fences)."""
+    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    if not starts:
+        raise ValueError("no JSON object or array found")
+    try:
+        return json.JSONDecoder().raw_decode(text, min(starts))[0]
+    except json.JSONDecodeError as exc:
+        raise ValueError(exc.msg) from None
