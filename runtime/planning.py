@@ -1,0 +1,344 @@
+"""Request planning: an OpenAI chat request -> rendered engine messages + one constraint.
+
+Pure (no I/O, no model): the gateway calls :func:`plan_chat` before anything is generated,
+so every input error surfaces as a typed 4xx before a token is spent, and the plan's
+``schema`` is what the receipt's manifest binds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from runtime.constraint import Constraint
+from runtime.engines.base import ChatMessage
+from runtime.errors import (
+    ConflictingConstraints,
+    InvalidGrammar,
+    InvalidRegex,
+    RuntimeInputError,
+    StructuredOutputInvalid,
+    UnsupportedParameter,
+)
+from runtime.renderers import HistoryMessage, ToolPrompt, detect_family, get_renderer
+from runtime.renderers.base import json_answer_note
+from runtime.tools import (
+    CallIds,
+    ParsedResponse,
+    ResponseFormat,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
+    load_json,
+    parse_envelope,
+    parse_native_tool_call,
+    parse_response_format,
+    parse_tool_choice,
+    parse_tools_field,
+    union_schema,
+    validate,
+)
+
+Mode = Literal["tools", "json", "regex", "ebnf", "text"]
+ROLES = ("system", "developer", "user", "assistant", "tool")
+_THINK = re.compile(r"\s*<think>(?P<reasoning>.*?)</think>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ChatInput:
+    """The planning-relevant fields of a chat completion request, as the client sent them."""
+
+    messages: Any
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None  # None: OpenAI's default (true) when tools are given
+    response_format: Any = None
+    regex: Any = None  # extension field
+    grammar: Any = None  # extension field (EBNF)
+    model: str = ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided about one request before generation.
+
+    ``schema`` is the JSON schema the manifest binds: the tool union, the response schema,
+    or ``{"type": "object"}`` for json_object; None for regex/ebnf/text, whose binding is the
+    constraint source itself.
+    """
+
+    messages: tuple[ChatMessage, ...]
+    mode: Mode
+    constraint: Constraint | None
+    schema: dict[str, Any] | None
+    renderer: str
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = False
+    response_format: ResponseFormat | None = None
+    tool_call_ids_answered: tuple[str, ...] = ()
+
+    def parse(self, text: str, ids: CallIds | None = None) -> ParsedResponse:
+        """The meaning of the model's ``text``; validates again and raises
+        StructuredOutputInvalid when it does not hold. Pass the request's ``ids`` so a retry
+        or a streamed parse gives each call the id it already has.
+        """
+        thinking = _THINK.match(text)
+        body = text[thinking.end() :] if thinking else text
+        result = self._parse_body(body, ids or CallIds())
+        if thinking:
+            result = dataclasses.replace(result, reasoning=thinking["reasoning"].strip())
+        return result
+
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        rf = self.response_format
+        return rf.schema if rf is not None and rf.constrains else None
+
+    def _parse_body(self, body: str, ids: CallIds) -> ParsedResponse:
+        if self.mode == "json":
+            assert self.schema is not None
+            value = load_json(body, self.schema)
+            validate(value, self.schema, body)
+            return ParsedResponse("parsed", parsed=value, content=body)
+        if self.mode != "tools":
+            return ParsedResponse("text", content=body)
+        assert self.schema is not None and self.tool_choice is not None
+        if body.lstrip().startswith("{"):
+            return parse_envelope(
+                body.strip(),
+                self.tools,
+                schema=self.schema,
+                response_schema=self.answer_schema,
+                ids=ids,
+            )
+        return self._parse_tagged(body, ids)
+
+    def _parse_tagged(self, body: str, ids: CallIds) -> ParsedResponse:
+        """Free text with calls in the family's tags: the thinking-model path, where only the
+        tool-call region was constrained."""
+        family = "llama" if self.renderer == "llama" else "qwen"  # hermes uses qwen tags
+        result = parse_native_tool_call(body, family, self.tools, ids=ids)
+        if result.kind == "tool_calls":
+            validate(_as_envelope(result.tool_calls), self.schema or {}, body)
+            return result
+        answer = body.strip()
+        if (
+            self.tool_choice is not None
+            and self.tool_choice.allows_answer
+            and (self.answer_schema is None)
+        ):
+            return ParsedResponse("answer", answer=answer, content=answer)
+        raise StructuredOutputInvalid(
+            "the output holds neither a tool call nor the JSON envelope",
+            schema=self.schema,
+            raw_output=body,
+            pointer="",
+        )
+
+
+def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
+    """Validate ``chat`` and decide its prompt and its single constraint.
+
+    ``family`` overrides the renderer detected from ``chat.model``.
+    """
+    history = parse_messages(chat.messages)
+    response_format = parse_response_format(chat.response_format)
+    _check_one_constraint(chat, response_format)
+    renderer = get_renderer(family or detect_family(chat.model))
+    answered = tuple(dict.fromkeys(m.tool_call_id for m in history if m.tool_call_id))
+    common = {
+        "renderer": renderer.name,
+        "response_format": response_format,
+        "tool_call_ids_answered": answered,
+    }
+
+    if chat.tools is not None:
+        tools = parse_tools_field(chat.tools)
+        choice = parse_tool_choice(chat.tool_choice, tools)
+        parallel = _parallel_flag(chat.parallel_tool_calls)
+        answer_rf = response_format if response_format and response_format.constrains else None
+        schema = union_schema(tools, choice, answer_rf, parallel)
+        prompt = ToolPrompt(tools, choice, parallel, answer_rf.schema if answer_rf else None)
+        return Plan(
+            renderer.render(history, renderer.tool_block(prompt)),
+            "tools",
+            Constraint.json_schema(schema, kind="tools"),
+            schema,
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=parallel,
+            **common,
+        )
+    for param in ("tool_choice", "parallel_tool_calls"):
+        if getattr(chat, param) is not None:
+            raise RuntimeInputError(
+                f"'{param}' is only allowed when 'tools' are specified", param=param
+            )
+    if response_format is not None and response_format.schema is not None:
+        schema = response_format.schema
+        return Plan(
+            renderer.render(history, json_answer_note(schema)),
+            "json",
+            Constraint.json_schema(schema),
+            schema,
+            **common,
+        )
+    if chat.regex is not None:
+        return Plan(renderer.render(history), "regex", _regex(chat.regex), None, **common)
+    if chat.grammar is not None:
+        return Plan(renderer.render(history), "ebnf", _grammar(chat.grammar), None, **common)
+    return Plan(renderer.render(history), "text", None, None, **common)
+
+
+def _check_one_constraint(chat: ChatInput, response_format: ResponseFormat | None) -> None:
+    given = [
+        name
+        for name, present in (
+            ("response_format", response_format is not None and response_format.constrains),
+            ("regex", chat.regex is not None),
+            ("grammar", chat.grammar is not None),
+        )
+        if present
+    ]
+    if len(given) > 1:
+        raise ConflictingConstraints(
+            f"'{given[0]}' and '{given[1]}' cannot be combined: a request takes one output "
+            "constraint",
+            param=given[1],
+        )
+    if chat.tools is not None and given and given[0] != "response_format":
+        raise ConflictingConstraints(
+            f"'tools' and '{given[0]}' cannot be combined: with tools the output is held to "
+            "the tool-call schema (response_format may be combined with tools)",
+            param=given[0],
+        )
+
+
+def _parallel_flag(value: Any) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise RuntimeInputError(
+            "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls"
+        )
+    return value
+
+
+def _regex(pattern: Any) -> Constraint:
+    if not isinstance(pattern, str) or not pattern:
+        raise InvalidRegex("'regex' must be a non-empty string", param="regex")
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise InvalidRegex(f"'regex' does not compile: {exc}", param="regex") from None
+    return Constraint.regex(pattern)
+
+
+def _grammar(grammar: Any) -> Constraint:
+    if not isinstance(grammar, str) or not grammar.strip():
+        raise InvalidGrammar("'grammar' must be a non-empty EBNF string", param="grammar")
+    return Constraint.ebnf(grammar)
+
+
+def _as_envelope(calls: Sequence[ToolCall]) -> dict[str, Any]:
+    items = [{"tool": c.name, "arguments": c.arguments} for c in calls]
+    return items[0] if len(items) == 1 else {"tool_calls": items}
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
+    """Validate OpenAI ``messages``; "developer" becomes "system" and each tool result
+    learns the name of the function whose call it answers."""
+    if not isinstance(messages, list) or not messages:
+        raise RuntimeInputError("'messages' must be a non-empty array", param="messages")
+    names: dict[str, str] = {}
+    out: list[HistoryMessage] = []
+    for i, msg in enumerate(messages):
+        at = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise RuntimeInputError(f"'{at}' must be an object", param=at)
+        role = msg.get("role")
+        if role not in ROLES:
+            raise RuntimeInputError(
+                f"'{at}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{at}.role"
+            )
+        content = _content(msg.get("content"), f"{at}.content", optional=role == "assistant")
+        if role == "assistant":
+            calls = _history_calls(msg.get("tool_calls"), at)
+            names.update((c.id, c.name) for c in calls)
+            out.append(HistoryMessage("assistant", content, tool_calls=calls))
+        elif role == "tool":
+            call_id = msg.get("tool_call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise RuntimeInputError(
+                    f"'{at}.tool_call_id' is required for role 'tool'", param=f"{at}.tool_call_id"
+                )
+            out.append(
+                HistoryMessage("tool", content, tool_call_id=call_id, name=names.get(call_id))
+            )
+        else:
+            out.append(HistoryMessage("system" if role == "developer" else role, content))
+    return tuple(out)
+
+
+def _content(value: Any, at: str, *, optional: bool) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None and optional:
+        return ""
+    if not isinstance(value, list):
+        raise RuntimeInputError(f"'{at}' must be a string or an array of text parts", param=at)
+    texts: list[str] = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise UnsupportedParameter(
+                f"'{at}[{j}].type' {kind!r} is not supported: only text parts are",
+                param=f"{at}[{j}].type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise RuntimeInputError(f"'{at}[{j}].text' must be a string", param=f"{at}[{j}].text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise RuntimeInputError(f"'{at}.tool_calls' must be an array", param=f"{at}.tool_calls")
+    calls: list[ToolCall] = []
+    for j, call in enumerate(value):
+        where = f"{at}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        call_id = call.get("id") if isinstance(call, dict) else None
+        if not isinstance(call_id, str) or not isinstance(fn, dict):
+            raise RuntimeInputError(
+                f"'{where}' must be an object with 'id' and 'function'", param=where
+            )
+        name, raw = fn.get("name"), fn.get("arguments", "{}")
+        if not isinstance(name, str):
+            raise RuntimeInputError(
+                f"'{where}.function.name' must be a string", param=f"{where}.function.name"
+            )
+        try:
+            arguments = json.loads(raw) if isinstance(raw, str) else None
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise RuntimeInputError(
+                f"'{where}.function.arguments' must be a JSON object encoded as a string",
+                param=f"{where}.function.arguments",
+            )
+        calls.append(ToolCall(call_id, name, arguments))
+    return tuple(calls)
+
+
+__all__ = ["ChatInput", "Mode", "Plan", "parse_messages", "plan_chat"]

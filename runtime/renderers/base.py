@@ -1,0 +1,113 @@
+"""What every family renderer shares: the validated conversation it receives, the tool
+prompt it renders, and the walk that turns history into plain engine messages.
+
+A family only decides *text*: how tools are announced in the system prompt, how its own past
+calls looked, and how tool results are framed. Engines see nothing but system/user/assistant
+``ChatMessage``s, so tool results become user turns in the family's framing.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from runtime.engines.base import ChatMessage
+from runtime.tools import ToolCall, ToolChoice, ToolSpec
+
+
+@dataclass(frozen=True)
+class HistoryMessage:
+    """One validated OpenAI message ("developer" already folded into "system")."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None  # tool messages: the function whose result this is, when known
+
+
+@dataclass(frozen=True)
+class ToolPrompt:
+    """The tools as the model is told about them, with the request's tool_choice applied."""
+
+    tools: tuple[ToolSpec, ...]
+    choice: ToolChoice
+    parallel: bool = False
+    answer_schema: dict[str, Any] | None = None  # response_format schema, if any
+
+
+def dumps(value: Any) -> str:
+    """JSON as chat templates print it (``tojson``: ", " and ": " separators, no escaping)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def choice_hint(prompt: ToolPrompt) -> str:
+    """One sentence telling the model what tool_choice demands ("" for auto)."""
+    if prompt.choice.mode == "none":
+        return "Do not call any function now; answer the user directly."
+    if prompt.choice.mode == "required":
+        return "You must call at least one of the functions."
+    if prompt.choice.mode == "named":
+        return f"You must call the function {prompt.choice.name}."
+    return ""
+
+
+class Renderer(ABC):
+    """A model family's tool-calling format."""
+
+    name: str
+
+    @abstractmethod
+    def tool_block(self, prompt: ToolPrompt) -> str:
+        """The system-prompt section announcing the tools."""
+
+    @abstractmethod
+    def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+        """An assistant turn with calls, as the model itself would have written it."""
+
+    @abstractmethod
+    def tool_results(self, results: Sequence[HistoryMessage]) -> str:
+        """Consecutive tool messages, framed as one user turn."""
+
+    def render(
+        self, history: Sequence[HistoryMessage], system_block: str = ""
+    ) -> tuple[ChatMessage, ...]:
+        """History -> engine messages; ``system_block`` is merged into the leading system turn."""
+        out: list[ChatMessage] = []
+        if system_block and not (history and history[0].role == "system"):
+            out.append(ChatMessage("system", system_block))
+        pending: list[HistoryMessage] = []
+        for i, msg in enumerate(history):
+            if msg.role == "tool":
+                pending.append(msg)
+                continue
+            if pending:
+                out.append(ChatMessage("user", self.tool_results(pending)))
+                pending = []
+            if msg.role == "system":
+                text = msg.content
+                if i == 0 and system_block:
+                    text = f"{text}\n\n{system_block}" if text else system_block
+                out.append(ChatMessage("system", text))
+            elif msg.role == "assistant" and msg.tool_calls:
+                out.append(
+                    ChatMessage("assistant", self.assistant_calls(msg.content, msg.tool_calls))
+                )
+            else:
+                out.append(ChatMessage(msg.role, msg.content))
+        if pending:
+            out.append(ChatMessage("user", self.tool_results(pending)))
+        return tuple(out)
+
+
+def json_answer_note(schema: dict[str, Any]) -> str:
+    """System note for response_format without tools: the model learns what fields mean."""
+    if schema == {"type": "object"}:
+        return "Respond with a single JSON object and nothing else."
+    return (
+        "Respond with a single JSON value and nothing else. It must match this JSON schema:\n"
+        + dumps(schema)
+    )

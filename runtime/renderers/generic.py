@@ -1,0 +1,60 @@
+"""Any other model (SmolLM2 among them): plain-language instructions for the JSON envelope.
+
+The envelope is exactly what the union schema constrains the decoder to, so the prompt and
+the constraint agree; past calls are shown as the envelope the model produced, and results
+name the call id they answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, choice_hint, dumps
+from runtime.tools import ToolCall
+
+
+class GenericRenderer(Renderer):
+    name = "generic"
+
+    def tool_block(self, prompt: ToolPrompt) -> str:
+        listing = "\n".join(
+            f"- {t.name}: {t.description or '(no description)'}\n"
+            f"  arguments JSON schema: {dumps(t.parameters)}"
+            for t in prompt.tools
+        )
+        forms: list[str] = []
+        if prompt.choice.allows_calls:
+            forms.append('to call a tool: {"tool": "<tool name>", "arguments": {<arguments>}}')
+            if prompt.parallel:
+                forms.append(
+                    'to call several tools at once: {"tool_calls": [{"tool": "<tool name>", '
+                    '"arguments": {<arguments>}}, ...]}'
+                )
+        if prompt.choice.allows_answer:
+            if prompt.answer_schema is None:
+                forms.append('to answer the user: {"answer": "<your answer>"}')
+            else:
+                forms.append(
+                    'to answer the user: {"answer": <a JSON value matching this schema: '
+                    f"{dumps(prompt.answer_schema)}>}}"
+                )
+        block = (
+            f"You can use these tools:\n{listing}\n\n"
+            "Reply with exactly one JSON object and nothing else:\n"
+            + "\n".join(f"- {form}" for form in forms)
+        )
+        hint = choice_hint(prompt)
+        return f"{block}\n{hint}" if hint else block
+
+    def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+        envelopes: list[dict[str, Any]] = [
+            {"tool": c.name, "arguments": c.arguments} for c in calls
+        ]
+        return dumps(envelopes[0] if len(envelopes) == 1 else {"tool_calls": envelopes})
+
+    def tool_results(self, results: Sequence[HistoryMessage]) -> str:
+        return "\n".join(
+            f"Tool result for {r.tool_call_id} ({r.name or 'unknown tool'}): {r.content}"
+            for r in results
+        )

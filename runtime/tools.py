@@ -1,0 +1,656 @@
+"""Tool calling: the OpenAI tools field, the union schema the decoder is held to, call ids,
+and parsing model output back into tool calls or an answer.
+
+The model never answers free-form when tools are given: it is constrained to one JSON
+*envelope* described by :func:`union_schema`::
+
+    {"tool": NAME, "arguments": {...}}                  one call
+    {"tool_calls": [{"tool": ..., "arguments": ...}]}   several (parallel_tool_calls)
+    {"answer": "..."}                                    no call (or the response_format value)
+
+Everything the constrained decoder produced is validated again here with jsonschema (defence
+in depth: a backend bug must not turn into a receipt for arguments that fail their schema).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import jsonschema
+from jsonschema.exceptions import best_match
+
+from runtime.errors import (
+    InvalidSchema,
+    InvalidTools,
+    RuntimeInputError,
+    StructuredOutputInvalid,
+    UnknownTool,
+)
+
+TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+CALL_ID_RE = re.compile(r"^call_[0-9a-f]{24}$")
+EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+# Subschema-bearing keywords walked when closing objects or rewriting $ref pointers.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_SINGLES = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+)
+
+
+# --------------------------------------------------------------------------- tools field
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One validated function tool; ``parameters`` is the schema its arguments must satisfy."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    strict: bool = False
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tools[]`` item (what family prompts list inside ``<tools>``)."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description:
+            function["description"] = self.description
+        function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """Reject a schema that is not valid Draft 2020-12 or that points outside itself.
+
+    Remote ``$ref`` would make validation fetch URLs (and backends cannot compile them).
+    """
+    if not isinstance(schema, dict):
+        raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidSchema(
+            f"'{param}' is not a valid JSON schema at {where}: {exc.message}", param=param
+        ) from None
+    for ref in _refs(schema):
+        if not ref.startswith("#"):
+            raise InvalidSchema(
+                f"'{param}' uses $ref {ref!r}: only local references ('#...') are supported",
+                param=param,
+            )
+
+
+def parse_tools_field(tools: Any) -> tuple[ToolSpec, ...]:
+    """Validate the OpenAI ``tools`` array; each error names the offending element."""
+    if not isinstance(tools, list):
+        raise InvalidTools("'tools' must be an array of tool objects", param="tools")
+    if not tools:
+        raise InvalidTools("'tools' must not be empty (omit it instead)", param="tools")
+    specs: list[ToolSpec] = []
+    seen: set[str] = set()
+    for i, item in enumerate(tools):
+        at = f"tools[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidTools(f"'{at}' must be an object", param=at)
+        if item.get("type") != "function":
+            raise InvalidTools(
+                f"'{at}.type' must be 'function', got {item.get('type')!r}", param=f"{at}.type"
+            )
+        fn = item.get("function")
+        if not isinstance(fn, dict):
+            raise InvalidTools(f"'{at}.function' must be an object", param=f"{at}.function")
+        name = fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME_RE.match(name):
+            raise InvalidTools(
+                f"'{at}.function.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {name!r}",
+                param=f"{at}.function.name",
+            )
+        if name in seen:
+            raise InvalidTools(
+                f"duplicate tool name {name!r} at '{at}.function.name'",
+                param=f"{at}.function.name",
+            )
+        seen.add(name)
+        description = fn.get("description", "")
+        if not isinstance(description, str):
+            raise InvalidTools(
+                f"'{at}.function.description' must be a string",
+                param=f"{at}.function.description",
+            )
+        strict = fn.get("strict", False)
+        if not isinstance(strict, bool) and strict is not None:
+            raise InvalidTools(
+                f"'{at}.function.strict' must be a boolean", param=f"{at}.function.strict"
+            )
+        params = _tool_parameters(fn.get("parameters"), f"{at}.function.parameters")
+        if strict:
+            params = closed_schema(params)
+        specs.append(ToolSpec(name, description, params, bool(strict)))
+    return tuple(specs)
+
+
+def _tool_parameters(params: Any, param: str) -> dict[str, Any]:
+    if params is None or params == {}:
+        return copy.deepcopy(EMPTY_PARAMETERS)
+    if not isinstance(params, dict) or params.get("type") != "object":
+        got = params.get("type") if isinstance(params, dict) else type(params).__name__
+        raise InvalidTools(
+            f"'{param}' must be a JSON schema of type 'object', got {got!r}", param=param
+        )
+    check_schema(params, param)
+    return copy.deepcopy(params)
+
+
+def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI strict mode: every object schema without ``additionalProperties`` gets ``false``."""
+    out = copy.deepcopy(schema)
+
+    def close(node: Any) -> None:
+        if not isinstance(node, dict):
+            return
+        if (node.get("type") == "object" or "properties" in node) and (
+            "additionalProperties" not in node
+        ):
+            node["additionalProperties"] = False
+        for sub in _subschemas(node):
+            close(sub)
+
+    close(out)
+    return out
+
+
+# --------------------------------------------------------------------------- response_format
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """The OpenAI ``response_format``: ``schema`` is None only for type "text"."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool = False
+
+    @property
+    def constrains(self) -> bool:
+        return self.type != "text"
+
+
+def parse_response_format(value: Any) -> ResponseFormat | None:
+    """Validate ``response_format``; json_object becomes the schema ``{"type": "object"}``."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RuntimeInputError("'response_format' must be an object", param="response_format")
+    kind = value.get("type")
+    if kind == "text":
+        return ResponseFormat("text")
+    if kind == "json_object":
+        return ResponseFormat("json_object", {"type": "object"})
+    if kind != "json_schema":
+        raise RuntimeInputError(
+            "'response_format.type' must be one of 'text', 'json_object', 'json_schema', "
+            f"got {kind!r}",
+            param="response_format.type",
+        )
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidSchema(
+            "'response_format.json_schema' must be an object", param="response_format.json_schema"
+        )
+    name = spec.get("name")
+    if name is not None and (not isinstance(name, str) or not TOOL_NAME_RE.match(name)):
+        raise InvalidSchema(
+            "'response_format.json_schema.name' must match ^[a-zA-Z0-9_-]{1,64}$",
+            param="response_format.json_schema.name",
+        )
+    schema = spec.get("schema")
+    check_schema(schema, "response_format.json_schema.schema")
+    strict = bool(spec.get("strict") or False)
+    return ResponseFormat(
+        "json_schema", closed_schema(schema) if strict else copy.deepcopy(schema), name, strict
+    )
+
+
+# --------------------------------------------------------------------------- tool_choice
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """tool_choice normalised: ``name`` is set only for mode "named"."""
+
+    mode: Literal["none", "auto", "required", "named"]
+    name: str | None = None
+
+    def allows(self, tool: str) -> bool:
+        return self.mode == "auto" or self.mode == "required" or self.name == tool
+
+    @property
+    def allows_answer(self) -> bool:
+        return self.mode in ("none", "auto")
+
+    @property
+    def allows_calls(self) -> bool:
+        return self.mode != "none"
+
+
+def parse_tool_choice(value: Any, tools: Sequence[ToolSpec]) -> ToolChoice:
+    """OpenAI's forms: "none" | "auto" | "required" | {"type":"function","function":{"name"}}."""
+    if value is None:
+        return ToolChoice("auto")
+    if isinstance(value, ToolChoice):
+        choice = value
+    elif value in ("none", "auto", "required"):
+        choice = ToolChoice(value)
+    elif isinstance(value, dict) and value.get("type") == "function":
+        fn = value.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str):
+            raise InvalidTools(
+                "'tool_choice.function.name' must be a string", param="tool_choice.function.name"
+            )
+        choice = ToolChoice("named", name)
+    else:
+        raise InvalidTools(
+            "'tool_choice' must be 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
+        )
+    if choice.mode == "named" and choice.name not in {t.name for t in tools}:
+        available = ", ".join(t.name for t in tools) or "(none)"
+        raise UnknownTool(
+            f"tool_choice names {choice.name!r}, which is not in 'tools' (available: {available})",
+            param="tool_choice",
+        )
+    return choice
+
+
+# --------------------------------------------------------------------------- union schema
+
+
+def union_schema(
+    tools: Sequence[ToolSpec],
+    tool_choice: Any = "auto",
+    response_format: ResponseFormat | Mapping[str, Any] | None = None,
+    parallel_tool_calls: bool = False,
+) -> dict[str, Any]:
+    """The one JSON schema the decoder is held to when tools are given.
+
+    Branches are mutually exclusive by their required key ("tool", "tool_calls", "answer")
+    and closed (additionalProperties false), so ``oneOf`` never sees two matches. With
+    ``response_format`` the answer branch is ``{"answer": <response schema>}``: wrapping keeps
+    a response schema that itself accepts objects from ever matching a tool call. A tool whose
+    parameters use ``$ref`` is moved under ``$defs`` with its pointers rewritten, so refs keep
+    resolving once embedded; calls shared by the single and parallel forms live in ``$defs``
+    too, so the schema (and its compile time) does not double.
+    """
+    choice = parse_tool_choice(tool_choice, tools)
+    rf = response_format
+    if isinstance(rf, Mapping):
+        rf = parse_response_format(dict(rf))
+    defs: dict[str, Any] = {}
+    branches: list[dict[str, Any]] = []
+    allowed = [t for t in tools if choice.allows(t.name)] if choice.allows_calls else []
+    if allowed and parallel_tool_calls:
+        for tool in allowed:
+            defs[f"call-{tool.name}"] = _call_branch(tool, defs)
+        refs = [{"$ref": f"#/$defs/call-{t.name}"} for t in allowed]
+        items = refs[0] if len(refs) == 1 else {"anyOf": refs}
+        branches.extend(refs)
+        branches.append(
+            _closed_object({"tool_calls": {"type": "array", "items": items, "minItems": 1}})
+        )
+    else:
+        branches.extend(_call_branch(t, defs) for t in allowed)
+    if choice.allows_answer:
+        answer: dict[str, Any] = {"type": "string"}
+        if rf is not None and rf.schema is not None:
+            answer = _embed(rf.schema, "answer", defs)
+        branches.append(_closed_object({"answer": answer}))
+    schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def _call_branch(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
+    arguments = _embed(tool.parameters, f"tool-{tool.name}", defs)
+    return _closed_object({"tool": {"const": tool.name}, "arguments": arguments})
+
+
+def _closed_object(properties: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
+def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``."""
+    body = {k: v for k, v in schema.items() if k != "$schema"}
+    if not any(True for _ in _refs(body)):
+        return body
+    defs[key] = _rewrite_refs(body, f"#/$defs/{key}")
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def _rewrite_refs(node: Any, base: str) -> Any:
+    if isinstance(node, dict):
+        out = {k: _rewrite_refs(v, base) for k, v in node.items()}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            out["$ref"] = base + ref[1:]
+        return out
+    if isinstance(node, list):
+        return [_rewrite_refs(v, base) for v in node]
+    return node
+
+
+def _subschemas(node: dict[str, Any]) -> Iterable[Any]:
+    for key in _SCHEMA_MAPS:
+        sub = node.get(key)
+        if isinstance(sub, dict):
+            yield from sub.values()
+    for key in _SCHEMA_LISTS:
+        sub = node.get(key)
+        if isinstance(sub, list):
+            yield from sub
+    for key in _SCHEMA_SINGLES:
+        sub = node.get(key)
+        if isinstance(sub, dict):
+            yield sub
+
+
+def _refs(node: Any) -> Iterable[str]:
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
+        for value in node.values():
+            yield from _refs(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _refs(value)
+
+
+# --------------------------------------------------------------------------- call ids
+
+
+def new_call_id() -> str:
+    """``call_`` + 24 lowercase hex from the OS CSPRNG (96 bits: collisions are not a concern)."""
+    return "call_" + secrets.token_hex(12)
+
+
+@dataclass
+class CallIds:
+    """Ids by call index, minted on first use and then stable.
+
+    One instance lives as long as one request: a post-hoc retry, the stream decoder and the
+    final parse all ask it for call ``i`` and get the same id, so an id is minted once per
+    call no matter how many times its text is parsed.
+    """
+
+    _ids: list[str] = field(default_factory=list)
+
+    def for_index(self, index: int) -> str:
+        while len(self._ids) <= index:
+            self._ids.append(new_call_id())
+        return self._ids[index]
+
+
+# --------------------------------------------------------------------------- parsed output
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def arguments_json(self) -> str:
+        """Compact JSON text: OpenAI returns arguments as a string, not an object."""
+        return json.dumps(self.arguments, ensure_ascii=False, separators=(",", ":"))
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments_json()},
+        }
+
+
+ResponseKind = Literal["tool_calls", "answer", "parsed", "text"]
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    """What a model output means: calls, a plain answer, a structured value, or free text.
+
+    ``content`` is what an OpenAI response carries as ``message.content`` (None for calls
+    without text); ``parsed`` is set only for structured content, never for tool calls.
+    """
+
+    kind: ResponseKind
+    answer: str | None = None
+    parsed: Any = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str | None = None
+    reasoning: str | None = None
+
+
+def parse_envelope(
+    text: str,
+    tools: Sequence[ToolSpec],
+    *,
+    schema: dict[str, Any] | None = None,
+    response_schema: dict[str, Any] | None = None,
+    ids: CallIds | None = None,
+) -> ParsedResponse:
+    """Parse and re-validate the JSON envelope produced under :func:`union_schema`.
+
+    ``schema`` (the union) catches what per-part checks cannot, such as an answer under
+    tool_choice "required"; ``response_schema`` marks the answer as structured content.
+    """
+    envelope = load_json(text, schema or {})
+    return _from_envelope(envelope, text, tools, schema, response_schema, ids or CallIds())
+
+
+def _from_envelope(
+    envelope: Any,
+    raw: str,
+    tools: Sequence[ToolSpec],
+    schema: dict[str, Any] | None,
+    response_schema: dict[str, Any] | None,
+    ids: CallIds,
+) -> ParsedResponse:
+    union = schema or {}
+    if not isinstance(envelope, dict):
+        raise StructuredOutputInvalid(
+            "tool envelope is not a JSON object", schema=union, raw_output=raw, pointer=""
+        )
+    by_name = {t.name: t for t in tools}
+    if "tool_calls" in envelope and isinstance(envelope["tool_calls"], list):
+        items = [(f"/tool_calls/{i}", c) for i, c in enumerate(envelope["tool_calls"])]
+    elif "tool" in envelope:
+        items = [("", envelope)]
+    else:
+        items = []
+    calls = tuple(
+        _call_from(item, at, by_name, raw, union, ids.for_index(i))
+        for i, (at, item) in enumerate(items)
+    )
+    if schema is not None:
+        validate(envelope, schema, raw)
+    if calls:
+        return ParsedResponse("tool_calls", tool_calls=calls)
+    if "answer" not in envelope:
+        raise StructuredOutputInvalid(
+            "tool envelope has none of 'tool', 'tool_calls', 'answer'",
+            schema=union,
+            raw_output=raw,
+            pointer="",
+        )
+    answer = envelope["answer"]
+    if response_schema is not None:
+        validate(answer, response_schema, raw, prefix="/answer")
+        content = json.dumps(answer, ensure_ascii=False, separators=(",", ":"))
+        return ParsedResponse("parsed", parsed=answer, content=content)
+    if not isinstance(answer, str):
+        raise StructuredOutputInvalid(
+            "'answer' must be a string", schema=union, raw_output=raw, pointer="/answer"
+        )
+    return ParsedResponse("answer", answer=answer, content=answer)
+
+
+def _call_from(
+    item: Any,
+    at: str,
+    by_name: Mapping[str, ToolSpec],
+    raw: str,
+    union: dict[str, Any],
+    call_id: str,
+    name_key: str = "tool",
+) -> ToolCall:
+    if not isinstance(item, dict):
+        raise StructuredOutputInvalid(
+            "a tool call is not a JSON object", schema=union, raw_output=raw, pointer=at
+        )
+    name = item.get(name_key)
+    tool = by_name.get(name) if isinstance(name, str) else None
+    if tool is None:
+        raise StructuredOutputInvalid(
+            f"the output calls unknown tool {name!r}",
+            schema=union,
+            raw_output=raw,
+            pointer=f"{at}/{name_key}",
+        )
+    arguments = item.get("arguments", {})
+    if isinstance(arguments, str):  # some native formats carry arguments as a JSON string
+        arguments = load_json(arguments, tool.parameters, pointer=f"{at}/arguments")
+    validate(arguments, tool.parameters, raw, prefix=f"{at}/arguments")
+    return ToolCall(call_id, tool.name, arguments)
+
+
+# --------------------------------------------------------------------------- native formats
+
+# Qwen 2.5/3 and Hermes-2-Pro: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+_TOOL_CALL_TAGS = re.compile(r"<tool_call>\s*(?P<body>\{.*?\})\s*</tool_call>", re.DOTALL)
+_NATIVE_PATTERNS = {
+    "qwen": _TOOL_CALL_TAGS,
+    "hermes": _TOOL_CALL_TAGS,
+    # Llama 3.1/3.2 custom tools: <function=NAME>{...}</function>
+    "llama": re.compile(
+        r"<function=(?P<name>[a-zA-Z0-9_-]{1,64})>(?P<body>.*?)</function>", re.DOTALL
+    ),
+}
+
+
+def parse_native_tool_call(
+    text: str,
+    family: str,
+    tools: Sequence[ToolSpec],
+    *,
+    ids: CallIds | None = None,
+) -> ParsedResponse:
+    """Calls written in a family's own tags (unconstrained or trigger-constrained output).
+
+    Inside Qwen/Hermes tags both ``{"name", "arguments"}`` (the trained format) and the
+    envelope ``{"tool", "arguments"}`` are accepted; text outside the tags is kept as
+    content. Output without any call is returned as kind "text". The generic family has no
+    tags: its output is the envelope itself.
+    """
+    ids = ids or CallIds()
+    if family == "generic":
+        return parse_envelope(text, tools, ids=ids)
+    pattern = _NATIVE_PATTERNS.get(family)
+    if pattern is None:
+        raise ValueError(f"unknown tool-call family {family!r}")
+    by_name = {t.name: t for t in tools}
+    calls: list[ToolCall] = []
+    for i, match in enumerate(pattern.finditer(text)):
+        at = f"/tool_calls/{i}"
+        if family == "llama":
+            arguments = load_json(match["body"].strip() or "{}", {}, pointer=f"{at}/arguments")
+            item: Any = {"name": match["name"], "arguments": arguments}
+        else:
+            item = load_json(match["body"], {}, pointer=at)
+        key = "tool" if isinstance(item, dict) and "tool" in item else "name"
+        calls.append(_call_from(item, at, by_name, text, {}, ids.for_index(i), name_key=key))
+    rest = pattern.sub("", text).strip()
+    if not calls:
+        return ParsedResponse("text", content=text)
+    return ParsedResponse("tool_calls", tool_calls=tuple(calls), content=rest or None)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") -> None:
+    """Raise StructuredOutputInvalid at the JSON pointer of the most relevant failure."""
+    error = best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
+    if error is None:
+        return
+    pointer = prefix + "".join(
+        "/" + str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path
+    )
+    raise StructuredOutputInvalid(
+        f"output fails its schema at '{pointer or '/'}': {error.message}",
+        schema=schema,
+        raw_output=raw,
+        pointer=pointer,
+    )
+
+
+def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
+    """``json.loads`` whose failure is a StructuredOutputInvalid carrying the schema."""
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise StructuredOutputInvalid(
+            f"output is not valid JSON ({exc.msg} at char {exc.pos})",
+            schema=schema,
+            raw_output=text,
+            pointer=pointer,
+        ) from None
+
+
+__all__ = [
+    "CALL_ID_RE",
+    "CallIds",
+    "ParsedResponse",
+    "ResponseFormat",
+    "ToolCall",
+    "ToolChoice",
+    "ToolSpec",
+    "check_schema",
+    "closed_schema",
+    "load_json",
+    "new_call_id",
+    "parse_envelope",
+    "parse_native_tool_call",
+    "parse_response_format",
+    "parse_tool_choice",
+    "parse_tools_field",
+    "union_schema",
+    "validate",
+]
