@@ -1,0 +1,339 @@
+"""The embedded engine: a local transformers model decoding under a grammar, in-process.
+
+The decode loop is our own (a KV-cached forward per token) rather than ``model.generate``:
+masking, streaming and stop strings are then three plain steps of one loop, and the loop
+stops the moment the grammar is complete instead of spending a forward pass on EOS.
+
+Decoding runs on one worker thread: a 2-core CPU gains nothing from two concurrent
+generations, and the event loop must stay free for the gateway. Requests queue on that thread
+in arrival order. Greedy decoding (temperature 0) and seeded sampling are deterministic on a
+rerun, which is what receipt replay relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.backends.base import CompiledGrammar, allocate_bitmask, bitmask_to_bool
+from runtime.backends.registry import BackendChain
+from runtime.cache import GrammarCache
+from runtime.constraint import Constraint
+from runtime.engines.base import (
+    ChatMessage,
+    EngineIdentity,
+    FinishReason,
+    Generation,
+    Sampling,
+    StreamEvent,
+    TextDelta,
+)
+from runtime.errors import BackendCannotCompile, EngineUnavailable, RuntimeInputError
+from runtime.model_store import ensure_bundled_model, model_digests
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the weights come from: an HF directory, or a GGUF file inside a directory."""
+
+    directory: Path
+    gguf_file: str | None
+    name: str
+
+    @property
+    def digest_path(self) -> Path:
+        return self.directory / self.gguf_file if self.gguf_file else self.directory
+
+
+def resolve_model(model_path: Path | str | None, gguf_file: str | None = None) -> ModelSource:
+    """The bundled model (fetched on first use) or a local HF directory or GGUF path."""
+    if model_path is None:
+        directory = ensure_bundled_model()
+        return ModelSource(directory, None, directory.name)
+    path = Path(model_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(path.parent, path.name, path.stem)
+    if path.is_dir() and gguf_file:
+        if not (path / gguf_file).is_file():
+            raise EngineUnavailable(f"no GGUF file {gguf_file!r} in {path}")
+        return ModelSource(path, gguf_file, Path(gguf_file).stem)
+    if path.is_dir() and (path / "config.json").is_file():
+        return ModelSource(path, None, path.name)
+    raise EngineUnavailable(f"{path} is neither an HF model directory nor a .gguf file")
+
+
+def default_threads() -> int:
+    """Half the cores: the other half keeps the gateway, grammar compiles and the database
+    responsive (measured here: 2 torch threads on a busy 2-core machine ran 3x slower)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+class EmbeddedEngine:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        identity: EngineIdentity,
+        grammars: GrammarCache,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.identity = identity
+        self.grammars = grammars
+        self._eos_ids = _eos_ids(model, tokenizer)
+        self._vocab = len(tokenizer)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._closed = False
+
+    @classmethod
+    def load(
+        cls,
+        model_path: Path | str | None = None,
+        *,
+        gguf_file: str | None = None,
+        backends: Sequence[str] | str | None = None,
+        device: str = "cpu",
+        threads: int | None = None,
+    ) -> EmbeddedEngine:
+        """Load the model and tokenizer and set up the grammar backends (blocking, seconds)."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source = resolve_model(model_path, gguf_file)
+        torch.set_num_threads(threads or default_threads())
+        kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+        tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            source.directory, dtype=torch.float32, **kwargs
+        ).to(device).eval()
+        chain = BackendChain(tokenizer, backends)
+        digests = model_digests(source.digest_path)
+        identity = EngineIdentity(
+            model=source.name,
+            weights_digest=digests.weights,
+            tokenizer_digest=digests.tokenizer,
+            engine="embedded",
+            backend=chain.names[0],
+        )
+        return cls(model, tokenizer, identity, GrammarCache(chain))
+
+    async def generate(
+        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+    ) -> Generation:
+        async for event in self.stream(messages, constraint, sampling):
+            if isinstance(event, Generation):
+                return event
+        raise EngineUnavailable("the decode loop ended without a result")
+
+    async def stream(
+        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+    ) -> AsyncIterator[StreamEvent]:
+        """Text deltas as tokens are decoded, then one final Generation."""
+        if self._closed:
+            raise EngineUnavailable("the embedded engine is closed")
+        _check_sampling(sampling)
+        prompt = self.encode(messages)
+        self._check_length(prompt, sampling)
+        grammar = await self.grammars.aget(constraint) if constraint is not None else None
+        async for event in self._run(prompt, grammar, sampling):
+            yield event
+
+    async def ready(self) -> bool:
+        return not self._closed
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.grammars.close()
+
+    def encode(self, messages: Sequence[ChatMessage]) -> list[int]:
+        """Prompt token ids through the tokenizer's own chat template."""
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        if not chat:
+            raise RuntimeInputError("messages must not be empty", param="messages")
+        if self.tokenizer.chat_template is None:
+            text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant: "
+            return list(self.tokenizer(text)["input_ids"])
+        encoded = self.tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, return_dict=True
+        )
+        return list(encoded["input_ids"])
+
+    def _check_length(self, prompt: list[int], sampling: Sampling) -> None:
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit and len(prompt) + sampling.max_tokens > limit:
+            raise RuntimeInputError(
+                f"{len(prompt)} prompt tokens + max_tokens {sampling.max_tokens} exceed the "
+                f"model's context of {limit} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+    async def _run(
+        self, prompt: list[int], grammar: CompiledGrammar | None, sampling: Sampling
+    ) -> AsyncIterator[StreamEvent]:
+        """Bridge the worker thread's deltas into this coroutine; a consumer that stops
+        iterating (client gone) cancels the decode at the next token."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[str | Generation | BaseException] = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def emit(item: str | Generation | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                emit(self._decode(prompt, grammar, sampling, emit, cancelled))
+            except BaseException as exc:  # delivered to the awaiting coroutine
+                emit(exc)
+
+        self._worker.submit(work)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, Generation):
+                    yield item
+                    return
+                yield TextDelta(item)
+        finally:
+            cancelled.set()
+
+    def _decode(
+        self,
+        prompt: list[int],
+        grammar: CompiledGrammar | None,
+        sampling: Sampling,
+        emit: Callable[[str], None],
+        cancelled: threading.Event,
+    ) -> Generation:
+        import torch
+        from transformers import DynamicCache
+
+        matcher = grammar.matcher() if grammar is not None else None
+        bitmask = allocate_bitmask(self._vocab) if matcher is not None else None
+        generator = _generator(sampling)
+        past = DynamicCache(config=self.model.config)
+        tokens: list[int] = []
+        text, sent = "", 0
+        stops = _StopScanner(sampling.stop)
+        finish: FinishReason = "length"
+        step_input = torch.tensor([prompt])
+        with torch.inference_mode():
+            while len(tokens) < sampling.max_tokens and not cancelled.is_set():
+                if matcher is not None and matcher.is_terminated():
+                    finish = "stop"
+                    break
+                out = self.model(
+                    input_ids=step_input, past_key_values=past, use_cache=True, logits_to_keep=1
+                )
+                logits = out.logits[0, -1, : self._vocab].float()
+                if matcher is not None:
+                    matcher.fill_next_token_bitmask(bitmask)
+                    logits = logits.masked_fill(~bitmask_to_bool(bitmask[0], self._vocab), -1e30)
+                token = _pick(logits, sampling, generator)
+                if matcher is not None and not matcher.accept_token(token):
+                    raise EngineUnavailable(f"the grammar rejected token {token} it allowed")
+                if token in self._eos_ids:
+                    finish = "stop"
+                    break
+                tokens.append(token)
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                cut = stops.find(text)
+                if cut is not None:
+                    text, finish = text[:cut], "stop"
+                    break
+                safe = stops.safe_length(text)
+                if safe > sent:
+                    emit(text[sent:safe])
+                    sent = safe
+                step_input = torch.tensor([[token]])
+        if len(text) > sent:
+            emit(text[sent:])
+        return Generation(
+            text=text,
+            prompt_tokens=len(prompt),
+            completion_tokens=len(tokens),
+            finish_reason=finish,
+            backend=grammar.backend if grammar is not None else "none",
+        )
+
+
+class _StopScanner:
+    """Finds stop strings in the growing text and says how much text is safe to stream:
+    a tail that could still become a stop string (or is half a UTF-8 character) is held."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = tuple(s for s in stops if s)
+        self._longest = max((len(s) for s in self.stops), default=0)
+
+    def find(self, text: str) -> int | None:
+        hits = [i for s in self.stops if (i := text.find(s)) >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        end = len(text)
+        while end and text[end - 1] == "\ufffd":  # an incomplete multi-byte character
+            end -= 1
+        for k in range(min(self._longest - 1, end), 0, -1):
+            tail = text[end - k : end]
+            if any(s.startswith(tail) for s in self.stops):
+                return end - k
+        return end
+
+
+def _check_sampling(sampling: Sampling) -> None:
+    if sampling.max_tokens < 1:
+        raise RuntimeInputError("max_tokens must be at least 1", param="max_tokens")
+    if sampling.temperature < 0:
+        raise RuntimeInputError("temperature must not be negative", param="temperature")
+    if not 0 < sampling.top_p <= 1:
+        raise RuntimeInputError("top_p must be in (0, 1]", param="top_p")
+
+
+def _generator(sampling: Sampling) -> Any:
+    """A private RNG per request: seeded -> the same draws on every rerun."""
+    import torch
+
+    if sampling.temperature == 0:
+        return None
+    generator = torch.Generator()
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)
+    return generator
+
+
+def _pick(logits: Any, sampling: Sampling, generator: Any) -> int:
+    """Greedy at temperature 0, else nucleus sampling from the request's own generator."""
+    import torch
+
+    if sampling.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    if sampling.top_p < 1:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """Every id that ends a turn: the tokenizer's EOS and the generation config's list."""
+    ids: set[int] = set()
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)
