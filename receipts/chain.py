@@ -1,0 +1,268 @@
+"""The hash chain: sealing a draft onto a chain head, and verifying a run of receipts.
+
+seal() is the only place a receipt is made: it fixes seq and prev_hash, hashes the canonical
+body and signs the 32 raw bytes of that hash. ChainVerifier re-derives all of it, one receipt at
+a time, and names the first seq that fails; verify_receipts() drives it over a sequence.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from receipts.binding import SchemaBinding, SchemaSource
+from receipts.canonical import canonical_json, sha256_hex
+from receipts.checkpoint import checkpoint_problem
+from receipts.errors import ReceiptFormatError, ReceiptsError, VerificationError
+from receipts.manifest import manifest_hash
+from receipts.merkle import CompactRange, leaf_hash
+from receipts.record import (
+    FORMAT_VERSION,
+    GENESIS_PREV_HASH,
+    Receipt,
+    ReceiptDraft,
+    format_timestamp,
+    new_receipt_id,
+    utc_now,
+)
+from receipts.signing import KeyRing, Signer
+
+
+def entry_hash_of(body: Mapping[str, Any]) -> str:
+    """hex(SHA-256(JCS(body))), body = the receipt without entry_hash and signature."""
+    return sha256_hex(canonical_json(body))
+
+
+def seal(
+    draft: ReceiptDraft,
+    *,
+    seq: int,
+    prev_hash: str,
+    signer: Signer,
+    created_at: datetime | None = None,
+    receipt_id: str | None = None,
+) -> Receipt:
+    """The receipt for `draft` at `seq` after the receipt whose entry hash is `prev_hash`."""
+    if type(seq) is not int or seq < 1:
+        raise ReceiptFormatError("seq must be a positive integer")
+    if seq == 1 and prev_hash != GENESIS_PREV_HASH:
+        raise ReceiptFormatError("seq 1 must follow the genesis prev_hash (64 zeros)")
+    body = {
+        "v": FORMAT_VERSION,
+        "id": receipt_id or new_receipt_id(),
+        "chain": draft.tenant,
+        "seq": seq,
+        "prev_hash": prev_hash,
+        "created_at": utc_now() if created_at is None else format_timestamp(created_at),
+        "tenant": draft.tenant,
+        "key_id": signer.key_id,
+        "manifest_hash": manifest_hash(draft.manifest),
+        "manifest": draft.manifest,
+        "request": draft.request,
+        "output": draft.output,
+        "finish_reason": draft.finish_reason,
+        "usage": draft.usage,
+        "validation": draft.validation,
+        "fallback": draft.fallback,
+        "links": draft.links,
+    }
+    entry_hash = entry_hash_of(body)
+    signature = signer.sign(bytes.fromhex(entry_hash))
+    # from_json_obj re-checks the shape (id, prev_hash, timestamps) before anything is signed
+    # into the ledger, so a malformed receipt is never committed.
+    return Receipt.from_json_obj(
+        {**body, "entry_hash": entry_hash, "signature": base64.b64encode(signature).decode()}
+    )
+
+
+@dataclass(frozen=True)
+class VerificationReport:
+    """Outcome of a verification: ok, how many receipts were checked, and when not ok the
+    first failing seq (None when the failure is not a receipt's, e.g. a bad checkpoint)."""
+
+    ok: bool
+    checked: int
+    first_failure_seq: int | None = None
+    reason: str | None = None
+    chain: str | None = None
+    tree_size: int | None = None
+    root_hash: str | None = None
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_json_obj(), sort_keys=True)
+
+
+def receipt_problem(receipt: Receipt, keyring: KeyRing, binding: SchemaBinding) -> str | None:
+    """The checks one receipt must pass on its own: entry hash, signing key, signature,
+    manifest hash, schema binding. Returns the first reason it fails, or None."""
+    if entry_hash_of(receipt.body()) != receipt.entry_hash:
+        return "entry_hash does not match the receipt's content (edited)"
+    if receipt.key_id not in keyring:
+        return f"signed by unknown key {receipt.key_id}"
+    if not keyring.allows(receipt.key_id, receipt.chain, receipt.seq):
+        return f"key {receipt.key_id} did not sign seq {receipt.seq} of this chain (out of range)"
+    try:
+        signature = base64.b64decode(receipt.signature, validate=True)
+    except binascii.Error:
+        return "signature is not valid base64"
+    if not keyring.verify(receipt.key_id, bytes.fromhex(receipt.entry_hash), signature):
+        return "signature does not verify"
+    if manifest_hash(receipt.manifest) != receipt.manifest_hash:
+        return "manifest_hash does not match the manifest"
+    return binding.problem(receipt.manifest, receipt.output, receipt.validation)
+
+
+class ChainLinker:
+    """The sequential part of verification: gapless seqs, prev_hash links, one chain, and the
+    Merkle root checked against a signed checkpoint once the tree reaches its size.
+
+    `left` is the compact range of the leaves before `start_seq` (empty from seq 1), which
+    lets a range of the chain be checked against a checkpoint of the whole chain.
+    """
+
+    def __init__(
+        self,
+        keyring: KeyRing,
+        *,
+        chain: str | None = None,
+        expected_prev_hash: str = GENESIS_PREV_HASH,
+        start_seq: int = 1,
+        checkpoint: Mapping[str, Any] | None = None,
+        left: list[bytes] | None = None,
+    ) -> None:
+        if start_seq == 1 and expected_prev_hash != GENESIS_PREV_HASH:
+            raise ReceiptFormatError("seq 1 must follow the genesis prev_hash (64 zeros)")
+        self.chain = chain
+        self.next_seq = start_seq
+        self.prev_hash = expected_prev_hash
+        self.checkpoint = checkpoint
+        self.tree = CompactRange(start_seq - 1, left or [])
+        self.checked = 0
+        self.root_checked = False
+        if checkpoint is not None:
+            reason = checkpoint_problem(checkpoint, keyring)
+            if reason:
+                raise VerificationError(reason)
+            if chain is not None and checkpoint["chain"] != chain:
+                raise VerificationError(f"checkpoint is for chain {checkpoint['chain']!r}")
+            if checkpoint["tree_size"] < start_seq - 1:
+                raise VerificationError("checkpoint predates the first receipt checked")
+
+    def link(self, receipt: Receipt) -> None:
+        """Accept the next receipt or raise VerificationError at the seq where the chain breaks."""
+        seq = self.next_seq
+        if self.chain is None:
+            self.chain = receipt.chain
+        elif receipt.chain != self.chain:
+            raise VerificationError(
+                f"receipt of chain {receipt.chain!r} in chain {self.chain!r}", seq
+            )
+        if receipt.seq != seq:
+            raise VerificationError(
+                f"expected seq {seq}, found seq {receipt.seq}"
+                " (a receipt is missing, reordered or inserted)",
+                seq,
+            )
+        if receipt.prev_hash != self.prev_hash:
+            raise VerificationError(
+                "prev_hash does not link to the previous receipt's entry_hash", seq
+            )
+        self.tree.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
+        self.prev_hash = receipt.entry_hash
+        self.next_seq += 1
+        self.checked += 1
+        if self.checkpoint is not None and self.tree.size == self.checkpoint["tree_size"]:
+            self._check_root(seq)
+
+    def finish(self, right: list[bytes] | None = None) -> None:
+        """End of input: the checkpoint must have been reached (or be reachable through the
+        compact range `right` of the leaves after the last receipt, for a range export)."""
+        cp = self.checkpoint
+        if cp is None or self.root_checked:
+            return
+        size = cp["tree_size"]
+        if right is None:
+            raise VerificationError(
+                f"the signed checkpoint covers {size} receipts but only"
+                f" {self.next_seq - 1} are present (truncated)",
+                self.next_seq,
+            )
+        self.tree.extend(size, right)
+        self._check_root(None)
+
+    def _check_root(self, seq: int | None) -> None:
+        self.root_checked = True
+        if self.tree.root().hex() != self.checkpoint["root_hash"]:
+            raise VerificationError(
+                f"Merkle root at tree size {self.tree.size} does not match the signed checkpoint",
+                seq,
+            )
+
+    def report(self) -> VerificationReport:
+        cp = self.checkpoint
+        return VerificationReport(
+            ok=True,
+            checked=self.checked,
+            chain=self.chain,
+            tree_size=cp["tree_size"] if cp else None,
+            root_hash=cp["root_hash"] if cp else None,
+        )
+
+
+def verify_receipts(
+    receipts: Iterable[Receipt | Mapping[str, Any]],
+    keyring: KeyRing,
+    *,
+    expected_prev_hash: str = GENESIS_PREV_HASH,
+    start_seq: int = 1,
+    schemas: SchemaSource,
+    checkpoint: Mapping[str, Any] | None = None,
+    left: list[bytes] | None = None,
+    right: list[bytes] | None = None,
+) -> VerificationReport:
+    """Verify a run of one chain's receipts in seq order, starting at `start_seq` after
+    `expected_prev_hash`; receipts may be Receipt objects or raw JSON objects (a malformed one
+    fails at its seq). Stops at the first failure. With `checkpoint`, the Merkle root over the
+    entry hashes must equal its signed root and a checkpoint beyond the last receipt means a
+    truncated tail; `left`/`right` are compact ranges for a range that is not the whole tree.
+    """
+    binding = SchemaBinding(schemas)
+    try:
+        linker = ChainLinker(
+            keyring,
+            expected_prev_hash=expected_prev_hash,
+            start_seq=start_seq,
+            checkpoint=checkpoint,
+            left=left,
+        )
+    except ReceiptsError as exc:  # a bad checkpoint or a malformed left compact range
+        return _failed(0, None, getattr(exc, "reason", str(exc)))
+    try:
+        for item in receipts:
+            seq = linker.next_seq
+            try:
+                receipt = item if isinstance(item, Receipt) else Receipt.from_json_obj(item)
+            except ReceiptFormatError as exc:
+                raise VerificationError(f"malformed receipt: {exc}", seq) from exc
+            reason = receipt_problem(receipt, keyring, binding)
+            if reason:
+                raise VerificationError(reason, seq)
+            linker.link(receipt)
+        linker.finish(right)
+    except VerificationError as exc:  # includes ProofError from a malformed right range
+        return _failed(linker.checked, exc.seq, exc.reason, linker.chain)
+    return linker.report()
+
+
+def _failed(checked: int, seq: int | None, reason: str, chain: str | None = None
+            ) -> VerificationReport:
+    return VerificationReport(ok=False, checked=checked, first_failure_seq=seq, reason=reason,
+                              chain=chain)

@@ -1,0 +1,92 @@
+"""Signed checkpoints: a chain's Merkle root at a tree size, signed, so a verifier can detect
+a truncated tail or a rewritten history against a root it saved earlier.
+
+{"v": 1, "chain", "tree_size", "root_hash", "timestamp", "key_id", "signature"}; the signature
+is base64 Ed25519 over JCS of the checkpoint without "signature".
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from receipts.canonical import canonical_json
+from receipts.errors import ReceiptFormatError
+from receipts.manifest import is_hex64
+from receipts.record import KEY_ID, TIMESTAMP, format_timestamp, utc_now
+from receipts.signing import KeyRing, Signer
+
+CHECKPOINT_FIELDS = ("v", "chain", "tree_size", "root_hash", "timestamp", "key_id", "signature")
+
+
+def make_checkpoint(
+    chain: str,
+    tree_size: int,
+    root_hash: str,
+    signer: Signer,
+    timestamp: datetime | str | None = None,
+) -> dict[str, Any]:
+    """Sign the root (hex) of `chain`'s tree at `tree_size`; timestamp defaults to now."""
+    stamp = (
+        utc_now()
+        if timestamp is None
+        else timestamp if isinstance(timestamp, str) else format_timestamp(timestamp)
+    )
+    unsigned = {
+        "v": 1,
+        "chain": chain,
+        "tree_size": tree_size,
+        "root_hash": root_hash,
+        "timestamp": stamp,
+        "key_id": signer.key_id,
+    }
+    check_checkpoint({**unsigned, "signature": ""})
+    signature = signer.sign(canonical_json(unsigned))
+    return {**unsigned, "signature": base64.b64encode(signature).decode("ascii")}
+
+
+def check_checkpoint(cp: object) -> None:
+    """Raise ReceiptFormatError unless `cp` has the v1 checkpoint shape."""
+    if not isinstance(cp, Mapping) or set(cp) != set(CHECKPOINT_FIELDS):
+        raise ReceiptFormatError(f"a checkpoint is an object with fields {list(CHECKPOINT_FIELDS)}")
+    if cp["v"] != 1 or type(cp["v"]) is not int:
+        raise ReceiptFormatError("checkpoint.v must be 1")
+    if not isinstance(cp["chain"], str) or not cp["chain"]:
+        raise ReceiptFormatError("checkpoint.chain must be a non-empty string")
+    if type(cp["tree_size"]) is not int or cp["tree_size"] < 0:
+        raise ReceiptFormatError("checkpoint.tree_size must be a non-negative integer")
+    if not is_hex64(cp["root_hash"]):
+        raise ReceiptFormatError("checkpoint.root_hash must be 64 lowercase hex")
+    if not isinstance(cp["timestamp"], str) or not TIMESTAMP.fullmatch(cp["timestamp"]):
+        raise ReceiptFormatError("checkpoint.timestamp must be RFC 3339 UTC with microseconds")
+    if not isinstance(cp["key_id"], str) or not KEY_ID.fullmatch(cp["key_id"]):
+        raise ReceiptFormatError("checkpoint.key_id must be ed25519: + 32 lowercase hex")
+    if not isinstance(cp["signature"], str):
+        raise ReceiptFormatError("checkpoint.signature must be a base64 string")
+
+
+def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
+    """Why `cp` cannot be trusted (malformed, unknown key, bad signature), or None."""
+    try:
+        check_checkpoint(cp)
+    except ReceiptFormatError as exc:
+        return str(exc)
+    assert isinstance(cp, Mapping)
+    if cp["key_id"] not in keyring:
+        return f"checkpoint signed by unknown key {cp['key_id']}"
+    try:
+        signature = base64.b64decode(cp["signature"], validate=True)
+    except binascii.Error:
+        return "checkpoint signature is not valid base64"
+    unsigned = {k: cp[k] for k in CHECKPOINT_FIELDS if k != "signature"}
+    if not keyring.verify(cp["key_id"], canonical_json(unsigned), signature):
+        return "checkpoint signature does not verify"
+    return None
+
+
+def verify_checkpoint(cp: Mapping[str, Any], keyring: KeyRing) -> bool:
+    """True when the checkpoint is well formed and signed by a key in `keyring`."""
+    return checkpoint_problem(cp, keyring) is None

@@ -1,0 +1,45 @@
+"""Typed errors of the receipts package.
+
+Callers branch on the type: the gateway maps `LedgerUnavailable` to a 503 (fail closed: no tool
+call leaves without its receipt), bad caller input is a `ReceiptFormatError` (also a
+`ValueError`), and a failed check of recorded evidence is a `VerificationError`.
+"""
+
+from __future__ import annotations
+
+
+class ReceiptsError(Exception):
+    """Base class of every error raised by receipts/."""
+
+
+class ReceiptFormatError(ReceiptsError, ValueError):
+    """A draft, receipt, checkpoint, proof or bundle is malformed (wrong field, type or shape)."""
+
+
+class CanonicalizationError(ReceiptFormatError):
+    """A value has no RFC 8785 form (NaN, infinity, an integer beyond 2**53, a non-JSON type)."""
+
+
+class SigningKeyError(ReceiptsError):
+    """A signing or public key cannot be loaded (bad PEM, not Ed25519, unreadable file)."""
+
+
+class LedgerUnavailable(ReceiptsError):
+    """The ledger cannot commit or answer right now; the caller must fail closed."""
+
+
+class VerificationError(ReceiptsError):
+    """Recorded evidence does not verify. `seq` names the first failing receipt when known."""
+
+    def __init__(self, reason: str, seq: int | None = None) -> None:
+        super().__init__(reason if seq is None else f"seq {seq}: {reason}")
+        self.reason = reason
+        self.seq = seq
+
+
+class ProofError(VerificationError):
+    """A Merkle inclusion or consistency proof does not verify (RFC 9162 section 2.1)."""
+
+
+class BundleError(ReceiptsError):
+    """An export bundle cannot be read at all (missing file, not a tar.gz, unsafe member)."""

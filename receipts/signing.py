@@ -1,0 +1,243 @@
+"""Ed25519 keys: the signer that seals receipts and checkpoints, key ids, key files and the
+key ring a verifier trusts (with the seq range each key signed, so rotation stays verifiable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from receipts.errors import SigningKeyError
+
+KEY_ID_PREFIX = "ed25519:"
+
+
+def raw_public_bytes(public_key: Ed25519PublicKey) -> bytes:
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id_for(public_key: Ed25519PublicKey) -> str:
+    """"ed25519:" + the first 32 hex digits of SHA-256 of the raw 32-byte public key."""
+    return KEY_ID_PREFIX + hashlib.sha256(raw_public_bytes(public_key)).hexdigest()[:32]
+
+
+def public_key_pem(public_key: Ed25519PublicKey) -> str:
+    """SubjectPublicKeyInfo PEM text, the form public keys are published and exported in."""
+    return public_key.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode("ascii")
+
+
+def load_public_key_pem(pem: str | bytes) -> Ed25519PublicKey:
+    """Parse an Ed25519 public key from PEM; SigningKeyError for anything else."""
+    data = pem.encode("ascii") if isinstance(pem, str) else pem
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, TypeError, UnicodeEncodeError) as exc:
+        raise SigningKeyError(f"not a PEM public key: {exc}") from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise SigningKeyError(f"public key is {type(key).__name__}, not Ed25519")
+    return key
+
+
+class Signer:
+    """An Ed25519 private key and its key id. Signs entry hashes and checkpoints."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._private_key = private_key
+        self.public_key = private_key.public_key()
+        self.key_id = key_id_for(self.public_key)
+
+    @classmethod
+    def from_private_key(cls, private_key: Ed25519PrivateKey) -> Signer:
+        return cls(private_key)
+
+    @classmethod
+    def generate(cls) -> Signer:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_pem(cls, pem: str | bytes) -> Signer:
+        """Load an unencrypted PKCS#8 PEM Ed25519 private key."""
+        data = pem.encode("ascii") if isinstance(pem, str) else pem
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError, UnicodeEncodeError) as exc:
+            raise SigningKeyError(f"not an unencrypted PEM private key: {exc}") from exc
+        if not isinstance(key, Ed25519PrivateKey):
+            raise SigningKeyError(f"private key is {type(key).__name__}, not Ed25519")
+        return cls(key)
+
+    def private_key_pem(self) -> bytes:
+        return self._private_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def public_key_pem(self) -> str:
+        return public_key_pem(self.public_key)
+
+    def sign(self, data: bytes) -> bytes:
+        """The 64-byte Ed25519 signature of `data`."""
+        return self._private_key.sign(data)
+
+    def __repr__(self) -> str:  # never print key material
+        return f"Signer(key_id={self.key_id!r})"
+
+
+def load_or_create_signer(path: str | os.PathLike[str]) -> Signer:
+    """The key in `path`, generated on first use and written with mode 0600.
+
+    Creation is atomic (write a private temp file, then hard-link it into place), so two
+    processes starting together end up with the same key instead of overwriting each other.
+    """
+    target = Path(path)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        signer = Signer.generate()
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".signing-key-")  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(signer.private_key_pem())
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, target)
+            except FileExistsError:
+                pass  # another process won the race: use its key
+        finally:
+            os.unlink(tmp)
+    try:
+        pem = target.read_bytes()
+    except OSError as exc:
+        raise SigningKeyError(f"cannot read signing key {target}: {exc}") from exc
+    return Signer.from_pem(pem)
+
+
+def signer_from_env(var: str = "CALLPROOF_SIGNING_KEY") -> Signer | None:
+    """The signer whose PEM private key is the text of environment variable `var`, or None
+    when it is unset or empty (the caller then falls back to a key file)."""
+    pem = os.environ.get(var, "").strip()
+    if not pem:
+        return None
+    try:
+        return Signer.from_pem(pem)
+    except SigningKeyError as exc:
+        raise SigningKeyError(f"${var}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class KeyRange:
+    """The seqs of one chain a key signed; last_seq None means "still signing"."""
+
+    chain: str
+    first_seq: int
+    last_seq: int | None = None
+
+    def covers(self, chain: str, seq: int) -> bool:
+        return (
+            chain == self.chain
+            and seq >= self.first_seq
+            and (self.last_seq is None or seq <= self.last_seq)
+        )
+
+
+@dataclass
+class TrustedKey:
+    public_key: Ed25519PublicKey
+    ranges: list[KeyRange] = field(default_factory=list)
+
+
+class KeyRing:
+    """The public keys a verifier trusts, by key id.
+
+    A key with recorded ranges for a chain may only sign seqs inside them: a retired key that
+    leaks cannot extend the chain. A key with no range for a chain is trusted for all of it
+    (the ranges are the ledger's bookkeeping; pinning a key is the verifier's choice).
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[str, TrustedKey] = {}
+
+    def add(self, public_key: Ed25519PublicKey, ranges: Iterable[KeyRange] = ()) -> str:
+        """Trust `public_key` (merging ranges if already present); returns its key id."""
+        key_id = key_id_for(public_key)
+        entry = self._keys.setdefault(key_id, TrustedKey(public_key))
+        entry.ranges.extend(r for r in ranges if r not in entry.ranges)
+        return key_id
+
+    def add_pem(self, pem: str | bytes, ranges: Iterable[KeyRange] = ()) -> str:
+        return self.add(load_public_key_pem(pem), ranges)
+
+    @classmethod
+    def from_public_keys(cls, entries: Iterable[Mapping[str, Any]]) -> KeyRing:
+        """Build from `[{"key_id", "public_key_pem", "ranges": [{"chain", "first_seq",
+        "last_seq"}]}]` (the shape of ledger.public_keys() and a bundle's keys.json plus PEMs).
+        A stated key_id that does not match the key is an error, never silently trusted."""
+        ring = cls()
+        for entry in entries:
+            ranges = [
+                KeyRange(r["chain"], int(r["first_seq"]), r.get("last_seq"))
+                for r in entry.get("ranges", ())
+            ]
+            key_id = ring.add_pem(entry["public_key_pem"], ranges)
+            if entry.get("key_id", key_id) != key_id:
+                raise SigningKeyError(
+                    f"key id {entry['key_id']!r} does not match its public key ({key_id})"
+                )
+        return ring
+
+    def to_public_keys(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "key_id": key_id,
+                "public_key_pem": public_key_pem(entry.public_key),
+                "ranges": [
+                    {"chain": r.chain, "first_seq": r.first_seq, "last_seq": r.last_seq}
+                    for r in entry.ranges
+                ],
+            }
+            for key_id, entry in self._keys.items()
+        ]
+
+    def __contains__(self, key_id: object) -> bool:
+        return key_id in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def key_ids(self) -> list[str]:
+        return list(self._keys)
+
+    def public_key(self, key_id: str) -> Ed25519PublicKey | None:
+        entry = self._keys.get(key_id)
+        return entry.public_key if entry else None
+
+    def allows(self, key_id: str, chain: str, seq: int) -> bool:
+        """Known key, and seq inside its recorded ranges for the chain (if it has any)."""
+        entry = self._keys.get(key_id)
+        if entry is None:
+            return False
+        own = [r for r in entry.ranges if r.chain == chain]
+        return not own or any(r.covers(chain, seq) for r in own)
+
+    def verify(self, key_id: str, data: bytes, signature: bytes) -> bool:
+        """True when `signature` is a valid Ed25519 signature of `data` by a trusted key."""
+        entry = self._keys.get(key_id)
+        if entry is None:
+            return False
+        try:
+            entry.public_key.verify(signature, data)
+        except InvalidSignature:
+            return False
+        return True
