@@ -1,0 +1,344 @@
+"""Incremental decoding of the tool envelope, so a streamed response can look like OpenAI's.
+
+The constrained model streams JSON such as ``{"tool": "get_weather", "arguments": {...}}``
+or ``{"answer": "Hello"}``; an OpenAI client expects tool-call deltas (index, id, name,
+arguments text) or content deltas. :class:`EnvelopeStreamDecoder` scans the JSON as it
+arrives and emits those events; :meth:`EnvelopeStreamDecoder.finish` returns the same
+``ParsedResponse`` as ``plan.parse(full_text)`` (it *is* that call, with the same call ids),
+so what was streamed and what is receipted cannot disagree.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from dataclasses import dataclass, field
+from typing import Literal
+
+from runtime.planning import Plan
+from runtime.tools import CallIds, ParsedResponse
+
+_WS = " \t\n\r"
+
+
+@dataclass(frozen=True)
+class ContentDelta:
+    """Pass-through text (text, regex, ebnf and json modes)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class AnswerDelta:
+    """Text of the envelope's answer (unescaped string, or JSON text of a structured answer)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolArgumentsDelta:
+    """A piece of the call's arguments JSON (whitespace outside strings dropped)."""
+
+    index: int
+    text: str
+
+
+StreamEvent = ContentDelta | AnswerDelta | ToolCallStart | ToolArgumentsDelta
+
+
+@dataclass
+class _Frame:
+    kind: Literal["obj", "arr"]
+    key: str | int | None = None  # key (object) or index (array) of the value being read
+    expect: Literal["first", "key", "colon", "value", "next"] = "first"
+
+
+@dataclass
+class _Capture:
+    """A value of interest being read: the answer, a call's name, or a call's arguments."""
+
+    role: Literal["answer", "name", "args"]
+    index: int
+    depth: int  # stack depth at which the value sits; it ends when the stack returns here
+    raw: bool  # raw JSON text (arguments, structured answer) vs unescaped string content
+    pending: str = ""  # unescaped mode: raw string content not yet decodable
+    text: list[str] = field(default_factory=list)  # name mode: decoded so far
+
+
+class EnvelopeStreamDecoder:
+    """Feed text (or UTF-8 bytes) deltas; get OpenAI-shaped events; finish with the parse."""
+
+    def __init__(self, plan: Plan, ids: CallIds | None = None):
+        self._plan = plan
+        self._ids = ids or CallIds()
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._text: list[str] = []
+        self._envelope = plan.mode == "tools"
+        self._opaque = False  # tools mode but not a bare envelope: events come at finish
+        self._stack: list[_Frame] = []
+        self._top_done = False
+        self._in_string = False
+        self._key: list[str] | None = None  # set while reading an object key
+        self._escape = False
+        self._scalar = False
+        self._cap: _Capture | None = None
+        self._names: dict[int, str] = {}
+        self._held_args: dict[int, list[str]] = {}
+        self._out: list[StreamEvent] = []
+
+    def feed(self, delta: str | bytes) -> list[StreamEvent]:
+        text = self._utf8.decode(delta) if isinstance(delta, bytes) else delta
+        if not text:
+            return []
+        self._text.append(text)
+        if not self._envelope:
+            return [ContentDelta(text)]
+        for ch in text:
+            if self._opaque:
+                break
+            self._step(ch)
+        return self._drain()
+
+    def finish(self) -> tuple[list[StreamEvent], ParsedResponse]:
+        """The remaining events and the authoritative parse (raises as ``plan.parse`` does)."""
+        tail = self._utf8.decode(b"", final=True)
+        events = self.feed(tail) if tail else []
+        result = self._plan.parse("".join(self._text), self._ids)
+        if self._opaque:
+            events += _events_of(result)
+        return events, result
+
+    # ----------------------------------------------------------------- scanning
+
+    def _step(self, ch: str) -> None:
+        if self._scalar and not self._in_string and (ch in _WS or ch in ",}]"):
+            self._scalar = False
+            self._end_capture_at(len(self._stack))
+        if not self._in_string and ch not in _WS and self._expects_value():
+            if not self._stack and ch != "{":
+                self._opaque = True  # e.g. a <think> region or tagged calls: parse at finish
+                return
+            self._start_value(ch)
+        cap = self._cap
+        was_in_string = self._in_string
+        self._consume(ch)
+        if cap is not None and cap.raw and (was_in_string or ch not in _WS):
+            self._emit_raw(cap, ch)
+
+    def _expects_value(self) -> bool:
+        if not self._stack:
+            return not self._top_done
+        frame = self._stack[-1]
+        return frame.expect == "value" or (frame.kind == "arr" and frame.expect == "first")
+
+    def _start_value(self, ch: str) -> None:
+        if self._stack and self._stack[-1].kind == "arr" and ch == "]":
+            return  # empty array: no value starts
+        path = [f.key for f in self._stack]
+        role = _role_of(path)
+        if role is not None:
+            kind, index = role
+            raw = kind == "args" or (
+                kind == "answer" and (ch != '"' or self._plan.answer_schema is not None)
+            )
+            self._cap = _Capture(kind, index, len(self._stack), raw)
+        if self._stack:
+            self._stack[-1].expect = "next"
+        else:
+            self._top_done = True
+
+    def _consume(self, ch: str) -> None:
+        if self._in_string:
+            self._string_char(ch)
+            return
+        if ch in _WS:
+            return
+        frame = self._stack[-1] if self._stack else None
+        if ch == '"':
+            self._in_string = True
+            if frame is not None and frame.kind == "obj" and frame.expect in ("first", "key"):
+                self._key = []
+        elif ch in "{[":
+            self._stack.append(_Frame("obj" if ch == "{" else "arr", None if ch == "{" else 0))
+        elif ch in "}]":
+            if self._stack:
+                self._stack.pop()
+                self._end_capture_at(len(self._stack), closing=ch)
+        elif frame is None:
+            self._scalar = True
+        elif ch == ":" and frame.expect == "colon":
+            frame.expect = "value"
+        elif ch == "," and frame.expect == "next":
+            if frame.kind == "arr":
+                frame.key = int(frame.key or 0) + 1
+                frame.expect = "value"
+            else:
+                frame.expect = "key"
+        else:
+            self._scalar = True
+
+    def _string_char(self, ch: str) -> None:
+        if self._escape:
+            self._escape = False
+        elif ch == "\\":
+            self._escape = True
+        elif ch == '"':
+            self._in_string = False
+            if self._key is not None:
+                frame = self._stack[-1]
+                frame.key = _unescape("".join(self._key))
+                frame.expect = "colon"
+                self._key = None
+            else:
+                self._end_capture_at(len(self._stack), closing=ch)
+            return
+        if self._key is not None:
+            self._key.append(ch)
+        elif self._cap is not None and not self._cap.raw and self._cap.depth == len(self._stack):
+            self._cap.pending += ch
+            self._decode_pending(self._cap, final=False)
+
+    # ----------------------------------------------------------------- captures
+
+    def _end_capture_at(self, depth: int, closing: str | None = None) -> None:
+        cap = self._cap
+        if cap is None or cap.depth != depth:
+            return
+        if cap.raw and closing is not None:
+            self._emit_raw(cap, closing)
+        elif not cap.raw:
+            self._decode_pending(cap, final=True)
+        self._cap = None
+        if cap.role == "name":
+            self._start_call(cap.index, "".join(cap.text))
+
+    def _emit_raw(self, cap: _Capture, ch: str) -> None:
+        if cap is not self._cap:
+            return  # the closing char was already emitted by _end_capture_at
+        if cap.role == "answer":
+            self._out.append(AnswerDelta(ch))
+        elif cap.index in self._names:
+            self._out.append(ToolArgumentsDelta(cap.index, ch))
+        else:
+            self._held_args.setdefault(cap.index, []).append(ch)
+
+    def _decode_pending(self, cap: _Capture, *, final: bool) -> None:
+        cut = len(cap.pending) if final else _decodable_prefix(cap.pending)
+        if cut == 0:
+            return
+        try:
+            piece = json.loads('"' + cap.pending[:cut] + '"')
+        except ValueError:
+            return  # invalid JSON string: finish() reports it through plan.parse
+        cap.pending = cap.pending[cut:]
+        if cap.role == "answer":
+            self._out.append(AnswerDelta(piece))
+        else:
+            cap.text.append(piece)
+
+    def _start_call(self, index: int, name: str) -> None:
+        self._names[index] = name
+        self._out.append(ToolCallStart(index, self._ids.for_index(index), name))
+        held = self._held_args.pop(index, None)
+        if held:
+            self._out.append(ToolArgumentsDelta(index, "".join(held)))
+
+    def _drain(self) -> list[StreamEvent]:
+        """This feed's events, with runs of same-kind deltas merged into one."""
+        merged: list[StreamEvent] = []
+        for event in self._out:
+            last = merged[-1] if merged else None
+            if isinstance(event, AnswerDelta) and isinstance(last, AnswerDelta):
+                merged[-1] = AnswerDelta(last.text + event.text)
+            elif (
+                isinstance(event, ToolArgumentsDelta)
+                and isinstance(last, ToolArgumentsDelta)
+                and last.index == event.index
+            ):
+                merged[-1] = ToolArgumentsDelta(event.index, last.text + event.text)
+            else:
+                merged.append(event)
+        self._out = []
+        return merged
+
+
+def _role_of(path: list[str | int | None]) -> tuple[Literal["answer", "name", "args"], int] | None:
+    """Which envelope value sits at ``path``, and for which call index."""
+    if path == ["answer"]:
+        return "answer", 0
+    if path == ["tool"]:
+        return "name", 0
+    if path == ["arguments"]:
+        return "args", 0
+    if len(path) == 3 and path[0] == "tool_calls" and isinstance(path[1], int):
+        if path[2] == "tool":
+            return "name", path[1]
+        if path[2] == "arguments":
+            return "args", path[1]
+    return None
+
+
+def _decodable_prefix(raw: str) -> int:
+    """Length of the longest prefix of JSON string content that holds no unfinished escape.
+
+    A ``\\uD8xx`` high surrogate waits for the low half that may follow, so a pair is never
+    decoded as two lone surrogates.
+    """
+    i = 0
+    while i < len(raw):
+        if raw[i] != "\\":
+            i += 1
+            continue
+        if i + 1 >= len(raw):
+            return i
+        if raw[i + 1] != "u":
+            i += 2
+            continue
+        if i + 6 > len(raw):
+            return i
+        try:
+            high = 0xD800 <= int(raw[i + 2 : i + 6], 16) <= 0xDBFF
+        except ValueError:
+            return i
+        rest = raw[i + 6 : i + 12]
+        if high and len(rest) < 6 and "\\u".startswith(rest[:2]):
+            return i  # the low half of the pair may still be on its way
+        i += 12 if high and rest.startswith("\\u") else 6
+    return i
+
+
+def _unescape(raw: str) -> str:
+    try:
+        return json.loads('"' + raw + '"')
+    except ValueError:
+        return raw  # invalid escapes: finish() reports it through plan.parse
+
+
+def _events_of(result: ParsedResponse) -> list[StreamEvent]:
+    """All events for an output that could only be understood once complete."""
+    if result.kind == "tool_calls":
+        events: list[StreamEvent] = []
+        for i, call in enumerate(result.tool_calls):
+            events += [
+                ToolCallStart(i, call.id, call.name),
+                ToolArgumentsDelta(i, call.arguments_json()),
+            ]
+        return events
+    return [AnswerDelta(result.content)] if result.content else []
+
+
+__all__ = [
+    "AnswerDelta",
+    "ContentDelta",
+    "EnvelopeStreamDecoder",
+    "StreamEvent",
+    "ToolArgumentsDelta",
+    "ToolCallStart",
+]
