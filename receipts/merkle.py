@@ -117,10 +117,10 @@ def inclusion_proof(index: int, tree_size: int, subtree: SubtreeHasher) -> list[
 
 
 def consistency_proof(size1: int, size2: int, subtree: SubtreeHasher) -> list[bytes]:
-    """PROOF(size1, D[size2]) (section 2.1.4.1); empty when size1 is 0 or equals size2."""
-    if not 0 <= size1 <= size2:
+    """PROOF(size1, D[size2]) (section 2.1.4.1) for 0 < size1 <= size2; empty when equal."""
+    if not 0 < size1 <= size2:
         raise ValueError(f"no consistency proof from size {size1} to size {size2}")
-    if size1 in (0, size2):
+    if size1 == size2:
         return []
     proof: list[bytes] = []
     lo, hi, m, complete = 0, size2, size1, True  # SUBPROOF(m, D[lo:hi], complete)
@@ -176,19 +176,15 @@ def verify_consistency(
 ) -> None:
     """Section 2.1.4.2: raise ProofError unless the tree of size1 with root1 is a prefix of
     the tree of size2 with root2."""
-    _check_hashes([root1, root2, *proof], "consistency proof")
-    if not 0 <= size1 <= size2:
-        raise ProofError(f"size1 {size1} must be between 0 and size2 {size2}")
+    if not 0 < size1 <= size2:
+        raise ProofError(f"size1 {size1} must be between 1 and size2 {size2} (RFC 9162 2.1.4.2)")
     if size1 == size2:
         if proof:
             raise ProofError("a proof between equal sizes must be empty")
         if root1 != root2:
             raise ProofError("equal sizes with different roots")
         return
-    if size1 == 0:
-        if proof:
-            raise ProofError("a proof from the empty tree must be empty")
-        return
+    _check_hashes([root1, root2, *proof], "consistency proof")
     if not proof:
         raise ProofError("empty consistency proof between different sizes")
     path = list(proof)
