@@ -13,6 +13,7 @@ rerun, which is what receipt replay relies on.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.backends.base import CompiledGrammar, allocate_bitmask, bitmask_to_bool
+from runtime.backends.base import CompiledGrammar
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
+from runtime.constrained import ConstrainedLogitsProcessor, post_hoc_retry_json
 from runtime.constraint import Constraint
 from runtime.engines.base import (
     ChatMessage,
@@ -35,6 +37,8 @@ from runtime.engines.base import (
     TextDelta,
 )
 from runtime.errors import BackendCannotCompile, EngineUnavailable, RuntimeInputError
+
+POST_HOC_RETRIES = 2
 from runtime.model_store import ensure_bundled_model, model_digests
 
 
@@ -140,7 +144,15 @@ class EmbeddedEngine:
         _check_sampling(sampling)
         prompt = self.encode(messages)
         self._check_length(prompt, sampling)
-        grammar = await self.grammars.aget(constraint) if constraint is not None else None
+        try:
+            grammar = await self.grammars.aget(constraint) if constraint is not None else None
+        except BackendCannotCompile:
+            if constraint is None or not constraint.is_json:
+                raise
+            generation = await self._post_hoc(messages, constraint.schema(), sampling)
+            yield TextDelta(generation.text)
+            yield generation
+            return
         async for event in self._run(prompt, grammar, sampling):
             yield event
 
@@ -174,6 +186,40 @@ class EmbeddedEngine:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
+
+    async def _post_hoc(
+        self, messages: Sequence[ChatMessage], schema: dict[str, Any], sampling: Sampling
+    ) -> Generation:
+        """No backend can compile this schema: decode freely, validate, re-prompt with the
+        error. Only the validated JSON value is returned (never streamed before it validates,
+        stripped of any prose around it); otherwise StructuredOutputInvalid with the schema,
+        the raw output and the failing JSON pointer."""
+        history = list(messages[:-1]) if messages[-1].role == "user" else list(messages)
+        question = messages[-1].content if messages[-1].role == "user" else ""
+        attempts: list[Generation] = []
+
+        def attempt(prompt_text: str) -> str:
+            prompt = self.encode([*history, ChatMessage("user", prompt_text)])
+            self._check_length(prompt, sampling)
+            attempts.append(self._decode(prompt, None, sampling, lambda _: None, threading.Event()))
+            return attempts[-1].text
+
+        loop = asyncio.get_running_loop()
+        ok, parsed, error = await loop.run_in_executor(
+            self._worker, post_hoc_retry_json, attempt, question, schema, POST_HOC_RETRIES
+        )
+        if not ok:
+            assert error is not None
+            raise error
+        last = attempts[-1]
+        return Generation(
+            text=json.dumps(parsed, ensure_ascii=False, separators=(",", ":")),  # no prose around
+            prompt_tokens=sum(a.prompt_tokens for a in attempts),
+            completion_tokens=sum(a.completion_tokens for a in attempts),
+            finish_reason=last.finish_reason,
+            backend="none",
+            fallback=f"post_hoc_retry:{len(attempts)}",
+        )
 
     async def _run(
         self, prompt: list[int], grammar: CompiledGrammar | None, sampling: Sampling
@@ -217,8 +263,11 @@ class EmbeddedEngine:
         import torch
         from transformers import DynamicCache
 
-        matcher = grammar.matcher() if grammar is not None else None
-        bitmask = allocate_bitmask(self._vocab) if matcher is not None else None
+        processor = (
+            ConstrainedLogitsProcessor(grammar.matcher(), self.tokenizer, eos_token_ids=self._eos_ids)
+            if grammar is not None
+            else None
+        )
         generator = _generator(sampling)
         past = DynamicCache(config=self.model.config)
         tokens: list[int] = []
@@ -228,19 +277,13 @@ class EmbeddedEngine:
         step_input = torch.tensor([prompt])
         with torch.inference_mode():
             while len(tokens) < sampling.max_tokens and not cancelled.is_set():
-                if matcher is not None and matcher.is_terminated():
-                    finish = "stop"
-                    break
                 out = self.model(
                     input_ids=step_input, past_key_values=past, use_cache=True, logits_to_keep=1
                 )
-                logits = out.logits[0, -1, : self._vocab].float()
-                if matcher is not None:
-                    matcher.fill_next_token_bitmask(bitmask)
-                    logits = logits.masked_fill(~bitmask_to_bool(bitmask[0], self._vocab), -1e30)
-                token = _pick(logits, sampling, generator)
-                if matcher is not None and not matcher.accept_token(token):
-                    raise EngineUnavailable(f"the grammar rejected token {token} it allowed")
+                logits = out.logits[:, -1, :].float()
+                if processor is not None:  # it reads the last token of step_input to advance
+                    logits = processor(step_input, logits)
+                token = _pick(logits[0, : self._vocab], sampling, generator)
                 if token in self._eos_ids:
                     finish = "stop"
                     break
