@@ -61,8 +61,9 @@ class SchemaBinding:
         self._schemas: dict[str, tuple[str | None, Any, dict[str, Any]]] = {}
         self._validators: dict[tuple[str, str], Any] = {}
 
-    def problem(self, manifest: Mapping[str, Any], output: Mapping[str, Any],
-                validation: Mapping[str, Any]) -> str | None:
+    def problem(
+        self, manifest: Mapping[str, Any], output: Mapping[str, Any], validation: Mapping[str, Any]
+    ) -> str | None:
         """Why the receipt's schema binding fails, or None when it holds."""
         bound = manifest["schema_hash"]
         calls = output["tool_calls"]

@@ -140,24 +140,27 @@ class ChainLinker:
     ) -> None:
         if start_seq == 1 and expected_prev_hash != GENESIS_PREV_HASH:
             raise ReceiptFormatError("seq 1 must follow the genesis prev_hash (64 zeros)")
-        self.chain = chain
+        self.chain = chain if chain is not None or checkpoint is None else checkpoint.get("chain")
         self.next_seq = start_seq
         self.prev_hash = expected_prev_hash
         self.checkpoint = checkpoint
-        self.tree = CompactRange(start_seq - 1, left or [])
         self.checked = 0
         self.root_checked = False
+        # The Merkle tree only matters against a checkpoint; without one, skip its hashing.
+        self.tree = CompactRange(start_seq - 1, left or []) if checkpoint is not None else None
         if checkpoint is not None:
             reason = checkpoint_problem(checkpoint, keyring)
             if reason:
                 raise VerificationError(reason)
-            if chain is not None and checkpoint["chain"] != chain:
+            if checkpoint["chain"] != self.chain:
                 raise VerificationError(f"checkpoint is for chain {checkpoint['chain']!r}")
             if checkpoint["tree_size"] < start_seq - 1:
                 raise VerificationError("checkpoint predates the first receipt checked")
+            if checkpoint["tree_size"] == start_seq - 1:
+                self._check_root(None)
 
     def link(self, receipt: Receipt) -> None:
-        """Accept the next receipt or raise VerificationError at the seq where the chain breaks."""
+        """Accept the next receipt, or raise VerificationError at the seq where it breaks."""
         seq = self.next_seq
         if self.chain is None:
             self.chain = receipt.chain
@@ -175,12 +178,13 @@ class ChainLinker:
             raise VerificationError(
                 "prev_hash does not link to the previous receipt's entry_hash", seq
             )
-        self.tree.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
         self.prev_hash = receipt.entry_hash
         self.next_seq += 1
         self.checked += 1
-        if self.checkpoint is not None and self.tree.size == self.checkpoint["tree_size"]:
-            self._check_root(seq)
+        if self.tree is not None and not self.root_checked:
+            self.tree.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
+            if self.tree.size == self.checkpoint["tree_size"]:
+                self._check_root(seq)
 
     def finish(self, right: list[bytes] | None = None) -> None:
         """End of input: the checkpoint must have been reached (or be reachable through the
@@ -262,7 +266,9 @@ def verify_receipts(
     return linker.report()
 
 
-def _failed(checked: int, seq: int | None, reason: str, chain: str | None = None
-            ) -> VerificationReport:
-    return VerificationReport(ok=False, checked=checked, first_failure_seq=seq, reason=reason,
-                              chain=chain)
+def _failed(
+    checked: int, seq: int | None, reason: str, chain: str | None = None
+) -> VerificationReport:
+    return VerificationReport(
+        ok=False, checked=checked, first_failure_seq=seq, reason=reason, chain=chain
+    )

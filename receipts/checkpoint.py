@@ -33,7 +33,9 @@ def make_checkpoint(
     stamp = (
         utc_now()
         if timestamp is None
-        else timestamp if isinstance(timestamp, str) else format_timestamp(timestamp)
+        else timestamp
+        if isinstance(timestamp, str)
+        else format_timestamp(timestamp)
     )
     unsigned = {
         "v": 1,

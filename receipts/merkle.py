@@ -247,9 +247,9 @@ class CompactRange:
     the hashes to its left (and right), without the rest of the chain."""
 
     def __init__(self, size: int = 0, hashes: Sequence[bytes] = ()) -> None:
-        if size < 0 or len(hashes) != bin(size).count("1"):
+        if size < 0 or len(hashes) != size.bit_count():
             raise ProofError(
-                f"a compact range of size {size} needs {bin(max(size, 0)).count('1')} hashes,"
+                f"a compact range of size {size} needs {max(size, 0).bit_count()} hashes,"
                 f" got {len(hashes)}"
             )
         _check_hashes(hashes, "compact range")

@@ -11,7 +11,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from receipts.errors import ReceiptFormatError
@@ -28,7 +28,7 @@ OUTPUT_KINDS = frozenset({"tool_calls", "answer", "parsed", "text"})
 
 
 def new_receipt_id() -> str:
-    """"rcpt_" + 24 lowercase hex from the OS CSPRNG."""
+    """ "rcpt_" + 24 lowercase hex from the OS CSPRNG."""
     return "rcpt_" + secrets.token_hex(12)
 
 
@@ -36,11 +36,11 @@ def format_timestamp(moment: datetime) -> str:
     """RFC 3339 UTC with microseconds and a "Z" suffix, e.g. 2026-11-21T23:15:00.123456Z."""
     if moment.tzinfo is None:
         raise ReceiptFormatError("timestamps must be timezone-aware (UTC)")
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def utc_now() -> str:
-    return format_timestamp(datetime.now(timezone.utc))
+    return format_timestamp(datetime.now(UTC))
 
 
 def _fail(path: str, want: str) -> ReceiptFormatError:

@@ -16,7 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from receipts.errors import SigningKeyError
+from receipts.errors import ReceiptFormatError, SigningKeyError
 
 KEY_ID_PREFIX = "ed25519:"
 
@@ -26,7 +26,7 @@ def raw_public_bytes(public_key: Ed25519PublicKey) -> bytes:
 
 
 def key_id_for(public_key: Ed25519PublicKey) -> str:
-    """"ed25519:" + the first 32 hex digits of SHA-256 of the raw 32-byte public key."""
+    """ "ed25519:" + the first 32 hex digits of SHA-256 of the raw 32-byte public key."""
     return KEY_ID_PREFIX + hashlib.sha256(raw_public_bytes(public_key)).hexdigest()[:32]
 
 
@@ -136,6 +136,10 @@ def signer_from_env(var: str = "CALLPROOF_SIGNING_KEY") -> Signer | None:
         raise SigningKeyError(f"${var}: {exc}") from exc
 
 
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
 @dataclass(frozen=True)
 class KeyRange:
     """The seqs of one chain a key signed; last_seq None means "still signing"."""
@@ -186,11 +190,15 @@ class KeyRing:
         A stated key_id that does not match the key is an error, never silently trusted."""
         ring = cls()
         for entry in entries:
-            ranges = [
-                KeyRange(r["chain"], int(r["first_seq"]), r.get("last_seq"))
-                for r in entry.get("ranges", ())
-            ]
-            key_id = ring.add_pem(entry["public_key_pem"], ranges)
+            try:
+                ranges = [
+                    KeyRange(str(r["chain"]), int(r["first_seq"]), _opt_int(r.get("last_seq")))
+                    for r in entry.get("ranges", ())
+                ]
+                pem = entry["public_key_pem"]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise ReceiptFormatError(f"malformed public key entry: {exc!r}") from exc
+            key_id = ring.add_pem(pem, ranges)
             if entry.get("key_id", key_id) != key_id:
                 raise SigningKeyError(
                     f"key id {entry['key_id']!r} does not match its public key ({key_id})"

@@ -102,8 +102,12 @@ def build_chain(signer: Signer, n: int, tenant: str = "acme") -> list[Receipt]:
     receipts: list[Receipt] = []
     prev = GENESIS_PREV_HASH
     for seq in range(1, n + 1):
-        r = seal(draft(tenant, city=f"City {seq}", days=1 + seq % 14), seq=seq, prev_hash=prev,
-                 signer=signer)
+        r = seal(
+            draft(tenant, city=f"City {seq}", days=1 + seq % 14),
+            seq=seq,
+            prev_hash=prev,
+            signer=signer,
+        )
         receipts.append(r)
         prev = r.entry_hash
     return receipts

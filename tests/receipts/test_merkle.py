@@ -104,8 +104,16 @@ sizes = st.one_of(st.integers(min_value=1, max_value=70), st.integers(min_value=
 
 def test_known_root_of_rfc6962_test_tree() -> None:
     # The 8-leaf tree of the certificate-transparency reference tests (leaf data below).
-    data = ["", "00", "10", "2021", "3031", "40414243", "5051525354555657",
-            "606162636465666768696a6b6c6d6e6f"]
+    data = [
+        "",
+        "00",
+        "10",
+        "2021",
+        "3031",
+        "40414243",
+        "5051525354555657",
+        "606162636465666768696a6b6c6d6e6f",
+    ]
     leaves = [hashlib.sha256(b"\x00" + bytes.fromhex(d)).digest() for d in data]
     assert root_hash(leaves).hex() == (
         "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328"

@@ -1,0 +1,262 @@
+"""Chain verification, in memory: every tamper case is detected and named at the right seq."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+from typing import Any
+
+import pytest
+import rfc8785
+from receipt_samples import SCHEMAS, UNION, UNION_HASH, build_chain, digest, draft
+
+from receipts.chain import entry_hash_of, seal, verify_receipts
+from receipts.checkpoint import make_checkpoint, verify_checkpoint
+from receipts.errors import ReceiptFormatError
+from receipts.merkle import MerkleTree
+from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt
+from receipts.signing import KeyRange, KeyRing, Signer
+
+N = 12
+
+
+@pytest.fixture(scope="module")
+def signer() -> Signer:
+    return Signer.generate()
+
+
+@pytest.fixture(scope="module")
+def ring(signer: Signer) -> KeyRing:
+    ring = KeyRing()
+    ring.add(signer.public_key)
+    return ring
+
+
+@pytest.fixture(scope="module")
+def chain(signer: Signer) -> list[Receipt]:
+    return build_chain(signer, N)
+
+
+def objs(chain: list[Receipt]) -> list[dict[str, Any]]:
+    return [copy.deepcopy(r.to_json_obj()) for r in chain]
+
+
+def checkpoint_of(chain: list[Receipt], signer: Signer, size: int | None = None) -> dict:
+    size = len(chain) if size is None else size
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain[:size])
+    return make_checkpoint(chain[0].chain, size, tree.root().hex(), signer)
+
+
+def resign(obj: dict[str, Any], signer: Signer) -> dict[str, Any]:
+    """What an attacker holding `signer` would do: fix key_id, entry_hash and signature."""
+    obj["key_id"] = signer.key_id
+    obj["entry_hash"] = entry_hash_of({k: obj[k] for k in BODY_FIELDS})
+    obj["signature"] = base64.b64encode(signer.sign(bytes.fromhex(obj["entry_hash"]))).decode()
+    return obj
+
+
+def verify(receipts, ring, **kw):
+    kw.setdefault("schemas", SCHEMAS)
+    return verify_receipts(receipts, ring, **kw)
+
+
+def test_entry_hash_is_sha256_of_rfc8785_body(chain: list[Receipt]) -> None:
+    r = chain[0]
+    assert r.entry_hash == digest_bytes(rfc8785.dumps(r.body()))
+    assert r.prev_hash == GENESIS_PREV_HASH and r.seq == 1
+    assert all(b.prev_hash == a.entry_hash for a, b in itertools.pairwise(chain))
+
+
+def digest_bytes(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_intact_chain_verifies_with_checkpoint(chain, ring, signer) -> None:
+    report = verify(chain, ring, checkpoint=checkpoint_of(chain, signer))
+    assert report.ok, report
+    assert report.checked == N and report.first_failure_seq is None
+    assert report.tree_size == N and report.chain == "acme"
+
+
+def test_round_trip_through_json_objects(chain, ring) -> None:
+    assert verify(objs(chain), ring).ok
+    assert [Receipt.from_json_obj(o) for o in objs(chain)] == chain
+
+
+def test_edited_field_is_caught_at_its_seq(chain, ring) -> None:
+    receipts = objs(chain)
+    receipts[4]["output"]["tool_calls"][0]["arguments"]["city"] = "Atlantis"
+    report = verify(receipts, ring)
+    assert (report.ok, report.first_failure_seq) == (False, 5)
+    assert "entry_hash" in report.reason
+
+
+def test_edit_with_recomputed_hash_fails_the_signature(chain, ring) -> None:
+    receipts = objs(chain)
+    receipts[6]["usage"]["completion_tokens"] = 1
+    receipts[6]["entry_hash"] = entry_hash_of({k: receipts[6][k] for k in BODY_FIELDS})
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 7 and "signature" in report.reason
+
+
+def test_deleted_receipt(chain, ring) -> None:
+    receipts = objs(chain)
+    del receipts[3]
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 4 and "missing" in report.reason
+
+
+def test_swapped_receipts(chain, ring) -> None:
+    receipts = objs(chain)
+    receipts[5], receipts[6] = receipts[6], receipts[5]
+    assert verify(receipts, ring).first_failure_seq == 6
+
+
+def test_inserted_forged_receipt(chain, ring) -> None:
+    attacker = Signer.generate()
+    forged = seal(draft(city="Forged"), seq=3, prev_hash=chain[1].entry_hash, signer=attacker)
+    receipts = chain[:2] + [forged] + chain[2:]
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 3 and "unknown key" in report.reason
+
+
+def test_receipt_resigned_with_another_key(chain, ring) -> None:
+    receipts = objs(chain)
+    receipts[8]["output"]["tool_calls"][0]["arguments"]["city"] = "Elsewhere"
+    resign(receipts[8], Signer.generate())
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 9 and "unknown key" in report.reason
+
+
+def test_retired_key_cannot_sign_outside_its_range(chain, signer) -> None:
+    retired_ring = KeyRing()
+    retired_ring.add(signer.public_key, [KeyRange("acme", 1, 5)])
+    report = verify(chain, retired_ring)
+    assert report.first_failure_seq == 6 and "out of range" in report.reason
+
+
+def test_rotation_mid_ledger_verifies(signer) -> None:
+    new = Signer.generate()
+    receipts = build_chain(signer, 5)
+    prev = receipts[-1].entry_hash
+    for seq in range(6, 11):
+        receipts.append(seal(draft(city=f"c{seq}"), seq=seq, prev_hash=prev, signer=new))
+        prev = receipts[-1].entry_hash
+    ring = KeyRing.from_public_keys(
+        [
+            {
+                "public_key_pem": signer.public_key_pem(),
+                "ranges": [{"chain": "acme", "first_seq": 1, "last_seq": 5}],
+            },
+            {
+                "public_key_pem": new.public_key_pem(),
+                "ranges": [{"chain": "acme", "first_seq": 6, "last_seq": None}],
+            },
+        ]
+    )
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in receipts)
+    cp = make_checkpoint("acme", 10, tree.root().hex(), new)
+    assert verify(receipts, ring, checkpoint=cp).ok
+
+
+def test_truncated_tail_against_saved_checkpoint(chain, ring, signer) -> None:
+    saved = checkpoint_of(chain, signer)
+    report = verify(chain[:9], ring, checkpoint=saved)
+    assert report.first_failure_seq == 10 and "truncated" in report.reason
+
+
+def test_older_checkpoint_is_checked_mid_chain(chain, ring, signer) -> None:
+    assert verify(chain, ring, checkpoint=checkpoint_of(chain, signer, 7)).ok
+
+
+def test_rewritten_history_does_not_match_the_checkpoint(chain, ring, signer) -> None:
+    fork = build_chain(signer, N)  # validly signed, but not the history that was checkpointed
+    report = verify(fork, ring, checkpoint=checkpoint_of(chain, signer))
+    assert report.first_failure_seq == N and "Merkle root" in report.reason
+
+
+def test_forged_checkpoint_is_refused(chain, ring, signer) -> None:
+    cp = checkpoint_of(chain, signer)
+    cp["tree_size"] = N - 1
+    assert not verify_checkpoint(cp, ring)
+    report = verify(chain, ring, checkpoint=cp)
+    assert not report.ok and report.first_failure_seq is None and "checkpoint" in report.reason
+
+
+def test_edited_stored_schema(chain, ring) -> None:
+    edited = copy.deepcopy(UNION)
+    edited["oneOf"][0]["properties"]["arguments"]["properties"]["city"]["maxLength"] = 3
+    report = verify(chain, ring, schemas={UNION_HASH: edited})
+    assert report.first_failure_seq == 1 and "edited" in report.reason
+
+
+def test_missing_schema(chain, ring) -> None:
+    report = verify(chain, ring, schemas=lambda h: None)
+    assert report.first_failure_seq == 1 and "missing" in report.reason
+
+
+def test_arguments_outside_the_bound_schema(signer, ring) -> None:
+    receipts = build_chain(signer, 3)
+    bad = seal(
+        draft(city="Paris", days=99), seq=4, prev_hash=receipts[-1].entry_hash, signer=signer
+    )  # days maximum is 14; sealed by a buggy but trusted writer
+    report = verify(receipts + [bad], ring)
+    assert report.first_failure_seq == 4 and "days" in report.reason
+
+
+def test_manifest_hash_must_match_manifest(chain, ring, signer) -> None:
+    receipts = objs(chain)
+    receipts[1]["manifest"]["model"] = "a-bigger-model"
+    resign(receipts[1], signer)
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 2 and "manifest_hash" in report.reason
+
+
+def test_malformed_receipt_is_named(chain, ring) -> None:
+    receipts = objs(chain)
+    receipts[2]["seq"] = "3"
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 3 and "malformed" in report.reason
+
+
+def test_range_verifies_with_left_compact_range(chain, ring, signer) -> None:
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    report = verify(
+        chain[4:9],
+        ring,
+        start_seq=5,
+        expected_prev_hash=chain[3].entry_hash,
+        checkpoint=checkpoint_of(chain, signer),
+        left=tree.compact_range(0, 4),
+        right=tree.compact_range(9, N),
+    )
+    assert report.ok and report.checked == 5, report
+    wrong_prev = verify(chain[4:9], ring, start_seq=5, expected_prev_hash=chain[2].entry_hash)
+    assert wrong_prev.first_failure_seq == 5
+
+
+def test_report_json(chain, ring) -> None:
+    report = verify(chain[:2], ring)
+    assert report.to_json_obj()["checked"] == 2
+    assert '"ok": true' in report.to_json()
+
+
+def test_bad_drafts_fail_fast() -> None:
+    good = draft()
+    with pytest.raises(ReceiptFormatError, match="call_"):
+        type(good)(
+            **{
+                **good.__dict__,
+                "output": {
+                    **good.output,
+                    "tool_calls": [{**good.output["tool_calls"][0], "id": "call_x"}],
+                },
+            }
+        )
+    with pytest.raises(ReceiptFormatError, match="schema"):
+        type(good)(**{**good.__dict__, "schema": {"type": "object"}})
+    with pytest.raises(ReceiptFormatError, match="genesis"):
+        seal(good, seq=1, prev_hash=digest("x"), signer=Signer.generate())
