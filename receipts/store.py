@@ -16,7 +16,8 @@ chronologically as text, and behaves the same in both databases.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text
+import sqlalchemy as sa
+from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text, event
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 HASH = String(64)
@@ -163,3 +164,33 @@ APPEND_ONLY_TABLES: tuple[str, ...] = (
     "checkpoints", "merkle_nodes",
 )
 """Tables whose rows the database refuses to UPDATE or DELETE (migration triggers)."""
+
+
+def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
+    """An engine tuned for the ledger.
+
+    Postgres: pre-ping so a restarted server is noticed on checkout instead of failing the
+    first append after it. SQLite: WAL (readers never block the writer), FULL sync (a commit
+    is on disk when it returns), a busy timeout, and transactions that start with
+    ``BEGIN IMMEDIATE`` on the writer engine, which takes the database write lock up front:
+    that lock is what serialises appends across processes on SQLite.
+    """
+    if not url.startswith("sqlite"):
+        return sa.create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8)
+    engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+    begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record) -> None:  # noqa: ANN001 (DB-API connection)
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see below)
+        cursor = dbapi_conn.cursor()
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON",
+                       "busy_timeout=30000"):
+            cursor.execute(f"PRAGMA {pragma}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: sa.Connection) -> None:
+        conn.exec_driver_sql(begin)
+
+    return engine

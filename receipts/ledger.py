@@ -1,0 +1,694 @@
+"""The Ledger: durable, serialised, group-committed appends to per-tenant receipt chains,
+signed checkpoints, and the audit reads, proofs, verification and export built on them.
+
+Write path (why it looks like this):
+
+- One writer thread per Ledger drains a queue. Appends that arrive while a transaction is
+  running wait for the next one and then share it (group commit): one lock, one batch of
+  INSERTs and one fsync for all of them. ``append`` returns only after that commit, so a
+  returned receipt is durable.
+- Inside the transaction the chain's head row is locked (Postgres ``SELECT ... FOR UPDATE``;
+  SQLite ``BEGIN IMMEDIATE``) and re-read, and only then are the drafts sealed onto it. Any
+  number of writer processes or gateway replicas can share one database without forking a
+  chain.
+- The head row also carries the Merkle tree's right edge (``frontier``), so a batch extends
+  the tree, stores the completed subtree hashes (``merkle_nodes``) and signs checkpoints
+  without reading any earlier receipt.
+- Any database failure fails every append of the batch with LedgerUnavailable and rolls the
+  transaction back; nothing is half-written. The next batch gets a fresh, pre-pinged
+  connection, so the ledger recovers by itself when the database returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+
+from receipts import queries
+from receipts.canonical import canonical_json
+from receipts.chain import VerificationReport, seal, verify_receipts
+from receipts.checkpoint import make_checkpoint
+from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.merkle import (
+    CompactRange,
+    compact_range,
+    consistency_proof,
+    inclusion_proof,
+    leaf_hash,
+    node_hash,
+)
+from receipts.queries import ReceiptPage, ReceiptQuery, rfc3339
+from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
+from receipts.signing import KeyRing, Signer
+from receipts.store import (
+    CallRow,
+    ChainRow,
+    CheckpointRow,
+    KeyRangeRow,
+    LinkRow,
+    MerkleNodeRow,
+    ReceiptRow,
+    SchemaRow,
+    SigningKeyRow,
+    create_engine,
+)
+
+__all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+@dataclass(eq=False)
+class _Pending:
+    draft: ReceiptDraft
+    future: Future[Receipt]
+
+
+@dataclass
+class _Head:
+    """A chain's locked head row, advanced in memory while a batch is sealed onto it."""
+
+    chain: str
+    seq: int
+    hash: str
+    frontier: list[bytes]
+    """Roots of the perfect subtrees of the Merkle tree at ``seq`` (a compact range)."""
+    key_id: str | None
+    checkpoint_size: int
+    checkpoint_at: int
+    new_nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def add_leaf(self, entry_hash: str) -> None:
+        """Extend the tree by one leaf, recording each perfect subtree the leaf completes
+        (merkle_nodes rows) as it merges into the frontier."""
+        self.frontier.append(leaf_hash(bytes.fromhex(entry_hash)))
+        level, done = 0, self.seq + 1  # done: leaves covered at the current level
+        while done % 2 == 0:
+            right = self.frontier.pop()
+            self.frontier[-1] = node_hash(self.frontier[-1], right)
+            level, done = level + 1, done // 2
+            self.new_nodes.append({"chain": self.chain, "level": level, "idx": done - 1,
+                                   "hash": self.frontier[-1]})
+        self.seq += 1
+        self.hash = entry_hash
+
+    def root(self) -> str:
+        return CompactRange(self.seq, self.frontier).root().hex()
+
+
+class Ledger:
+    """Receipt chains in one database (Postgres or SQLite). Thread-safe; one per process.
+
+    ``signer`` may be None for a read-only ledger (audit queries, verification, and export of
+    receipts that stored checkpoints already cover).
+    """
+
+    def __init__(self, url: str, signer: Signer | None, *, checkpoint_every: int = 1000,
+                 checkpoint_interval_s: float = 60.0, retain_payloads: bool = False,
+                 max_batch: int = 500) -> None:
+        if checkpoint_every < 1 or checkpoint_interval_s <= 0 or max_batch < 1:
+            raise ValueError("checkpoint_every, checkpoint_interval_s and max_batch must be > 0")
+        self.url = url
+        self.signer = signer
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.retain_payloads = retain_payloads
+        self.max_batch = max_batch
+        self._reader = create_engine(url)
+        self._writer = create_engine(url, writer=True)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._known_schemas: set[str] = set()
+        self._key_registered = False
+        self._uncheckpointed: dict[str, float] = {}  # chain -> when its checkpoint is due
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, url: str, signer: Signer | None, *, checkpoint_every: int = 1000,
+             checkpoint_interval_s: float = 60.0, retain_payloads: bool = False,
+             max_batch: int = 500) -> Ledger:
+        """Connect to a database migrated by ``migrations.runner.upgrade`` (creates nothing)."""
+        return cls(url, signer, checkpoint_every=checkpoint_every,
+                   checkpoint_interval_s=checkpoint_interval_s,
+                   retain_payloads=retain_payloads, max_batch=max_batch)
+
+    def close(self) -> None:
+        """Commit what is queued, stop the writer thread and release the connections."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        if thread is not None:
+            self._queue.put(_STOP)
+            thread.join()
+        self._reader.dispose()
+        self._writer.dispose()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def ping(self) -> None:
+        """Raise LedgerUnavailable unless the database answers."""
+        with self._reading() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
+    # ------------------------------------------------------------------ appends
+
+    def append(self, draft: ReceiptDraft) -> Receipt:
+        """Seal ``draft`` onto its tenant's chain; returns once the receipt is committed.
+
+        Raises LedgerUnavailable when the database cannot commit (fail closed), and
+        ReceiptFormatError for a draft the chain refuses (a call id it already recorded).
+        """
+        return self.submit(draft).result()
+
+    async def append_async(self, draft: ReceiptDraft) -> Receipt:
+        """``append`` for asyncio callers: the event loop never waits on the commit."""
+        return await asyncio.wrap_future(self.submit(draft))
+
+    def submit(self, draft: ReceiptDraft) -> Future[Receipt]:
+        """Queue ``draft`` for the next group commit; the future resolves after the commit."""
+        if not isinstance(draft, ReceiptDraft):
+            raise ReceiptFormatError(f"append takes a ReceiptDraft, not {type(draft).__name__}")
+        if not self.retain_payloads and "payload" in draft.request:
+            draft = dataclasses.replace(draft, request={
+                k: v for k, v in draft.request.items() if k != "payload"})
+        future: Future[Receipt] = Future()
+        with self._lock:
+            if self.signer is None:
+                raise ReceiptsError("this ledger was opened without a signer: it cannot append")
+            if self._closed:
+                raise ReceiptsError("the ledger is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ledger-writer",
+                                                daemon=True)
+                self._thread.start()
+            self._queue.put(_Pending(draft, future))
+        return future
+
+    def _run(self) -> None:
+        """The writer thread: take whatever is queued (up to max_batch), commit it as one."""
+        tick = min(1.0, self.checkpoint_interval_s)
+        while True:
+            try:
+                item = self._queue.get(timeout=tick)
+            except queue.Empty:
+                self._checkpoint_quiet_chains()
+                continue
+            batch: list[_Pending] = []
+            while item is not _STOP:
+                batch.append(item)
+                if len(batch) >= self.max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._commit(batch)
+            if item is _STOP:
+                return
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            with self._writer.begin() as conn:
+                outcomes, heads, schemas = self._append_batch(conn, batch)
+        except SQLAlchemyError as exc:
+            log.warning("ledger commit failed, %d appends refused: %s", len(batch), _short(exc))
+            error = LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}")
+            for pending in batch:
+                pending.future.set_exception(error)
+            return
+        except BaseException as exc:  # a bug must not leave appends waiting forever
+            for pending in batch:
+                pending.future.set_exception(exc)
+            raise
+        self._key_registered = True
+        self._known_schemas.update(schemas)
+        for head in heads:
+            if head.checkpoint_size < head.seq:
+                self._uncheckpointed.setdefault(
+                    head.chain, head.checkpoint_at + self.checkpoint_interval_s)
+            else:
+                self._uncheckpointed.pop(head.chain, None)
+        for pending, outcome in outcomes:
+            if isinstance(outcome, Exception):
+                pending.future.set_exception(outcome)
+            else:
+                pending.future.set_result(outcome)
+
+    def _append_batch(self, conn: sa.Connection, batch: list[_Pending]
+                      ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[_Head],
+                                 set[str]]:
+        """Inside one transaction: lock each chain, seal its drafts, insert every row."""
+        by_chain: dict[str, list[_Pending]] = {}
+        for pending in batch:
+            by_chain.setdefault(pending.draft.tenant, []).append(pending)
+        if not self._key_registered:
+            _insert_ignore(conn, SigningKeyRow, [{
+                "key_id": self.signer.key_id, "public_key_pem": self.signer.public_key_pem(),
+                "created_at": utc_now()}])
+        rows: dict[type, list[dict[str, Any]]] = {
+            SchemaRow: [], ReceiptRow: [], CallRow: [], LinkRow: [], MerkleNodeRow: []}
+        outcomes: list[tuple[_Pending, Receipt | Exception]] = []
+        schemas: set[str] = set()
+        heads = []
+        for chain in sorted(by_chain):  # one lock order in every process: no deadlock
+            head = self._lock_head(conn, chain)
+            refused = _refuse_duplicate_calls(conn, chain, by_chain[chain])
+            first_seq = head.seq + 1
+            for pending in by_chain[chain]:
+                if pending in refused:
+                    outcomes.append((pending, refused[pending]))
+                    continue
+                receipt = seal(pending.draft, seq=head.seq + 1, prev_hash=head.hash,
+                               signer=self.signer)
+                head.add_leaf(receipt.entry_hash)
+                _add_receipt_rows(receipt, rows)
+                bound = receipt.manifest["schema_hash"]
+                if bound is not None and bound not in self._known_schemas | schemas:
+                    schemas.add(bound)
+                    rows[SchemaRow].append({"hash": bound, "body": canonical_json(
+                        pending.draft.schema).decode()})
+                outcomes.append((pending, receipt))
+            if head.seq >= first_seq and head.key_id != self.signer.key_id:
+                conn.execute(sa.insert(KeyRangeRow), [{
+                    "chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}])
+                head.key_id = self.signer.key_id
+            rows[MerkleNodeRow].extend(head.new_nodes)
+            if self._checkpoint_due(head):
+                self._store_checkpoint(conn, head)
+            self._save_head(conn, head)
+            heads.append(head)
+        if rows[SchemaRow]:
+            _insert_ignore(conn, SchemaRow, rows.pop(SchemaRow))
+        for table, values in rows.items():
+            if values:
+                conn.execute(sa.insert(table), values)
+        return outcomes, heads, schemas
+
+    def _lock_head(self, conn: sa.Connection, chain: str) -> _Head:
+        """Lock the chain's head row (creating the chain on its first append) and read it."""
+        stmt = sa.select(ChainRow.__table__).where(ChainRow.chain == chain).with_for_update()
+        row = conn.execute(stmt).first()
+        if row is None:
+            _insert_ignore(conn, ChainRow, [{
+                "chain": chain, "head_seq": 0, "head_hash": GENESIS_PREV_HASH, "frontier": "",
+                "key_id": None, "checkpoint_size": 0, "checkpoint_at": 0}])
+            row = conn.execute(stmt).one()
+        frontier = [bytes.fromhex(h) for h in row.frontier.split(",") if h]
+        return _Head(chain, row.head_seq, row.head_hash, frontier, row.key_id,
+                     row.checkpoint_size, row.checkpoint_at)
+
+    def _save_head(self, conn: sa.Connection, head: _Head) -> None:
+        conn.execute(sa.update(ChainRow).where(ChainRow.chain == head.chain).values(
+            head_seq=head.seq, head_hash=head.hash, key_id=head.key_id,
+            frontier=",".join(h.hex() for h in head.frontier),
+            checkpoint_size=head.checkpoint_size, checkpoint_at=head.checkpoint_at))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_due(self, head: _Head) -> bool:
+        """Every ``checkpoint_every`` receipts, or ``checkpoint_interval_s`` after the last."""
+        return head.seq > head.checkpoint_size and (
+            head.seq - head.checkpoint_size >= self.checkpoint_every
+            or time.time() - head.checkpoint_at >= self.checkpoint_interval_s)
+
+    def _store_checkpoint(self, conn: sa.Connection, head: _Head) -> dict[str, Any]:
+        checkpoint = make_checkpoint(head.chain, head.seq, head.root(), self.signer)
+        conn.execute(sa.insert(CheckpointRow), [{
+            "chain": head.chain, "tree_size": head.seq, "root_hash": checkpoint["root_hash"],
+            "timestamp": checkpoint["timestamp"], "key_id": checkpoint["key_id"],
+            "body": canonical_json(checkpoint).decode()}])
+        head.checkpoint_size, head.checkpoint_at = head.seq, int(time.time())
+        return checkpoint
+
+    def checkpoint_now(self, tenant: str) -> dict[str, Any]:
+        """A signed checkpoint at the chain's head: the stored one if it is current."""
+        if self.signer is None:
+            raise ReceiptsError("this ledger was opened without a signer: it cannot sign")
+        with self._writing() as conn:
+            head = self._lock_head(conn, tenant)
+            if head.seq == 0:
+                raise ReceiptFormatError(f"chain {tenant!r} has no receipts to checkpoint")
+            if head.checkpoint_size == head.seq:
+                latest = queries.latest_checkpoint(conn, tenant)
+                if latest is not None and latest["tree_size"] == head.seq:
+                    return latest
+            checkpoint = self._store_checkpoint(conn, head)
+            self._save_head(conn, head)
+        self._uncheckpointed.pop(tenant, None)
+        return checkpoint
+
+    def _checkpoint_quiet_chains(self) -> None:
+        """The timer half of "every N receipts or T seconds", for chains that went quiet."""
+        now = time.time()
+        for chain, due in list(self._uncheckpointed.items()):
+            if due > now:
+                continue
+            try:
+                with self._writer.begin() as conn:
+                    head = self._lock_head(conn, chain)
+                    if self._checkpoint_due(head):
+                        self._store_checkpoint(conn, head)
+                        self._save_head(conn, head)
+                self._uncheckpointed.pop(chain, None)
+            except SQLAlchemyError as exc:  # retried on the next tick
+                log.warning("checkpoint of chain %r failed: %s", chain, _short(exc))
+
+    # ------------------------------------------------------------------ reads
+
+    @contextmanager
+    def _reading(self) -> Iterator[sa.Connection]:
+        """A read transaction; database failures surface as LedgerUnavailable."""
+        try:
+            with self._reader.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger database is unavailable: {_short(exc)}") \
+                from exc
+
+    @contextmanager
+    def _writing(self) -> Iterator[sa.Connection]:
+        try:
+            with self._writer.begin() as conn:
+                yield conn
+        except SQLAlchemyError as exc:
+            raise LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}") \
+                from exc
+
+    def query(self, q: ReceiptQuery) -> ReceiptPage:
+        with self._reading() as conn:
+            return queries.query(conn, q)
+
+    def get(self, tenant: str, receipt_id: str) -> Receipt | None:
+        with self._reading() as conn:
+            return queries.get(conn, tenant, receipt_id)
+
+    def get_by_seq(self, tenant: str, seq: int) -> Receipt | None:
+        with self._reading() as conn:
+            return queries.get_by_seq(conn, tenant, seq)
+
+    def find_call(self, tenant: str, call_id: str) -> Receipt | None:
+        with self._reading() as conn:
+            return queries.find_call(conn, tenant, call_id)
+
+    def answers_to(self, tenant: str, call_id: str) -> list[Receipt]:
+        with self._reading() as conn:
+            return queries.answers_to(conn, tenant, call_id)
+
+    def schema(self, schema_hash: str) -> dict[str, Any] | None:
+        with self._reading() as conn:
+            return queries.schema(conn, schema_hash)
+
+    def public_keys(self, tenant: str | None = None) -> list[dict[str, Any]]:
+        """Registered keys with the seq ranges each signed (``KeyRing.from_public_keys``)."""
+        with self._reading() as conn:
+            return queries.public_keys(conn, tenant)
+
+    def latest_checkpoint(self, tenant: str) -> dict[str, Any] | None:
+        with self._reading() as conn:
+            return queries.latest_checkpoint(conn, tenant)
+
+    def chains(self) -> list[str]:
+        with self._reading() as conn:
+            return queries.chains(conn)
+
+    # ------------------------------------------------------------------ proofs
+
+    def inclusion_proof(self, tenant: str, seq: int, tree_size: int | None = None
+                        ) -> dict[str, Any]:
+        """RFC 9162 inclusion proof of receipt ``seq`` in the tree of ``tree_size`` leaves
+        (default: the latest checkpoint, which is included so the root is signed)."""
+        with self._reading() as conn:
+            checkpoint, tree_size = self._proof_target(conn, tenant, tree_size)
+            if not 1 <= seq <= tree_size:
+                raise ReceiptFormatError(f"seq {seq} is outside the tree of size {tree_size}")
+            proof, root = queries.with_stored_tree(conn, tenant, lambda subtree: (
+                inclusion_proof(seq - 1, tree_size, subtree), subtree(0, tree_size)))
+            leaf = queries.entry_hash(conn, tenant, seq)
+        return {"chain": tenant, "seq": seq, "leaf_index": seq - 1, "tree_size": tree_size,
+                "entry_hash": leaf, "proof": [h.hex() for h in proof], "root_hash": root.hex(),
+                "checkpoint": checkpoint}
+
+    def consistency_proof(self, tenant: str, size1: int, size2: int | None = None
+                          ) -> dict[str, Any]:
+        """RFC 9162 consistency proof that the tree of ``size1`` leaves is a prefix of the
+        tree of ``size2`` (default: the latest checkpoint's size)."""
+        with self._reading() as conn:
+            checkpoint, size2 = self._proof_target(conn, tenant, size2)
+            if not 1 <= size1 <= size2:
+                raise ReceiptFormatError(f"need 1 <= size1 <= size2, got {size1} and {size2}")
+            proof, root1, root2 = queries.with_stored_tree(conn, tenant, lambda subtree: (
+                consistency_proof(size1, size2, subtree), subtree(0, size1),
+                subtree(0, size2)))
+        return {"chain": tenant, "size1": size1, "size2": size2, "root1": root1.hex(),
+                "root2": root2.hex(), "proof": [h.hex() for h in proof],
+                "checkpoint": checkpoint}
+
+    def _proof_target(self, conn: sa.Connection, tenant: str, tree_size: int | None
+                      ) -> tuple[dict[str, Any] | None, int]:
+        """The tree size a proof is made against and the signed checkpoint at that size."""
+        head = queries.chain_head(conn, tenant)
+        head_seq = head.head_seq if head else 0
+        if tree_size is None:
+            checkpoint = queries.latest_checkpoint(conn, tenant)
+            return checkpoint, checkpoint["tree_size"] if checkpoint else head_seq
+        if not 1 <= tree_size <= head_seq:
+            raise ReceiptFormatError(
+                f"tree size {tree_size} is outside chain {tenant!r} (1..{head_seq})")
+        checkpoint = queries.latest_checkpoint(conn, tenant, max_size=tree_size)
+        return (checkpoint if checkpoint and checkpoint["tree_size"] == tree_size else None,
+                tree_size)
+
+    # ------------------------------------------------------------------ verification
+
+    def verify(self, tenant: str, from_seq: int | None = None, to_seq: int | None = None, *,
+               checkpoint: Mapping[str, Any] | None = None,
+               keyring: KeyRing | None = None) -> VerificationReport:
+        """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first
+        failing seq.
+
+        Streams the rows through receipts.chain.verify_receipts (hashes, signatures, links,
+        schema binding, Merkle root against a signed checkpoint) and also checks what only
+        the database can get wrong: indexed columns that disagree with the signed body, rows
+        beyond or missing before the chain's head. ``checkpoint`` is one the auditor saved
+        (default: the stored one); ``keyring`` pins trusted keys (default: the keys the
+        database lists, which an attacker with write access could extend).
+        """
+        with self._reading() as conn:
+            head = queries.chain_head(conn, tenant)
+            head_seq = head.head_seq if head else 0
+            last = queries.last_seq(conn, tenant)
+            start = from_seq or 1
+            end = to_seq if to_seq is not None else max(head_seq, last)
+            if start < 1 or end < start - 1:
+                raise ReceiptFormatError(f"bad seq range {start}..{end}")
+            keyring = keyring or KeyRing.from_public_keys(queries.public_keys(conn, tenant))
+            checkpoint = checkpoint or self._covering_checkpoint(conn, tenant, start, to_seq)
+            left, right = self._range_context(conn, tenant, start, end, checkpoint, to_seq)
+            prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant,
+                                                                            start - 1)
+            if prev is None:
+                return _failure(start - 1, "receipt missing from the database", tenant)
+            rows = _CheckedRows(queries.stream_rows(conn, tenant, start, end))
+            schema_cache: dict[str, dict[str, Any] | None] = {}
+            report = verify_receipts(
+                rows, keyring, expected_prev_hash=prev, start_seq=start, checkpoint=checkpoint,
+                schemas=lambda h: schema_cache.setdefault(h, queries.schema(conn, h)),
+                left=left, right=right)
+        problems = [rows.problem] if rows.problem else []
+        if not report.ok:
+            problems.append((report.first_failure_seq, report.reason))
+        if to_seq is None and last > head_seq:
+            problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
+        if to_seq is None and rows.seen < end - start + 1 and report.ok:
+            problems.append((start + rows.seen, f"receipt missing: the chain head is at seq"
+                             f" {head_seq} but the stored receipts end before it"))
+        if not problems:
+            return report
+        seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
+        return _failure(seq, reason, tenant, checked=report.checked)
+
+    def _covering_checkpoint(self, conn: sa.Connection, tenant: str, start: int,
+                             to_seq: int | None) -> dict[str, Any] | None:
+        """The stored checkpoint a verification checks the Merkle root against: the latest
+        (so a truncated tail shows), or for a range the first one at or after its end."""
+        if to_seq is None:
+            return queries.latest_checkpoint(conn, tenant)
+        checkpoint = queries.checkpoint_at_least(conn, tenant, to_seq)
+        if checkpoint is None:
+            checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
+        return checkpoint if checkpoint and checkpoint["tree_size"] >= start - 1 else None
+
+    def _range_context(self, conn: sa.Connection, tenant: str, start: int, end: int,
+                       checkpoint: Mapping[str, Any] | None, to_seq: int | None
+                       ) -> tuple[list[bytes] | None, list[bytes] | None]:
+        """Compact ranges left of ``start`` and right of ``end`` up to the checkpoint, so a
+        slice of the chain can be checked against the root of the whole tree."""
+        size = checkpoint["tree_size"] if checkpoint else 0
+        want_right = to_seq is not None and size > end
+        if start == 1 and not want_right:
+            return None, None
+        return queries.with_stored_tree(conn, tenant, lambda subtree: (
+            compact_range(0, start - 1, subtree),
+            compact_range(end, size, subtree) if want_right else None))
+
+    # ------------------------------------------------------------------ export
+
+    def export(self, tenant: str, out: str | Path | IO[bytes], since: datetime | str | None = None,
+               until: datetime | str | None = None) -> None:
+        """Write the bundle of the tenant's receipts created in [since, until) to ``out``.
+
+        The bundle carries a signed checkpoint covering its last receipt (signed now when
+        the stored ones do not reach it and this ledger has a signer) and, for a range, the
+        previous entry hash and the compact ranges that tie it to that checkpoint's root.
+        """
+        with self._reading() as conn:
+            span = queries.seq_range(conn, tenant, None if since is None else rfc3339(since),
+                                     None if until is None else rfc3339(until))
+        if span is None:
+            raise ReceiptFormatError(f"chain {tenant!r} has no receipts in that time range")
+        first, last = span
+        with self._reading() as conn:
+            checkpoint = queries.checkpoint_at_least(conn, tenant, last)
+        if checkpoint is None:
+            if self.signer is None:
+                raise ReceiptsError(
+                    f"no signed checkpoint covers seq {last} of chain {tenant!r}: export with"
+                    " a signing key so one can be signed")
+            checkpoint = self.checkpoint_now(tenant)
+        with self._reading() as conn:
+            prev = GENESIS_PREV_HASH if first == 1 else queries.entry_hash(conn, tenant,
+                                                                            first - 1)
+            left, right = queries.with_stored_tree(conn, tenant, lambda subtree: (
+                compact_range(0, first - 1, subtree),
+                compact_range(last, checkpoint["tree_size"], subtree)))
+            bodies = [row.body for row in queries.stream_rows(conn, tenant, first, last)]
+            receipts = [json.loads(body) for body in bodies]
+            bound = {r["manifest"]["schema_hash"] for r in receipts} - {None}
+            schemas = queries.schemas(conn, bound)
+            keys = queries.public_keys(conn, tenant)
+        from receipts.bundle import write_bundle
+
+        write_bundle(out, receipts, schemas, keys, checkpoint, prev_entry_hash=prev,
+                     proofs={"left": [h.hex() for h in left], "right": [h.hex() for h in right]})
+
+
+class _CheckedRows:
+    """Receipt rows -> JSON objects for the chain verifier, stopping at the first row whose
+    indexed columns disagree with its signed body (a query could be steered by such a row)."""
+
+    COLUMNS = ("id", "chain", "seq", "created_at", "tenant", "key_id", "manifest_hash",
+               "prev_hash", "entry_hash", "finish_reason")
+
+    def __init__(self, rows: Iterator[sa.Row]) -> None:
+        self._rows = rows
+        self.seen = 0
+        self.problem: tuple[int, str] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any] | str]:
+        for row in self._rows:
+            try:
+                obj = json.loads(row.body)
+            except ValueError:
+                self.problem = (row.seq, "stored receipt body is not JSON")
+                return
+            mismatch = self._mismatch(row, obj) if isinstance(obj, dict) else "body"
+            if mismatch:
+                self.problem = (row.seq, f"row column {mismatch!r} disagrees with the signed"
+                                         " receipt body")
+                return
+            self.seen += 1
+            yield obj
+
+    def _mismatch(self, row: sa.Row, obj: dict[str, Any]) -> str | None:
+        for column in self.COLUMNS:
+            if getattr(row, column) != obj.get(column):
+                return column
+        manifest = obj.get("manifest")
+        output = obj.get("output")
+        if not isinstance(manifest, dict) or not isinstance(output, dict):
+            return None  # malformed bodies are the chain verifier's to name
+        if (row.model, row.schema_hash) != (manifest.get("model"), manifest.get("schema_hash")):
+            return "model" if row.model != manifest.get("model") else "schema_hash"
+        return "output_kind" if row.output_kind != output.get("kind") else None
+
+
+def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:
+    """The receipts row (canonical body + indexed copies) and its call and link index rows."""
+    chain, seq = receipt.chain, receipt.seq
+    rows[ReceiptRow].append({
+        "chain": chain, "seq": seq, "id": receipt.id, "created_at": receipt.created_at,
+        "tenant": receipt.tenant, "key_id": receipt.key_id,
+        "manifest_hash": receipt.manifest_hash, "schema_hash": receipt.manifest["schema_hash"],
+        "model": receipt.manifest["model"], "output_kind": receipt.output["kind"],
+        "finish_reason": receipt.finish_reason, "prev_hash": receipt.prev_hash,
+        "entry_hash": receipt.entry_hash,
+        "body": canonical_json(receipt.to_json_obj()).decode()})
+    rows[CallRow].extend({"chain": chain, "call_id": call["id"], "seq": seq,
+                          "tool_name": call["name"]} for call in receipt.tool_calls)
+    rows[LinkRow].extend({"chain": chain, "seq": seq, "position": i,
+                          "tool_call_id": link["tool_call_id"], "receipt_id": link["receipt_id"]}
+                         for i, link in enumerate(receipt.links))
+
+
+def _refuse_duplicate_calls(conn: sa.Connection, chain: str, batch: list[_Pending]
+                            ) -> dict[_Pending, Exception]:
+    """Drafts whose call ids the chain already holds (or an earlier draft of the batch
+    does): a call id names one call forever, so these appends fail alone."""
+    ids = [call["id"] for p in batch for call in p.draft.output["tool_calls"]]
+    if not ids:
+        return {}
+    c = CallRow.__table__.c
+    taken = dict(conn.execute(sa.select(c.call_id, c.seq).where(
+        c.chain == chain, c.call_id.in_(sorted(set(ids))))).tuples().all())
+    refused: dict[_Pending, Exception] = {}
+    for pending in batch:
+        calls = [call["id"] for call in pending.draft.output["tool_calls"]]
+        clash = [i for i in calls if i in taken] or [i for i in calls if calls.count(i) > 1]
+        if clash:
+            where = f" (seq {taken[clash[0]]})" if clash[0] in taken else ""
+            refused[pending] = ReceiptFormatError(
+                f"tool call id {clash[0]} is already recorded in chain {chain!r}{where}")
+        else:
+            taken.update((i, None) for i in calls)
+    return refused
+
+
+def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING, for rows another writer may have inserted first."""
+    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+    conn.execute(insert(table).on_conflict_do_nothing(), values)
+
+
+def _failure(seq: int | None, reason: str, chain: str, checked: int = 0) -> VerificationReport:
+    return VerificationReport(ok=False, checked=checked, first_failure_seq=seq, reason=reason,
+                              chain=chain)
+
+
+def _short(exc: BaseException) -> str:
+    """First line of a driver error: enough to diagnose, no SQL or parameters (no payloads)."""
+    orig = getattr(exc, "orig", None) or exc
+    return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"

@@ -1,0 +1,310 @@
+"""Read side of the ledger: the audit queries, key and checkpoint listings, and the rows a
+verifier or a Merkle proof needs. Every function takes an open SQLAlchemy connection and
+turns stored canonical JSON back into receipts; none of them writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+
+from receipts.errors import ReceiptFormatError, ReceiptsError
+from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
+from receipts.record import Receipt
+from receipts.store import (
+    CallRow,
+    ChainRow,
+    CheckpointRow,
+    KeyRangeRow,
+    LinkRow,
+    MerkleNodeRow,
+    ReceiptRow,
+    SchemaRow,
+    SigningKeyRow,
+)
+
+MAX_PAGE = 1000
+STREAM_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class ReceiptQuery:
+    """Filters of an audit listing. Times are datetimes or RFC 3339 strings; ``since`` is
+    inclusive, ``until`` exclusive. ``after_seq`` is the cursor a previous page returned."""
+
+    tenant: str
+    since: datetime | str | None = None
+    until: datetime | str | None = None
+    tool_name: str | None = None
+    model: str | None = None
+    schema_hash: str | None = None
+    call_id: str | None = None
+    after_seq: int | None = None
+    limit: int = 100
+
+
+@dataclass(frozen=True)
+class ReceiptPage:
+    items: list[Receipt] = field(default_factory=list)
+    next_cursor: int | None = None
+    """Pass as ``after_seq`` to get the next page; None on the last page."""
+
+
+def rfc3339(value: datetime | str) -> str:
+    """The fixed-width UTC form receipts store (``...T..:..:..ffffffZ``), so that a text
+    comparison in SQL is a time comparison. Naive datetimes are taken as UTC."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ReceiptFormatError(f"not an RFC 3339 time: {value!r}") from exc
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def receipt_from_body(body: str) -> Receipt:
+    return Receipt.from_json_obj(json.loads(body))
+
+
+def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
+    """One page of a tenant's receipts matching every given filter, in seq order."""
+    if not 1 <= q.limit <= MAX_PAGE:
+        raise ReceiptFormatError(f"limit must be between 1 and {MAX_PAGE}, got {q.limit}")
+    r = ReceiptRow.__table__.c
+    stmt = sa.select(r.seq, r.body).where(r.chain == q.tenant)
+    if q.since is not None:
+        stmt = stmt.where(r.created_at >= rfc3339(q.since))
+    if q.until is not None:
+        stmt = stmt.where(r.created_at < rfc3339(q.until))
+    if q.model is not None:
+        stmt = stmt.where(r.model == q.model)
+    if q.schema_hash is not None:
+        stmt = stmt.where(r.schema_hash == q.schema_hash)
+    if q.after_seq is not None:
+        stmt = stmt.where(r.seq > q.after_seq)
+    calls = CallRow.__table__.c
+    for column, value in ((calls.tool_name, q.tool_name), (calls.call_id, q.call_id)):
+        if value is not None:
+            stmt = stmt.where(sa.exists().where(
+                calls.chain == r.chain, calls.seq == r.seq, column == value))
+    rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
+    items = [receipt_from_body(row.body) for row in rows[: q.limit]]
+    more = len(rows) > q.limit
+    return ReceiptPage(items, rows[q.limit - 1].seq if more else None)
+
+
+def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
+    r = ReceiptRow.__table__.c
+    body = conn.scalar(sa.select(r.body).where(r.id == receipt_id, r.chain == tenant))
+    return receipt_from_body(body) if body is not None else None
+
+
+def get_by_seq(conn: sa.Connection, tenant: str, seq: int) -> Receipt | None:
+    r = ReceiptRow.__table__.c
+    body = conn.scalar(sa.select(r.body).where(r.chain == tenant, r.seq == seq))
+    return receipt_from_body(body) if body is not None else None
+
+
+def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
+    """The receipt whose output issued tool call ``call_id``."""
+    r, c = ReceiptRow.__table__.c, CallRow.__table__.c
+    body = conn.scalar(sa.select(r.body).join_from(
+        ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq)
+    ).where(c.chain == tenant, c.call_id == call_id))
+    return receipt_from_body(body) if body is not None else None
+
+
+def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
+    """Receipts whose request carried a tool result for ``call_id`` (their links name it)."""
+    r, lk = ReceiptRow.__table__.c, LinkRow.__table__.c
+    stmt = sa.select(r.body).where(r.chain == tenant, sa.exists().where(
+        lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == call_id)).order_by(r.seq)
+    return [receipt_from_body(body) for body in conn.scalars(stmt)]
+
+
+def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
+    body = conn.scalar(sa.select(SchemaRow.body).where(SchemaRow.hash == schema_hash))
+    return json.loads(body) if body is not None else None
+
+
+def schemas(conn: sa.Connection, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
+    wanted = sorted(set(hashes))
+    if not wanted:
+        return {}
+    rows = conn.execute(sa.select(SchemaRow.hash, SchemaRow.body).where(
+        SchemaRow.hash.in_(wanted)))
+    return {row.hash: json.loads(row.body) for row in rows}
+
+
+def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[dict[str, Any]]:
+    """Every registered key with the seq ranges it signed per chain (KeyRing shape).
+
+    A range ends where the chain's next range starts, or is open (last_seq None) at the head.
+    With ``tenant``, only that chain's ranges are listed (and only keys that signed it).
+    """
+    keys = {row.key_id: {"key_id": row.key_id, "public_key_pem": row.public_key_pem,
+                         "created_at": row.created_at, "ranges": []}
+            for row in conn.execute(sa.select(SigningKeyRow).order_by(SigningKeyRow.created_at))}
+    k = KeyRangeRow.__table__.c
+    stmt = sa.select(k.chain, k.first_seq, k.key_id).order_by(k.chain, k.first_seq)
+    if tenant is not None:
+        stmt = stmt.where(k.chain == tenant)
+    rows = conn.execute(stmt).all()
+    for row, following in zip(rows, [*rows[1:], None], strict=True):
+        same_chain = following is not None and following.chain == row.chain
+        last = following.first_seq - 1 if same_chain else None
+        keys[row.key_id]["ranges"].append(
+            {"chain": row.chain, "first_seq": row.first_seq, "last_seq": last})
+    if tenant is not None:
+        return [key for key in keys.values() if key["ranges"]]
+    return list(keys.values())
+
+
+def chain_head(conn: sa.Connection, tenant: str) -> ChainRow | None:
+    return conn.execute(sa.select(ChainRow).where(ChainRow.chain == tenant)).first()
+
+
+def chains(conn: sa.Connection) -> list[str]:
+    return list(conn.scalars(sa.select(ChainRow.chain).order_by(ChainRow.chain)))
+
+
+def latest_checkpoint(conn: sa.Connection, tenant: str,
+                      max_size: int | None = None) -> dict[str, Any] | None:
+    """The newest stored checkpoint of the chain (of size <= ``max_size`` when given)."""
+    c = CheckpointRow.__table__.c
+    stmt = sa.select(c.body).where(c.chain == tenant)
+    if max_size is not None:
+        stmt = stmt.where(c.tree_size <= max_size)
+    body = conn.scalar(stmt.order_by(c.tree_size.desc()).limit(1))
+    return json.loads(body) if body is not None else None
+
+
+def checkpoint_at_least(conn: sa.Connection, tenant: str, size: int) -> dict[str, Any] | None:
+    """The smallest stored checkpoint covering at least ``size`` receipts."""
+    c = CheckpointRow.__table__.c
+    body = conn.scalar(sa.select(c.body).where(c.chain == tenant, c.tree_size >= size)
+                       .order_by(c.tree_size).limit(1))
+    return json.loads(body) if body is not None else None
+
+
+def stream_rows(conn: sa.Connection, tenant: str, from_seq: int = 1,
+                to_seq: int | None = None, since: str | None = None,
+                until: str | None = None) -> Iterator[sa.Row]:
+    """Receipt rows of one chain in seq order, fetched in keyset-paginated chunks so a
+    million-row chain streams in constant memory on both databases."""
+    r = ReceiptRow.__table__.c
+    after = from_seq - 1
+    while True:
+        stmt = sa.select(ReceiptRow.__table__).where(r.chain == tenant, r.seq > after)
+        if to_seq is not None:
+            stmt = stmt.where(r.seq <= to_seq)
+        if since is not None:
+            stmt = stmt.where(r.created_at >= since)
+        if until is not None:
+            stmt = stmt.where(r.created_at < until)
+        rows = conn.execute(stmt.order_by(r.seq).limit(STREAM_CHUNK)).all()
+        yield from rows
+        if len(rows) < STREAM_CHUNK:
+            return
+        after = rows[-1].seq
+
+
+def last_seq(conn: sa.Connection, tenant: str) -> int:
+    """The highest seq stored for the chain (0 when none), whatever the head row says."""
+    r = ReceiptRow.__table__.c
+    return conn.scalar(sa.select(sa.func.max(r.seq)).where(r.chain == tenant)) or 0
+
+
+def entry_hash(conn: sa.Connection, tenant: str, seq: int) -> str | None:
+    r = ReceiptRow.__table__.c
+    return conn.scalar(sa.select(r.entry_hash).where(r.chain == tenant, r.seq == seq))
+
+
+def seq_range(conn: sa.Connection, tenant: str, since: str | None,
+              until: str | None) -> tuple[int, int] | None:
+    """First and last seq of the chain's receipts created in [since, until), or None."""
+    r = ReceiptRow.__table__.c
+    stmt = sa.select(sa.func.min(r.seq), sa.func.max(r.seq)).where(r.chain == tenant)
+    if since is not None:
+        stmt = stmt.where(r.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(r.created_at < until)
+    first, last = conn.execute(stmt).one()
+    return None if first is None else (first, last)
+
+
+T = TypeVar("T")
+
+
+def with_stored_tree(conn: sa.Connection, tenant: str,
+                     build: Callable[[SubtreeHasher], T]) -> T:
+    """Run a receipts.merkle proof builder (``build(subtree) -> result``) on the stored tree.
+
+    A dry run records which subtrees the builder asks for; their perfect pieces (level 0:
+    entry hashes, level >= 1: merkle_nodes) are fetched in two queries; the real run folds
+    them. So a proof at a million leaves costs O(log^2 n) small row reads, not a tree rebuild.
+    """
+    asked: list[tuple[int, int]] = []
+    build(lambda start, end: asked.append((start, end)) or bytes(32))
+    wanted = {piece for span in set(asked) for piece in _pieces(*span)}
+    hashes = _leaf_pieces(conn, tenant, [idx for level, idx in wanted if level == 0])
+    hashes |= _node_pieces(conn, tenant, [piece for piece in wanted if piece[0] > 0])
+    missing = wanted - hashes.keys()
+    if missing:
+        level, idx = min(missing)
+        raise ReceiptsError(f"chain {tenant!r}: stored Merkle tree lacks the subtree at level"
+                            f" {level}, index {idx} (seq {idx * 2 ** level + 1} onwards)")
+
+    def subtree(start: int, end: int) -> bytes:
+        n = end - start
+        if n & (n - 1) == 0 and start % n == 0:
+            level = n.bit_length() - 1
+            return hashes[(level, start >> level)]
+        k = split_point(n)
+        return node_hash(subtree(start, start + k), subtree(start + k, end))
+
+    return build(subtree)
+
+
+def _pieces(start: int, end: int) -> list[tuple[int, int]]:
+    """(level, idx) of the stored perfect subtrees MTH(D[start:end]) is made of (the
+    RFC 9162 section 2.1.1 split, down to aligned powers of two)."""
+    n = end - start
+    if n & (n - 1) == 0 and start % n == 0:
+        level = n.bit_length() - 1
+        return [(level, start >> level)]
+    k = split_point(n)
+    return _pieces(start, start + k) + _pieces(start + k, end)
+
+
+def _leaf_pieces(conn: sa.Connection, tenant: str,
+                 indexes: list[int]) -> dict[tuple[int, int], bytes]:
+    r = ReceiptRow.__table__.c
+    found: dict[tuple[int, int], bytes] = {}
+    for chunk in _chunks(sorted(indexes)):
+        rows = conn.execute(sa.select(r.seq, r.entry_hash).where(
+            r.chain == tenant, r.seq.in_([i + 1 for i in chunk])))
+        found |= {(0, row.seq - 1): leaf_hash(bytes.fromhex(row.entry_hash)) for row in rows}
+    return found
+
+
+def _node_pieces(conn: sa.Connection, tenant: str,
+                 nodes: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+    m = MerkleNodeRow.__table__.c
+    found: dict[tuple[int, int], bytes] = {}
+    for chunk in _chunks(sorted(nodes)):
+        rows = conn.execute(sa.select(m.level, m.idx, m.hash).where(
+            m.chain == tenant, sa.tuple_(m.level, m.idx).in_(chunk)))
+        found |= {(row.level, row.idx): bytes(row.hash) for row in rows}
+    return found
+
+
+def _chunks(items: list[Any], size: int = 400) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

@@ -1,0 +1,119 @@
+"""Helpers for the ledger-store tests: migrated databases, drafts that go through the real
+append path, and raw SQL access for the tamper tests (what an attacker with the database
+credentials can do: bypass the append-only triggers and rewrite rows)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+
+from migrations.runner import upgrade
+from receipts.ledger import Ledger
+from receipts.manifest import build_manifest, schema_hash
+from receipts.record import ReceiptDraft
+from receipts.signing import Signer
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+SEARCH_PARAMS = {
+    "type": "object",
+    "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+    "required": ["query"],
+}
+
+
+def tool_union(**tools: dict[str, Any]) -> dict[str, Any]:
+    """A tool union in the shape runtime.tools.union_schema builds (what binding.py reads)."""
+    branches = [{"type": "object", "properties": {"tool": {"const": name}, "arguments": params},
+                 "required": ["tool", "arguments"], "additionalProperties": False}
+                for name, params in tools.items()]
+    branches.append({"type": "object", "properties": {"answer": {"type": "string"}},
+                     "required": ["answer"], "additionalProperties": False})
+    return {"anyOf": branches}
+
+
+UNION = tool_union(get_weather=WEATHER_PARAMS, search=SEARCH_PARAMS)
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def draft(tenant: str = "acme", *, tool: str = "get_weather",
+          arguments: dict[str, Any] | None = None, call: str | None = None,
+          links: list[dict[str, Any]] | None = None, model: str = "SmolLM2-135M-Instruct",
+          schema: dict[str, Any] = UNION, payload: Any = None) -> ReceiptDraft:
+    """A tool-call draft as the gateway would build it."""
+    manifest = build_manifest(
+        schema_hash=schema_hash(schema), model=model, weights_digest=digest("weights"),
+        tokenizer_digest=digest("tokenizer"), engine="embedded", backend="llguidance",
+        renderer="generic", sampling={"temperature": 0.0, "seed": 7, "max_tokens": 128},
+        constraint_kind="tools")
+    request = {"messages_sha256": digest(secrets.token_hex(8)), "params_sha256": digest("p")}
+    if payload is not None:
+        request["payload"] = payload
+    return ReceiptDraft(
+        tenant=tenant, manifest=manifest, schema=schema, request=request,
+        output={"kind": "tool_calls", "content_sha256": None, "tool_calls": [{
+            "id": call or call_id(), "name": tool,
+            "arguments": arguments if arguments is not None else {"city": "Paris", "days": 2}}]},
+        finish_reason="tool_calls", usage={"prompt_tokens": 120, "completion_tokens": 18},
+        validation={"valid": True, "errors": []}, fallback=None, links=links or [])
+
+
+def migrated(url: str) -> str:
+    upgrade(url)
+    return url
+
+
+@contextmanager
+def ledger(url: str, signer: Signer | None = None, **options: Any) -> Iterator[Ledger]:
+    led = Ledger.open(url, signer or Signer.generate(), **options)
+    try:
+        yield led
+    finally:
+        led.close()
+
+
+def fill(led: Ledger, n: int, tenant: str = "acme") -> list:
+    """n receipts appended concurrently (so they group-commit), returned in seq order."""
+    futures = [led.submit(draft(tenant)) for _ in range(n)]
+    return sorted((f.result() for f in futures), key=lambda r: r.seq)
+
+
+@contextmanager
+def attacker(url: str) -> Iterator[sa.Connection]:
+    """A connection that can rewrite the append-only tables (triggers bypassed)."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET session_replication_role = replica")
+            else:
+                names = conn.exec_driver_sql(
+                    "SELECT name FROM sqlite_master WHERE type = 'trigger'").scalars().all()
+                for name in names:
+                    conn.exec_driver_sql(f'DROP TRIGGER "{name}"')
+            yield conn
+    finally:
+        engine.dispose()
+
+
+def body_of(conn: sa.Connection, tenant: str, seq: int) -> dict[str, Any]:
+    text = conn.execute(sa.text("SELECT body FROM receipts WHERE chain = :c AND seq = :s"),
+                        {"c": tenant, "s": seq}).scalar_one()
+    return json.loads(text)
