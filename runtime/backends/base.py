@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from runtime.constraint import Constraint
+from runtime.errors import BackendCannotCompile
 
 
 class GrammarMatcher(ABC):
@@ -69,9 +70,15 @@ class GrammarBackend(ABC):
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
 
-    @abstractmethod
     def compile(self, constraint: Constraint) -> CompiledGrammar:
         """Compile or raise BackendCannotCompile (unsupported feature, not bad input)."""
+        if constraint.kind not in self.kinds:
+            raise BackendCannotCompile(f"{self.name}: no {constraint.kind} support")
+        return self._compile(constraint)
+
+    @abstractmethod
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        """Compile a constraint of one of ``kinds``."""
 
 
 def bitmask_words(vocab_size: int) -> int:
@@ -111,3 +118,51 @@ def tokenizer_digest(tokenizer: Any) -> str:
     else:  # a slow tokenizer: its vocabulary is what grammars depend on
         payload = repr(sorted(tokenizer.get_vocab().items())).encode()
     return hashlib.sha256(payload).hexdigest()
+
+
+def allows_only(bitmask_row: torch.Tensor, token_ids: list[int]) -> bool:
+    """True when the row allows no token outside ``token_ids`` (e.g. only EOS)."""
+    rest = bitmask_row.clone()
+    for token in token_ids:
+        set_token_bit(rest, token, False)
+    return not bool(rest.any())
+
+
+class MaskReadingMatcher(GrammarMatcher):
+    """For libraries that cannot say "only EOS may follow": read it off the mask of the
+    current state, computed once per state and reused by the next fill."""
+
+    def __init__(self, vocab_size: int, stop_ids: list[int]):
+        self._stop_ids = stop_ids
+        self._state_mask = allocate_bitmask(vocab_size)
+        self._state_mask_valid = False
+
+    @abstractmethod
+    def _accept(self, token_id: int) -> bool: ...
+
+    @abstractmethod
+    def _fill(self, bitmask: torch.Tensor) -> None:
+        """Write the current state's mask into row 0 of ``bitmask``."""
+
+    @abstractmethod
+    def _reset(self) -> None: ...
+
+    def accept_token(self, token_id: int) -> bool:
+        self._state_mask_valid = False
+        return self._accept(token_id)
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
+        bitmask[index].copy_(self._current_mask())
+
+    def is_terminated(self) -> bool:
+        return self.can_stop() and allows_only(self._current_mask(), self._stop_ids)
+
+    def reset(self) -> None:
+        self._state_mask_valid = False
+        self._reset()
+
+    def _current_mask(self) -> torch.Tensor:
+        if not self._state_mask_valid:
+            self._fill(self._state_mask)
+            self._state_mask_valid = True
+        return self._state_mask[0]

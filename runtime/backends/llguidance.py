@@ -61,7 +61,7 @@ class LLGuidanceBackend(GrammarBackend):
         super().__init__(tokenizer)
         self._lltok = llguidance.hf.from_tokenizer(tokenizer)
 
-    def compile(self, constraint: Constraint) -> CompiledGrammar:
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
         grammar = self._grammar(constraint)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self._lltok

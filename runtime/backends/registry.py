@@ -17,6 +17,7 @@ from typing import Any
 from runtime.backends.base import CompiledGrammar, GrammarBackend, tokenizer_digest
 from runtime.constraint import Constraint, validate_constraint
 from runtime.errors import BackendCannotCompile
+from runtime.limits import DEFAULT_LIMITS, Limits, check_constraint
 
 DEFAULT_ORDER = ("llguidance", "xgrammar", "outlines", "lm-format-enforcer")
 ENV_ORDER = "CALLPROOF_BACKENDS"
@@ -75,8 +76,14 @@ class BackendChain:
     most constraints never get past the first.
     """
 
-    def __init__(self, tokenizer: Any, order: Sequence[str] | str | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        order: Sequence[str] | str | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+    ):
         self.tokenizer = tokenizer
+        self.limits = limits
         self.names: tuple[str, ...] = tuple(backend_order(order))
         self.tokenizer_digest = tokenizer_digest(tokenizer)
         self._built: dict[str, GrammarBackend] = {}
@@ -89,17 +96,14 @@ class BackendChain:
             return self._built[name]
 
     def compile(self, constraint: Constraint) -> CompiledGrammar:
-        """Validate once (bad input raises its typed error at once), then the first backend
-        that can compile wins; BackendCannotCompile lists every backend's reason."""
+        """Check limits and syntax once (bad input raises its typed error at once), then the
+        first backend that can compile wins; BackendCannotCompile lists every reason."""
+        check_constraint(constraint, self.limits)
         validate_constraint(constraint)
         reasons = []
         for name in self.names:
-            backend = self.backend(name)
-            if constraint.kind not in backend.kinds:
-                reasons.append(f"{name}: no {constraint.kind} support")
-                continue
             try:
-                return backend.compile(constraint)
+                return self.backend(name).compile(constraint)
             except BackendCannotCompile as exc:
                 reasons.append(str(exc))
         raise BackendCannotCompile(

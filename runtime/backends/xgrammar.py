@@ -1,0 +1,95 @@
+"""xgrammar: pushdown automaton with a precomputed adaptive token mask cache.
+
+Lark grammars compile with ``compile_lark`` (GBNF is converted to Lark first, one dialect for
+every backend). Its JSON-schema converter silently ignores keywords it does not implement
+(``not``, ``uniqueItems``, ...), which would let through output that breaks the schema; such
+schemas are refused here (BackendCannotCompile) so the chain moves on rather than enforce
+less than was asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import xgrammar as xgr
+
+from runtime.backends.base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    MaskReadingMatcher,
+)
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, refuse_keywords
+from runtime.constraint import Constraint, to_lark
+from runtime.errors import BackendCannotCompile
+
+# Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
+UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({
+    "allOf", "patternProperties",
+})
+
+
+class XGrammarMatcher(MaskReadingMatcher):
+    """xgrammar terminates only after the stop token itself, hence MaskReadingMatcher."""
+
+    def __init__(self, compiled: xgr.CompiledGrammar, vocab_size: int, stop_ids: list[int]):
+        super().__init__(vocab_size, stop_ids)
+        self._m = xgr.GrammarMatcher(compiled)
+
+    def _accept(self, token_id: int) -> bool:
+        return self._m.accept_token(token_id)
+
+    def _fill(self, bitmask: torch.Tensor) -> None:
+        self._m.fill_next_token_bitmask(bitmask, 0)
+
+    def can_stop(self) -> bool:
+        return self._m.is_completed()
+
+    def _reset(self) -> None:
+        self._m.reset()
+
+
+class XGrammarGrammar(CompiledGrammar):
+    backend = "xgrammar"
+
+    def __init__(self, constraint: Constraint, compiled: xgr.CompiledGrammar, vocab_size: int,
+                 stop_ids: list[int]):
+        self.constraint = constraint
+        self._compiled = compiled
+        self._vocab_size = vocab_size
+        self._stop_ids = stop_ids
+
+    def matcher(self) -> GrammarMatcher:
+        return XGrammarMatcher(self._compiled, self._vocab_size, self._stop_ids)
+
+
+class XGrammarBackend(GrammarBackend):
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any):
+        super().__init__(tokenizer)
+        self._stop_ids = [tokenizer.eos_token_id]
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop_ids
+        )
+        # our own GrammarCache keys and bounds compiled grammars; xgrammar's would duplicate it
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+
+    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        if constraint.is_json:
+            refuse_keywords(self.name, constraint.schema(), UNENFORCED)
+        try:
+            compiled = self._xgr_compile(constraint)
+        except (RuntimeError, ValueError) as exc:
+            raise BackendCannotCompile(f"xgrammar: {str(exc).strip()[:500]}") from None
+        return XGrammarGrammar(constraint, compiled, self.vocab_size, self._stop_ids)
+
+    def _xgr_compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        if constraint.is_json:
+            return self._compiler.compile_json_schema(
+                constraint.source, any_whitespace=False, separators=(",", ":"), strict_mode=True
+            )
+        if constraint.kind == "regex":
+            return self._compiler.compile_regex(constraint.source)
+        return self._compiler.compile_lark(to_lark(constraint.source))
