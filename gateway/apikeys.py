@@ -107,8 +107,12 @@ class KeyStore:
         with self._begin() as conn:
             conn.execute(
                 api_keys.insert().values(
-                    id=key.id, name=key.name, key_hash=hash_secret(secret), role=key.role,
-                    tenant=key.tenant, created_at=key.created_at,
+                    id=key.id,
+                    name=key.name,
+                    key_hash=hash_secret(secret),
+                    role=key.role,
+                    tenant=key.tenant,
+                    created_at=key.created_at,
                 )
             )
         return key, secret

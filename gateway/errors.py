@@ -1,4 +1,4 @@
-"""Every failure leaves the gateway in OpenAI's error shape: {"error": {message, type, param, code}}.
+"""Every failure leaves in OpenAI's error shape: {"error": {message, type, param, code}}.
 
 Typed errors from runtime/ and receipts/ already carry what the client needs (status, code,
 param); this module only translates them, so an OpenAI SDK raises the matching exception
@@ -66,43 +66,50 @@ def error_body(
     return {"error": error}
 
 
-def error_response(
-    status: int, message: str, *, code: str | None = None, param: str | None = None, **details: Any
-) -> Response[dict[str, Any]]:
-    return Response(
-        error_body(status, message, code=code, param=param, **details),
-        status_code=status,
-        media_type=MediaType.JSON,
-    )
-
-
-def _api_error(_: Request, exc: APIError) -> Response:
-    return error_response(exc.status, exc.message, code=exc.code, param=exc.param, **exc.details)
-
-
-def _runtime_input(_: Request, exc: RuntimeInputError) -> Response:
-    details: dict[str, Any] = {}
+def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
+    """The HTTP status and OpenAI-shaped body for any exception (used by SSE streams too)."""
+    if isinstance(exc, APIError):
+        return exc.status, error_body(
+            exc.status, exc.message, code=exc.code, param=exc.param, **exc.details
+        )
     if isinstance(exc, StructuredOutputInvalid):
-        details = {"schema": exc.schema, "raw_output": exc.raw_output, "pointer": exc.pointer}
-    return error_response(exc.status, exc.message, code=exc.code, param=exc.param, **details)
+        return exc.status, error_body(
+            exc.status,
+            exc.message,
+            code=exc.code,
+            param=exc.param,
+            schema=exc.schema,
+            raw_output=exc.raw_output,
+            pointer=exc.pointer,
+        )
+    if isinstance(exc, RuntimeInputError):
+        return exc.status, error_body(exc.status, exc.message, code=exc.code, param=exc.param)
+    if isinstance(exc, EngineError):
+        log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
+        return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
+    if isinstance(exc, LedgerUnavailable | KeyStoreUnavailable):
+        # Fail closed: nothing leaves without its committed receipt.
+        log.warning("database unavailable", extra={"event": "db_unavailable"})
+        return 503, error_body(
+            503,
+            "the receipt ledger is unavailable; no output is returned without a committed receipt",
+            code="ledger_unavailable",
+            param=None,
+        )
+    if isinstance(exc, ValidationException):
+        return 400, _validation_body(exc)
+    if isinstance(exc, HTTPException):
+        return exc.status_code, _http_body(exc)
+    log.error("unhandled error", exc_info=exc, extra={"event": "internal_error"})
+    return 500, error_body(500, "internal server error", code="internal_error", param=None)
 
 
-def _engine(_: Request, exc: EngineError) -> Response:
-    log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
-    return error_response(exc.status, f"model engine: {exc}", code=exc.code)
+def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
+    status, body = error_for(exc)
+    return Response(body, status_code=status, media_type=MediaType.JSON)
 
 
-def _unavailable(_: Request, exc: Exception) -> Response:
-    """The ledger or key database is down: fail closed, nothing leaves without its receipt."""
-    log.warning("database unavailable", extra={"event": "db_unavailable", "kind": type(exc).__name__})
-    return error_response(
-        503,
-        "the receipt ledger is unavailable; no output is returned without a committed receipt",
-        code="ledger_unavailable",
-    )
-
-
-def _validation(_: Request, exc: ValidationException) -> Response:
+def _validation_body(exc: ValidationException) -> dict[str, Any]:
     """msgspec/Litestar body validation: name the offending parameter like OpenAI does."""
     param = None
     message = exc.detail
@@ -114,7 +121,7 @@ def _validation(_: Request, exc: ValidationException) -> Response:
             break
     param = param or _param_from_message(message)
     code = "unsupported_parameter" if "unknown field" in message else "invalid_value"
-    return error_response(400, f"invalid request body: {message}", code=code, param=param)
+    return error_body(400, f"invalid request: {message}", code=code, param=param)
 
 
 def _param_from_message(message: str) -> str | None:
@@ -126,31 +133,14 @@ def _param_from_message(message: str) -> str | None:
     return None
 
 
-def _http(_: Request, exc: HTTPException) -> Response:
+def _http_body(exc: HTTPException) -> dict[str, Any]:
     status = exc.status_code
-    messages = {
+    defaults = {
         401: "missing or invalid API key (send Authorization: Bearer cp_...)",
         404: "no such route",
         413: "request body too large",
     }
     codes = {401: "invalid_api_key", 403: "forbidden", 404: "not_found", 413: "body_too_large"}
     generic = exc.detail in (None, "", HTTPStatus(status).phrase)
-    message = messages.get(status, exc.detail) if generic else exc.detail
-    return error_response(status, message, code=codes.get(status))
-
-
-def _internal(_: Request, exc: Exception) -> Response:
-    log.exception("unhandled error", extra={"event": "internal_error"})
-    return error_response(500, "internal server error", code="internal_error")
-
-
-EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
-    APIError: _api_error,
-    RuntimeInputError: _runtime_input,
-    EngineError: _engine,
-    LedgerUnavailable: _unavailable,
-    KeyStoreUnavailable: _unavailable,
-    ValidationException: _validation,
-    HTTPException: _http,
-    Exception: _internal,
-}
+    message = defaults.get(status, exc.detail) if generic else exc.detail
+    return error_body(status, message, code=codes.get(status), param=None)

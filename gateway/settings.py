@@ -7,13 +7,16 @@ docs/configuration.md lists them all.
 
 from __future__ import annotations
 
+import argparse
 import os
-import types
 import tomllib
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
+
+from runtime.limits import DEFAULT_LIMITS, Limits
 
 ENV_PREFIX = "CALLPROOF_"
 
@@ -32,15 +35,18 @@ class Settings:
     model: str | None = None  # embedded: local HF dir or GGUF (default: bundled); vllm: name
     vllm_url: str | None = None
     weights_digest: str | None = None  # vllm: the served weights' sha256, bound in manifests
-    signing_key: Path | None = None  # default: <data_dir>/signing-key.pem, made on first run
+    signing_key_file: Path | None = None  # default <data_dir>/signing-key.pem, made on first run
     retain_payloads: bool = False  # keep request messages+params in receipts (needed by replay)
     max_body_bytes: int = 1_048_576
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
-    max_tools: int = 64
-    max_schema_bytes: int = 65_536
-    max_schema_depth: int = 16
-    max_regex_length: int = 1_000
+    # limits on constraints (runtime.limits.Limits; same names, same defaults)
+    max_tools: int = DEFAULT_LIMITS.max_tools
+    max_schema_bytes: int = DEFAULT_LIMITS.max_schema_bytes
+    max_schema_depth: int = DEFAULT_LIMITS.max_schema_depth
+    max_regex_length: int = DEFAULT_LIMITS.max_regex_length
+    max_regex_repeat: int = DEFAULT_LIMITS.max_regex_repeat
+    max_grammar_bytes: int = DEFAULT_LIMITS.max_grammar_bytes
     checkpoint_every: int = 1000
     checkpoint_interval_s: float = 60.0
     key_cache_ttl_s: float = 2.0  # how long a looked-up API key is trusted before re-checking
@@ -52,7 +58,11 @@ class Settings:
 
     @property
     def signing_key_path(self) -> Path:
-        return self.signing_key or self.data_dir / "signing-key.pem"
+        return self.signing_key_file or self.data_dir / "signing-key.pem"
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(**{f.name: getattr(self, f.name) for f in fields(Limits)})
 
 
 def _field_names() -> list[str]:
@@ -140,3 +150,24 @@ def load_settings(
             merged[name] = value
     return Settings(**{name: _coerce(name, value) for name, value in merged.items()})
 
+
+def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
+    """One `--flag` per setting (or the `only` ones), plus `--config FILE`; defaults stay unset
+    so that the environment and the config file are not overridden by a flag nobody gave."""
+    parser.add_argument("--config", type=Path, help="settings file (.toml or .yaml)")
+    for f in fields(Settings):
+        if only is not None and f.name not in only:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        env = ENV_PREFIX + f.name.upper()
+        if get_type_hints(Settings)[f.name] is bool:
+            parser.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=None, help=f"env {env}"
+            )
+        else:
+            parser.add_argument(flag, default=None, metavar=f.name.upper(), help=f"env {env}")
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    flags = {name: getattr(args, name) for name in _field_names() if hasattr(args, name)}
+    return load_settings(flags, config_file=args.config)

@@ -1,0 +1,39 @@
+"""Key management over HTTP (admin keys only): the same operations as `callproof keys`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from litestar import Controller, delete, get, post
+from litestar.di import Provide
+
+from gateway.apikeys import ApiKey, KeyNotFound, KeyStore
+from gateway.auth import require_role
+from gateway.errors import APIError
+from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
+
+
+def _info(key: ApiKey) -> KeyInfo:
+    return KeyInfo(**key.as_json())  # type: ignore[arg-type]
+
+
+class AdminKeysController(Controller):
+    path = "/admin/keys"
+    tags = ["admin"]
+    dependencies = {"principal": Provide(require_role("admin"))}
+
+    @get("", summary="List API keys (never their secrets)")
+    async def list_keys(self, principal: ApiKey, keys: KeyStore) -> list[KeyInfo]:
+        return [_info(key) for key in await asyncio.to_thread(keys.list)]
+
+    @post("", summary="Create an API key; the secret is returned once")
+    async def create_key(self, principal: ApiKey, keys: KeyStore, data: KeyCreate) -> CreatedKey:
+        key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
+        return CreatedKey(key=_info(key), secret=secret)
+
+    @delete("/{key_id:str}", status_code=200, summary="Revoke an API key")
+    async def revoke_key(self, principal: ApiKey, keys: KeyStore, key_id: str) -> KeyInfo:
+        try:
+            return _info(await asyncio.to_thread(keys.revoke, key_id))
+        except KeyNotFound as exc:
+            raise APIError(404, str(exc), code="not_found", param="key_id") from None

@@ -1,0 +1,77 @@
+"""The Litestar application: controllers, dependency injection, errors, limits, OpenAPI.
+
+`create_app` takes already-open resources (engine, ledger, key store) and does no I/O, so a
+process can serve several apps over one loaded engine (tests do: one per database) and the
+caller that opened the resources closes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Litestar
+from litestar.di import Provide
+from litestar.middleware import DefineMiddleware
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+
+from gateway.admin import AdminKeysController
+from gateway.apikeys import KeyStore
+from gateway.audit import AuditController
+from gateway.auth import Authenticator
+from gateway.chat import ChatController
+from gateway.completion import Completions
+from gateway.errors import handle_exception
+from gateway.health import HealthController
+from gateway.metrics import Metrics
+from gateway.models import ModelsController
+from gateway.settings import Settings
+from receipts.ledger import Ledger
+from runtime.engines.base import Engine
+
+
+def _singleton(value: Any) -> Provide:
+    return Provide(lambda: value, sync_to_thread=False, use_cache=True)
+
+
+def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStore) -> Litestar:
+    grammars = getattr(engine, "grammars", None)  # in-process engines expose their cache
+    metrics = Metrics(grammar_stats=grammars.stats if grammars is not None else None)
+    completions = Completions(engine, ledger, settings, metrics)
+    return Litestar(
+        route_handlers=[
+            ChatController,
+            ModelsController,
+            AuditController,
+            AdminKeysController,
+            HealthController,
+        ],
+        dependencies={
+            "settings": _singleton(settings),
+            "limits": _singleton(settings.limits),
+            "completions": _singleton(completions),
+            "ledger": _singleton(ledger),
+            "keys": _singleton(keys),
+            "metrics": _singleton(metrics),
+            "authenticator": _singleton(Authenticator(keys, settings.key_cache_ttl_s)),
+        },
+        exception_handlers={Exception: handle_exception},
+        middleware=[DefineMiddleware(metrics.middleware)],
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="callproof",
+            version="1",
+            description=(
+                "OpenAI-compatible chat completions that commit a signed, hash-chained receipt "
+                "for every tool call, and the audit API over those receipts."
+            ),
+            path="/schema",
+            components=Components(
+                security_schemes={
+                    "apiKey": SecurityScheme(type="http", scheme="bearer", bearer_format="cp_...")
+                }
+            ),
+            security=[{"apiKey": []}],
+        ),
+        debug=False,
+    )

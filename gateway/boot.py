@@ -1,0 +1,73 @@
+"""Starting a gateway: the data directory, migrations, signing key, admin key, engine, ledger.
+
+The embedded default needs no configuration: everything it needs is created on first run
+under the data directory (SQLite ledger, 0600 signing key) and an admin key is printed once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.apikeys import KeyStore
+from gateway.settings import Settings, SettingsError
+from receipts.ledger import Ledger
+from receipts.signing import Signer, load_or_create_signer, signer_from_env
+from runtime.engines.base import Engine
+
+
+@dataclass
+class Resources:
+    """What an app runs on; whoever opens them closes them (`close`)."""
+
+    engine: Engine
+    ledger: Ledger
+    keys: KeyStore
+
+    async def aclose(self) -> None:
+        self.ledger.close()
+        self.keys.close()
+        await self.engine.aclose()
+
+
+def prepare_database(settings: Settings) -> None:
+    """Create the data directory and bring the database schema up to date (idempotent)."""
+    from migrations.runner import upgrade
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    upgrade(settings.db_url)
+
+
+def load_signer(settings: Settings) -> Signer:
+    """CALLPROOF_SIGNING_KEY (PEM text) when set, else the key file, generated on first run."""
+    return signer_from_env() or load_or_create_signer(settings.signing_key_path)
+
+
+def ensure_admin_key(keys: KeyStore) -> str | None:
+    """On first run (no active admin key) create one and return its secret, else None."""
+    if keys.has_active_admin():
+        return None
+    _, secret = keys.create("admin", "admin", name="first-run admin")
+    return secret
+
+
+def load_engine(settings: Settings) -> Engine:
+    if settings.engine == "vllm":
+        from runtime.engines.vllm import VllmEngine
+
+        if not settings.vllm_url or not settings.model:
+            raise SettingsError("--engine vllm needs --vllm-url and --model (the served name)")
+        return VllmEngine(settings.vllm_url, settings.model, weights_digest=settings.weights_digest)
+    from runtime.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine.load(settings.model)
+
+
+def open_resources(settings: Settings, engine: Engine) -> Resources:
+    ledger = Ledger.open(
+        settings.db_url,
+        load_signer(settings),
+        checkpoint_every=settings.checkpoint_every,
+        checkpoint_interval_s=settings.checkpoint_interval_s,
+        retain_payloads=settings.retain_payloads,
+    )
+    return Resources(engine=engine, ledger=ledger, keys=KeyStore.open(settings.db_url))

@@ -1,0 +1,87 @@
+"""POST /v1/chat/completions: the OpenAI-compatible endpoint agents call."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from litestar import Controller, Response, post
+from litestar.di import Provide
+from litestar.response import Stream
+from runtime.limits import Limits
+
+from gateway.apikeys import ApiKey
+from gateway.auth import require_role
+from gateway.completion import Completions, prepare, receipt_ref, usage_of
+from gateway.recording import finish_reason
+from gateway.schemas import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Choice,
+    FunctionCall,
+    ToolCallOut,
+)
+from gateway.settings import Settings
+from gateway.sse import ChunkWriter, stream_completion
+
+RECEIPT_HEADER = "X-Callproof-Receipt"
+
+
+class ChatController(Controller):
+    path = "/v1/chat/completions"
+    tags = ["chat"]
+    dependencies = {"principal": Provide(require_role("agent"))}
+
+    @post(
+        "",
+        status_code=200,
+        summary="Create a chat completion (receipted)",
+        description=(
+            "OpenAI-compatible. The response (or, when streaming, the last SSE chunk) carries "
+            "`receipt`, and non-streaming responses the `X-Callproof-Receipt` header; the "
+            "receipt is committed before any tool call leaves. With `stream: true` the body is "
+            "`text/event-stream` of chat.completion.chunk objects ending in `data: [DONE]`."
+        ),
+    )
+    async def create(
+        self,
+        data: ChatCompletionRequest,
+        principal: ApiKey,
+        completions: Completions,
+        settings: Settings,
+        limits: Limits,
+    ) -> Response[ChatCompletion]:
+        model = completions.engine.identity.model
+        prepared = prepare(data, settings, limits, model)
+        completion_id = "chatcmpl-" + secrets.token_hex(12)
+        created = int(time.time())
+        if prepared.stream:
+            events = await completions.open_stream(prepared)
+            writer = ChunkWriter(completion_id, created, model)
+            return Stream(  # type: ignore[return-value]
+                stream_completion(completions, prepared, principal.tenant, events, writer),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        generation, parsed = await completions.generate(prepared)
+        receipt = await completions.record(prepared, principal.tenant, generation, parsed)
+        calls = [
+            ToolCallOut(call.id, FunctionCall(call.name, call.arguments_json()))
+            for call in parsed.tool_calls
+        ]
+        body = ChatCompletion(
+            id=completion_id,
+            created=created,
+            model=model,
+            choices=[
+                Choice(
+                    index=0,
+                    message=AssistantMessage(content=parsed.content, tool_calls=calls or None),
+                    finish_reason=finish_reason(parsed, generation),  # type: ignore[arg-type]
+                )
+            ],
+            usage=usage_of(generation),
+            receipt=receipt_ref(receipt),
+        )
+        return Response(body, headers={RECEIPT_HEADER: receipt.id})

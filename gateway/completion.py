@@ -1,0 +1,196 @@
+"""One chat completion, from validated request to committed receipt (no HTTP here).
+
+    prepare (pure: parameters, plan, limits)  ->  engine  ->  plan.parse  ->  ledger.append
+
+The receipt is committed before the caller gets anything it could act on; a ledger fault
+propagates (LedgerUnavailable -> 503) and the output is dropped. Streaming lives in sse.py
+on top of the same `prepare` and `record`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.limits import Limits, check_constraint, check_tool_count
+
+from gateway.errors import APIError
+from gateway.metrics import Metrics
+from gateway.recording import draft_for, manifest_for, request_record
+from gateway.schemas import ChatCompletionRequest, ReceiptRef, Usage, to_plain
+from gateway.settings import Settings
+from receipts.ledger import Ledger
+from receipts.record import Receipt
+from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
+from runtime.errors import UnsupportedParameter
+from runtime.planning import ChatInput, Plan, plan_chat
+from runtime.tools import ParsedResponse
+
+_SEED_BOUND = 2**31  # a seed every engine accepts
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A request that passed every check that does not need the model."""
+
+    body: dict[str, Any]  # the JSON the client sent (unset parameters absent)
+    plan: Plan
+    sampling: Sampling
+    stream: bool
+    include_usage: bool
+
+
+def prepare(
+    request: ChatCompletionRequest,
+    settings: Settings,
+    limits: Limits,
+    served_model: str,
+    *,
+    sampling: Sampling | None = None,
+) -> PreparedChat:
+    """Validate, plan and limit-check; `sampling` overrides the request's (replay)."""
+    if request.n not in (None, 1):
+        raise UnsupportedParameter("only n=1 is supported", param="n")
+    if request.stream_options is not None and not request.stream:
+        raise UnsupportedParameter(
+            "stream_options is only allowed when stream is true", param="stream_options"
+        )
+    if request.model != served_model:
+        raise APIError(
+            404,
+            f"model {request.model!r} is not served here; GET /v1/models lists {served_model!r}",
+            code="model_not_found",
+            param="model",
+        )
+    if request.tools:
+        check_tool_count(len(request.tools), limits)
+    body = to_plain(request)
+    plan = plan_chat(
+        ChatInput(
+            messages=body["messages"],
+            tools=body.get("tools"),
+            tool_choice=body.get("tool_choice"),
+            parallel_tool_calls=body.get("parallel_tool_calls"),
+            response_format=body.get("response_format"),
+            regex=request.regex,
+            grammar=request.grammar,
+            model=served_model,
+        )
+    )
+    if plan.constraint is not None:
+        check_constraint(plan.constraint, limits)
+    return PreparedChat(
+        body=body,
+        plan=plan,
+        sampling=sampling or _sampling(request, settings),
+        stream=request.stream,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+    )
+
+
+def _sampling(request: ChatCompletionRequest, settings: Settings) -> Sampling:
+    """OpenAI's defaults, plus a seed minted when none is given so every receipt replays."""
+    max_tokens = request.max_completion_tokens or request.max_tokens or settings.default_max_tokens
+    if max_tokens > settings.max_tokens_limit:
+        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        raise UnsupportedParameter(
+            f"{param}={max_tokens} is over this gateway's limit of {settings.max_tokens_limit}",
+            param=param,
+            code="max_tokens_too_large",
+        )
+    stop = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
+    return Sampling(
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        max_tokens=max_tokens,
+        seed=request.seed if request.seed is not None else secrets.randbelow(_SEED_BOUND),
+        stop=stop,
+    )
+
+
+class Completions:
+    """Runs prepared requests on the engine and receipts them in the ledger."""
+
+    def __init__(self, engine: Engine, ledger: Ledger, settings: Settings, metrics: Metrics):
+        self.started_at = int(time.time())
+        self.engine = engine
+        self.ledger = ledger
+        self.settings = settings
+        self.metrics = metrics
+
+    async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
+        plan = prepared.plan
+        generation = await self.engine.generate(plan.messages, plan.constraint, prepared.sampling)
+        return generation, plan.parse(generation.text)
+
+    async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
+        """The engine's event stream, started: engine faults raise here, before any byte."""
+        plan = prepared.plan
+        events = self.engine.stream(plan.messages, plan.constraint, prepared.sampling)
+        first = await anext(events)
+        return _prepend(first, events)
+
+    async def record(
+        self, prepared: PreparedChat, tenant: str, generation: Generation, parsed: ParsedResponse
+    ) -> Receipt:
+        """Append the receipt; returns once it is durable (raises LedgerUnavailable if not)."""
+        plan = prepared.plan
+        draft = draft_for(
+            tenant=tenant,
+            plan=plan,
+            manifest=manifest_for(
+                plan, self.engine.identity, prepared.sampling, generation.backend
+            ),
+            request=request_record(prepared.body, retain_payload=self.settings.retain_payloads),
+            generation=generation,
+            parsed=parsed,
+            links=await self._links(tenant, plan.tool_call_ids_answered),
+        )
+        started = time.perf_counter()
+        receipt = await self.ledger.append_async(draft)
+        self.metrics.append_latency.observe(time.perf_counter() - started)
+        self.metrics.receipts.inc()
+        self.metrics.tokens.labels("prompt").inc(generation.prompt_tokens)
+        self.metrics.tokens.labels("completion").inc(generation.completion_tokens)
+        return receipt
+
+    async def _links(self, tenant: str, call_ids: tuple[str, ...]) -> list[dict[str, str | None]]:
+        """Which receipts issued the calls these tool messages answer (unknown ids: null)."""
+        if not call_ids:
+            return []
+
+        def lookup() -> list[dict[str, str | None]]:
+            links = []
+            for call_id in call_ids:
+                issuer = self.ledger.find_call(tenant, call_id)
+                links.append({"tool_call_id": call_id, "receipt_id": issuer.id if issuer else None})
+            return links
+
+        return await asyncio.to_thread(lookup)
+
+
+async def _prepend(
+    first: StreamEvent, rest: AsyncIterator[StreamEvent]
+) -> AsyncIterator[StreamEvent]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+def usage_of(generation: Generation) -> Usage:
+    return Usage(
+        prompt_tokens=generation.prompt_tokens,
+        completion_tokens=generation.completion_tokens,
+        total_tokens=generation.prompt_tokens + generation.completion_tokens,
+    )
+
+
+def receipt_ref(receipt: Receipt) -> ReceiptRef:
+    return ReceiptRef(receipt.id, receipt.seq, receipt.entry_hash, receipt.manifest_hash)

@@ -1,0 +1,43 @@
+"""Operations endpoints, unauthenticated: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from litestar import Controller, Response, get
+
+from gateway.completion import Completions
+from gateway.metrics import Metrics
+from receipts.errors import LedgerUnavailable
+
+
+class HealthController(Controller):
+    path = "/"
+    tags = ["operations"]
+
+    @get("/healthz", summary="Liveness: the process answers")
+    async def healthz(self) -> dict[str, str]:
+        return {"status": "ok"}
+
+    @get("/readyz", summary="Readiness: engine loaded and database reachable (else 503)")
+    async def readyz(self, completions: Completions) -> Response[dict[str, object]]:
+        try:
+            engine_ready = await completions.engine.ready()
+        except Exception:  # noqa: BLE001 - an engine that cannot answer is not ready
+            engine_ready = False
+        try:
+            await asyncio.to_thread(completions.ledger.ping)
+            database = True
+        except LedgerUnavailable:
+            database = False
+        ready = engine_ready and database
+        body = {
+            "status": "ready" if ready else "not ready",
+            "engine": engine_ready,
+            "database": database,
+        }
+        return Response(body, status_code=200 if ready else 503)
+
+    @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
+    async def metrics(self, metrics: Metrics) -> Response[bytes]:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

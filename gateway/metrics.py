@@ -1,0 +1,124 @@
+"""Prometheus metrics of one gateway app, in its own registry (several apps can share a process).
+
+The timing middleware also writes the JSON access log line (route template, status, latency;
+no payloads, no keys), since both describe the same finished request.
+
+HTTP requests and latency are labelled by route template (never by raw path, so ids do not
+explode the label space) and status. Grammar cache figures are read from the engine's cache at
+scrape time through a collector, so the hot path pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("callproof.access")
+
+GrammarStats = Callable[[], dict[str, dict[str, float]]]
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    def __init__(self, grammar_stats: GrammarStats | None = None):
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "callproof_http_requests",
+            "HTTP requests served",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "callproof_http_request_duration_seconds",
+            "HTTP request latency",
+            ["route", "method", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "callproof_tokens", "Tokens processed by the engine", ["kind"], registry=self.registry
+        )
+        self.receipts = Counter(
+            "callproof_receipts_appended",
+            "Receipts committed to the ledger",
+            registry=self.registry,
+        )
+        self.append_latency = Histogram(
+            "callproof_receipt_append_duration_seconds",
+            "Time to commit one receipt",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        if grammar_stats is not None:
+            self.registry.register(_GrammarCacheCollector(grammar_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def middleware(self, app: ASGIApp) -> ASGIApp:
+        """ASGI middleware timing every routed HTTP request."""
+
+        async def timed(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            status = 500
+            started = time.perf_counter()
+
+            async def record_status(message: Message) -> None:
+                nonlocal status
+                if message["type"] == "http.response.start":
+                    status = message["status"]
+                await send(message)
+
+            try:
+                await app(scope, receive, record_status)
+            finally:
+                elapsed = time.perf_counter() - started
+                route = scope.get("path_template", "unrouted")
+                labels = (route, scope["method"], str(status))
+                self.requests.labels(*labels).inc()
+                self.latency.labels(*labels).observe(elapsed)
+                log.info(
+                    "request",
+                    extra={
+                        "method": scope["method"],
+                        "route": route,
+                        "status": status,
+                        "ms": round(elapsed * 1000, 3),
+                    },
+                )
+
+        return timed
+
+
+class _GrammarCacheCollector(Collector):
+    def __init__(self, stats: GrammarStats):
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        hits = CounterMetricFamily(
+            "callproof_grammar_cache_hits", "Grammar cache hits", labels=["kind"]
+        )
+        misses = CounterMetricFamily(
+            "callproof_grammar_cache_misses", "Grammar cache misses", labels=["kind"]
+        )
+        compile_ms = CounterMetricFamily(
+            "callproof_grammar_compile_ms", "Total grammar compile time (ms)", labels=["kind"]
+        )
+        compile_max = GaugeMetricFamily(
+            "callproof_grammar_compile_max_ms", "Slowest grammar compile (ms)", labels=["kind"]
+        )
+        for kind, figures in self._stats().items():
+            hits.add_metric([kind], figures.get("hits", 0))
+            misses.add_metric([kind], figures.get("misses", 0))
+            compile_ms.add_metric([kind], figures.get("compile_ms_sum", 0.0))
+            compile_max.add_metric([kind], figures.get("compile_ms_max", 0.0))
+        yield from (hits, misses, compile_ms, compile_max)

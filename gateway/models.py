@@ -1,0 +1,26 @@
+"""GET /v1/models: the model this gateway serves (one engine, one model)."""
+
+from __future__ import annotations
+
+from litestar import Controller, get
+from litestar.di import Provide
+
+from gateway.apikeys import ApiKey
+from gateway.auth import require_role
+from gateway.completion import Completions
+from gateway.schemas import ModelCard, ModelList
+
+
+class ModelsController(Controller):
+    path = "/v1/models"
+    tags = ["models"]
+    dependencies = {"principal": Provide(require_role("agent"))}
+
+    @get("", summary="List the served models")
+    async def list_models(self, principal: ApiKey, completions: Completions) -> ModelList:
+        identity = completions.engine.identity
+        return ModelList(
+            data=[
+                ModelCard(id=identity.model, created=completions.started_at, owned_by="callproof")
+            ]
+        )

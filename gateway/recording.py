@@ -1,0 +1,93 @@
+"""What the gateway writes into a receipt for one chat completion.
+
+Pure functions from (request, plan, engine identity, generation, parsed output) to the parts of
+a `ReceiptDraft`. The request is recorded as digests (messages and the other parameters hashed
+separately, so an auditor holding the transcript can check either); the payload itself only
+when retention is on, because replay needs it and privacy usually forbids it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from receipts.canonical import hash_json, sha256_hex
+from receipts.manifest import build_manifest, schema_hash
+from receipts.record import ReceiptDraft
+from runtime.engines.base import EngineIdentity, Generation, Sampling
+from runtime.planning import Plan
+from runtime.tools import ParsedResponse
+
+
+def request_record(body: dict[str, Any], *, retain_payload: bool) -> dict[str, Any]:
+    """Digests of the request as the client sent it (`body`: the decoded JSON, no defaults)."""
+    params = {k: v for k, v in body.items() if k != "messages"}
+    record: dict[str, Any] = {
+        "messages_sha256": hash_json(body["messages"]),
+        "params_sha256": hash_json(params),
+    }
+    if retain_payload:
+        record["payload"] = {"messages": body["messages"], "params": params}
+    return record
+
+
+def manifest_for(
+    plan: Plan, identity: EngineIdentity, sampling: Sampling, backend: str
+) -> dict[str, Any]:
+    """The manifest binds what produced the output: schema, model, weights, backend, sampling."""
+    constraint = plan.constraint
+    text_constraint = constraint is not None and not constraint.is_json
+    return build_manifest(
+        schema_hash=schema_hash(plan.schema) if plan.schema is not None else None,
+        model=identity.model,
+        weights_digest=identity.weights_digest,
+        tokenizer_digest=identity.tokenizer_digest,
+        engine=identity.engine,
+        backend=backend,
+        renderer=plan.renderer,
+        sampling=sampling.as_manifest(),
+        constraint_kind=plan.mode,
+        constraint_sha256=sha256_hex(constraint.source.encode()) if text_constraint else None,
+    )
+
+
+def output_record(parsed: ParsedResponse) -> dict[str, Any]:
+    content = parsed.content  # exactly the message.content the client receives
+    return {
+        "kind": parsed.kind,
+        "tool_calls": [
+            {"id": call.id, "name": call.name, "arguments": call.arguments}
+            for call in parsed.tool_calls
+        ],
+        "content_sha256": sha256_hex(content.encode()) if content is not None else None,
+    }
+
+
+def finish_reason(parsed: ParsedResponse, generation: Generation) -> str:
+    return "tool_calls" if parsed.tool_calls else generation.finish_reason
+
+
+def draft_for(
+    *,
+    tenant: str,
+    plan: Plan,
+    manifest: dict[str, Any],
+    request: dict[str, Any],
+    generation: Generation,
+    parsed: ParsedResponse,
+    links: list[dict[str, str | None]],
+) -> ReceiptDraft:
+    return ReceiptDraft(
+        tenant=tenant,
+        manifest=manifest,
+        schema=plan.schema,
+        request=request,
+        output=output_record(parsed),
+        finish_reason=finish_reason(parsed, generation),
+        usage={
+            "prompt_tokens": generation.prompt_tokens,
+            "completion_tokens": generation.completion_tokens,
+        },
+        validation={"valid": True, "errors": []},
+        fallback=generation.fallback,
+        links=links,
+    )

@@ -1,0 +1,116 @@
+"""Replay of a receipt: re-run its recorded request with its recorded sampling and seed.
+
+Only meaningful on the engine that produced it, so a replay is refused (409) when the current
+model, weights digest or grammar backend differ from the manifest, unless forced. It needs the
+request itself, which exists only when payload retention was on when it was recorded.
+Tool call ids are minted afresh on every run, so outputs are compared without them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from runtime.limits import Limits
+
+from gateway.completion import Completions, prepare
+from gateway.errors import APIError
+from gateway.recording import finish_reason, output_record
+from gateway.schemas import ChatCompletionRequest, ReplayReport
+from gateway.settings import Settings
+from receipts.manifest import schema_hash
+from receipts.record import Receipt
+from runtime.engines.base import EngineIdentity, Sampling
+
+_FREE_TEXT_BACKEND = "none"  # no constraint was enforced: any backend replays it
+
+
+def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> list[str]:
+    """Human-readable differences between the recorded manifest and the current engine."""
+    differences = [
+        f"{name}: recorded {manifest[name]!r}, current {getattr(identity, name)!r}"
+        for name in ("model", "weights_digest")
+        if manifest[name] != getattr(identity, name)
+    ]
+    if manifest["backend"] not in (_FREE_TEXT_BACKEND, identity.backend):
+        differences.append(
+            f"backend: recorded {manifest['backend']!r}, current {identity.backend!r}"
+        )
+    return differences
+
+
+def recorded_request(receipt: Receipt, served_model: str) -> ChatCompletionRequest:
+    payload = receipt.request.get("payload")
+    if payload is None:
+        raise APIError(
+            409,
+            f"receipt {receipt.id} holds only digests of its request (payload retention was "
+            "off when it was recorded), so there is nothing to replay",
+            code="payload_not_retained",
+        )
+    body = {**payload["params"], "messages": payload["messages"]}
+    body.update(model=served_model, stream=False)
+    body.pop("stream_options", None)
+    return msgspec.convert(body, ChatCompletionRequest)
+
+
+def recorded_sampling(manifest: dict[str, Any]) -> Sampling:
+    sampling = dict(manifest["sampling"])
+    sampling["stop"] = tuple(sampling.get("stop") or ())
+    return Sampling(**sampling)
+
+
+def _comparable(output: dict[str, Any], finish: str) -> dict[str, Any]:
+    calls = [{"name": c["name"], "arguments": c["arguments"]} for c in output["tool_calls"]]
+    return {
+        "kind": output["kind"],
+        "tool_calls": calls,
+        "content_sha256": output["content_sha256"],
+        "finish_reason": finish,
+    }
+
+
+async def replay(
+    receipt: Receipt,
+    completions: Completions,
+    settings: Settings,
+    limits: Limits,
+    *,
+    force: bool,
+) -> ReplayReport:
+    identity = completions.engine.identity
+    differences = manifest_differences(receipt.manifest, identity)
+    if differences and not force:
+        raise APIError(
+            409,
+            "the current engine differs from the receipt's manifest ("
+            + "; ".join(differences)
+            + "); send force=true to replay anyway",
+            code="manifest_mismatch",
+            details={"differences": differences},
+        )
+    request = recorded_request(receipt, identity.model)
+    prepared = prepare(
+        request, settings, limits, identity.model, sampling=recorded_sampling(receipt.manifest)
+    )
+    generation, parsed = await completions.generate(prepared)
+    recorded = _comparable(receipt.output, receipt.finish_reason)
+    replayed = _comparable(output_record(parsed), finish_reason(parsed, generation))
+    diff = [
+        f"{field}: recorded {recorded[field]!r}, replayed {replayed[field]!r}"
+        for field in recorded
+        if recorded[field] != replayed[field]
+    ]
+    bound = receipt.manifest["schema_hash"]
+    current = schema_hash(prepared.plan.schema) if prepared.plan.schema is not None else None
+    if bound != current:
+        diff.append(f"schema_hash: recorded {bound!r}, replayed {current!r}")
+    return ReplayReport(
+        receipt_id=receipt.id,
+        match=not diff,
+        forced=force,
+        differences=differences,
+        recorded=recorded,
+        replayed=replayed,
+        diff=diff,
+    )

@@ -1,0 +1,123 @@
+"""Streaming chat completions as OpenAI-shaped server-sent events.
+
+Order of events: a role chunk, content deltas (answer text streams live, as it decodes), then
+-- only after the receipt has committed -- the tool-call deltas, the finish chunk, the usage
+chunk when asked for, and `data: [DONE]`. Tool calls are what an agent acts on, so they never
+leave before their receipt (fail closed); answer text is informational and streams live. A
+fault after the first byte (ledger down, invalid output) ends the stream with an OpenAI error
+event instead of [DONE], which the OpenAI SDK raises as an APIError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+
+from gateway.completion import Completions, PreparedChat, receipt_ref, usage_of
+from gateway.errors import error_for
+from gateway.recording import finish_reason
+from gateway.schemas import (
+    ChatCompletionChunk,
+    ChunkChoice,
+    Delta,
+    FunctionDelta,
+    ReceiptRef,
+    ToolCallDelta,
+    Usage,
+)
+from runtime.engines.base import Generation, StreamEvent, TextDelta
+from runtime.streaming import (
+    AnswerDelta,
+    ContentDelta,
+    EnvelopeStreamDecoder,
+    ToolArgumentsDelta,
+    ToolCallStart,
+)
+from runtime.streaming import StreamEvent as DecodedEvent
+
+DONE = b"data: [DONE]\n\n"
+
+
+def event(payload: object) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+class ChunkWriter:
+    """Builds the chunks of one completion (shared id, created time and model name)."""
+
+    def __init__(self, completion_id: str, created: int, model: str):
+        self._base = {"id": completion_id, "created": created, "model": model}
+
+    def delta(self, delta: Delta, finish: str | None = None, **extra: object) -> bytes:
+        choice = ChunkChoice(index=0, delta=delta, finish_reason=finish)  # type: ignore[arg-type]
+        return event(ChatCompletionChunk(**self._base, choices=[choice], **extra))
+
+    def usage(self, usage: Usage, receipt: ReceiptRef) -> bytes:
+        return event(ChatCompletionChunk(**self._base, choices=[], usage=usage, receipt=receipt))
+
+
+async def stream_completion(
+    completions: Completions,
+    prepared: PreparedChat,
+    tenant: str,
+    events: AsyncIterator[StreamEvent],
+    writer: ChunkWriter,
+) -> AsyncIterator[bytes]:
+    """The SSE body; `events` is the engine's stream (its first event already checked)."""
+    try:
+        yield writer.delta(Delta(role="assistant", content=""))
+        decoder = EnvelopeStreamDecoder(prepared.plan)
+        held: list[ToolCallStart | ToolArgumentsDelta] = []  # released after the commit
+        generation: Generation | None = None
+        async for item in events:
+            if isinstance(item, TextDelta):
+                for chunk in _live(writer, decoder.feed(item.text), held):
+                    yield chunk
+            else:
+                generation = item
+        if generation is None:
+            raise RuntimeError("engine stream ended without a final Generation")
+        rest, parsed = decoder.finish()
+        for chunk in _live(writer, rest, held):
+            yield chunk
+        receipt = await completions.record(prepared, tenant, generation, parsed)
+        for call_event in held:
+            yield writer.delta(Delta(tool_calls=[_tool_delta(call_event)]))
+        ref = receipt_ref(receipt)
+        finish = finish_reason(parsed, generation)
+        if prepared.include_usage:
+            yield writer.delta(Delta(), finish)
+            yield writer.usage(usage_of(generation), ref)
+        else:
+            yield writer.delta(Delta(), finish, receipt=ref)
+        yield DONE
+    except Exception as exc:  # noqa: BLE001 - every fault becomes the stream's error event
+        _, body = error_for(exc)
+        yield event(body)
+    finally:
+        await events.aclose()
+
+
+def _live(
+    writer: ChunkWriter, events: list[DecodedEvent], held: list[ToolCallStart | ToolArgumentsDelta]
+) -> list[bytes]:
+    """Chunks for text that may leave now; tool-call events are held back in `held`."""
+    chunks = []
+    for decoded in events:
+        if isinstance(decoded, ContentDelta | AnswerDelta):
+            chunks.append(writer.delta(Delta(content=decoded.text)))
+        else:
+            held.append(decoded)
+    return chunks
+
+
+def _tool_delta(decoded: ToolCallStart | ToolArgumentsDelta) -> ToolCallDelta:
+    if isinstance(decoded, ToolCallStart):
+        return ToolCallDelta(
+            index=decoded.index,
+            id=decoded.id,
+            type="function",
+            function=FunctionDelta(name=decoded.name, arguments=""),
+        )
+    return ToolCallDelta(index=decoded.index, function=FunctionDelta(arguments=decoded.text))
