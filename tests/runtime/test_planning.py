@@ -1,0 +1,393 @@
+"""runtime.planning: an OpenAI chat request -> messages, one constraint, the bound schema,
+and the parse of the model's output; every bad input is a typed error before generation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from tool_samples import ANSWER_SCHEMA, TOOLS
+
+from runtime.constraint import Constraint
+from runtime.engines.base import ChatMessage
+from runtime.errors import (
+    ConflictingConstraints,
+    InvalidGrammar,
+    InvalidRegex,
+    InvalidSchema,
+    RuntimeInputError,
+    StructuredOutputInvalid,
+    UnknownTool,
+    UnsupportedParameter,
+)
+from runtime.planning import ChatInput, Plan, plan_chat
+from runtime.tools import CALL_ID_RE, CallIds, ToolChoice, union_schema
+
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+RF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "report", "schema": ANSWER_SCHEMA}}
+CALL_ID = "call_" + "c" * 24
+LOOP = [
+    {"role": "developer", "content": "You are terse."},
+    *USER,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": CALL_ID,
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": CALL_ID, "content": [{"type": "text", "text": "18C"}]},
+]
+
+
+def plan(**fields: Any) -> Plan:
+    fields.setdefault("messages", USER)
+    return plan_chat(ChatInput(**fields))
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def test_tools_mode_binds_the_union_schema() -> None:
+    p = plan(tools=TOOLS, model="SmolLM2-135M-Instruct")
+    assert p.mode == "tools" and p.renderer == "generic"
+    assert p.constraint == Constraint.json_schema(p.schema, kind="tools")
+    assert p.schema == union_schema(p.tools, "auto", None, True)  # OpenAI default: parallel
+    assert p.tool_choice == ToolChoice("auto") and p.parallel_tool_calls
+    assert p.messages[0].role == "system" and "get_weather" in p.messages[0].content
+
+
+def test_json_schema_mode() -> None:
+    p = plan(response_format=RF_SCHEMA)
+    assert (p.mode, p.schema) == ("json", ANSWER_SCHEMA)
+    assert p.constraint == Constraint.json_schema(ANSWER_SCHEMA)
+    assert '"summary"' in p.messages[0].content  # the model is told the schema
+
+
+def test_json_object_mode_binds_object() -> None:
+    p = plan(response_format={"type": "json_object"})
+    assert (p.mode, p.schema) == ("json", {"type": "object"})
+    assert p.constraint == Constraint.json_schema({"type": "object"})
+
+
+def test_regex_and_ebnf_bind_the_constraint_itself() -> None:
+    r = plan(regex=r"\d{3}-\d{4}")
+    assert (r.mode, r.schema, r.constraint) == ("regex", None, Constraint.regex(r"\d{3}-\d{4}"))
+    g = plan(grammar='root ::= "yes" | "no"')
+    assert (g.mode, g.schema, g.constraint) == (
+        "ebnf",
+        None,
+        Constraint.ebnf('root ::= "yes" | "no"'),
+    )
+
+
+def test_text_mode_has_no_constraint() -> None:
+    p = plan(response_format={"type": "text"})
+    assert (p.mode, p.constraint, p.schema) == ("text", None, None)
+    assert p.messages == (ChatMessage("user", USER[0]["content"]),)
+
+
+def test_tool_choice_is_normalised() -> None:
+    named = plan(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "list_rooms"}})
+    assert named.tool_choice == ToolChoice("named", "list_rooms")
+    none = plan(tools=TOOLS, tool_choice="none", parallel_tool_calls=False)
+    assert none.tool_choice == ToolChoice("none") and not none.parallel_tool_calls
+    assert none.schema == {
+        "type": "object",
+        "properties": {"answer": {"type": "string"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+
+
+def test_family_override_and_detection() -> None:
+    p = plan(tools=TOOLS, model="Qwen/Qwen2.5-0.5B-Instruct")
+    assert p.renderer == "qwen" and "<tools>" in p.messages[0].content
+    forced = plan_chat(ChatInput(USER, tools=TOOLS, model="Qwen2.5"), family="llama")
+    assert forced.renderer == "llama" and "<function=" in forced.messages[0].content
+
+
+def test_planning_is_deterministic() -> None:
+    chat = ChatInput(LOOP, tools=TOOLS, response_format=RF_SCHEMA, model="qwen3")
+    assert plan_chat(chat) == plan_chat(chat)
+
+
+# --------------------------------------------------------------------------- conflicts
+
+
+@pytest.mark.parametrize(
+    ("fields", "first", "second"),
+    [
+        ({"response_format": RF_SCHEMA, "regex": "a+"}, "response_format", "regex"),
+        (
+            {"response_format": {"type": "json_object"}, "grammar": "root ::= x"},
+            "response_format",
+            "grammar",
+        ),
+        ({"regex": "a+", "grammar": "root ::= x"}, "regex", "grammar"),
+        ({"tools": TOOLS, "regex": "a+"}, "tools", "regex"),
+        ({"tools": TOOLS, "grammar": "root ::= x"}, "tools", "grammar"),
+    ],
+)
+def test_two_constraints_conflict(fields: dict[str, Any], first: str, second: str) -> None:
+    with pytest.raises(ConflictingConstraints) as err:
+        plan(**fields)
+    assert f"'{first}'" in err.value.message and f"'{second}'" in err.value.message
+    assert err.value.param == second
+    assert err.value.code == "conflicting_constraints"
+
+
+def test_text_response_format_does_not_conflict() -> None:
+    assert plan(response_format={"type": "text"}, regex="a+").mode == "regex"
+
+
+def test_tools_with_response_format_answer_with_the_schema() -> None:
+    p = plan(tools=TOOLS, response_format=RF_SCHEMA)
+    assert p.mode == "tools" and p.answer_schema == ANSWER_SCHEMA
+    result = p.parse(json.dumps({"answer": {"summary": "sunny", "score": 0.9}}))
+    assert (result.kind, result.parsed) == ("parsed", {"summary": "sunny", "score": 0.9})
+    calls = p.parse('{"tool": "get_weather", "arguments": {"city": "Paris"}}')
+    assert calls.kind == "tool_calls" and calls.parsed is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice"),
+        ({"parallel_tool_calls": True}, "parallel_tool_calls"),
+    ],
+)
+def test_tool_options_need_tools(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(RuntimeInputError, match="only allowed when 'tools' are specified") as err:
+        plan(**fields)
+    assert err.value.param == param
+
+
+def test_unknown_named_tool() -> None:
+    with pytest.raises(UnknownTool, match="available: get_weather, book_room, list_rooms"):
+        plan(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+def test_parallel_flag_must_be_boolean() -> None:
+    with pytest.raises(RuntimeInputError) as err:
+        plan(tools=TOOLS, parallel_tool_calls="yes")
+    assert err.value.param == "parallel_tool_calls"
+
+
+# --------------------------------------------------------------------------- response_format
+
+
+@pytest.mark.parametrize(
+    ("response_format", "error", "param"),
+    [
+        (
+            {"type": "json_schema", "json_schema": {"name": "r"}},
+            InvalidSchema,
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "objekt"}}},
+            InvalidSchema,
+            "response_format.json_schema.schema",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "bad name", "schema": {}}},
+            InvalidSchema,
+            "response_format.json_schema.name",
+        ),
+        ({"type": "json_schema"}, InvalidSchema, "response_format.json_schema"),
+        ({"type": "yaml"}, RuntimeInputError, "response_format.type"),
+        ("json", RuntimeInputError, "response_format"),
+    ],
+)
+def test_bad_response_format(response_format: Any, error: type[Exception], param: str) -> None:
+    with pytest.raises(error) as err:
+        plan(response_format=response_format)
+    assert err.value.param == param
+
+
+def test_strict_response_format_closes_objects() -> None:
+    rf = {
+        "type": "json_schema",
+        "json_schema": {"name": "r", "schema": ANSWER_SCHEMA, "strict": True},
+    }
+    p = plan(response_format=rf)
+    assert p.response_format is not None and p.response_format.strict
+    assert p.schema == {**ANSWER_SCHEMA, "additionalProperties": False}
+    with pytest.raises(StructuredOutputInvalid):
+        p.parse('{"summary": "x", "score": 1, "extra": true}')
+
+
+def test_invalid_regex_and_grammar() -> None:
+    with pytest.raises(InvalidRegex) as err:
+        plan(regex="(unclosed")
+    assert err.value.param == "regex"
+    with pytest.raises(InvalidRegex):
+        plan(regex="")
+    with pytest.raises(InvalidGrammar):
+        plan(grammar="   ")
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([], "messages"),
+        ("hello", "messages"),
+        (["hello"], "messages[0]"),
+        ([{"role": "robot", "content": "x"}], "messages[0].role"),
+        ([{"role": "function", "content": "x", "name": "f"}], "messages[0].role"),
+        ([{"role": "user"}], "messages[0].content"),
+        ([{"role": "user", "content": 3}], "messages[0].content"),
+        ([*USER, {"role": "tool", "content": "18C"}], "messages[1].tool_call_id"),
+        (
+            [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{not json"},
+                        }
+                    ],
+                }
+            ],
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            [{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}],
+            "messages[0].tool_calls[0]",
+        ),
+    ],
+)
+def test_bad_messages(messages: Any, param: str) -> None:
+    with pytest.raises(RuntimeInputError) as err:
+        plan(messages=messages)
+    assert err.value.param == param
+
+
+def test_non_text_content_parts_are_unsupported() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    with pytest.raises(UnsupportedParameter) as err:
+        plan(messages=[{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}])
+    assert err.value.param == "messages[0].content[1].type"
+
+
+def test_text_parts_and_developer_role() -> None:
+    p = plan(
+        messages=[
+            {"role": "developer", "content": "Rules."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ]
+    )
+    assert p.messages == (ChatMessage("system", "Rules."), ChatMessage("user", "a\nb"))
+
+
+def test_agent_loop_history_is_rendered_and_answered_ids_exposed() -> None:
+    p = plan(messages=LOOP, tools=TOOLS, model="SmolLM2")
+    assert p.tool_call_ids_answered == (CALL_ID,)
+    roles = [m.role for m in p.messages]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert p.messages[0].content.startswith("You are terse.\n\nYou can use these tools:")
+    assert json.loads(p.messages[2].content) == {
+        "tool": "get_weather",
+        "arguments": {"city": "Paris"},
+    }
+    assert p.messages[3].content == f"Tool result for {CALL_ID} (get_weather): 18C"
+
+
+def test_unknown_tool_call_id_is_still_answered() -> None:
+    """Linking is the gateway's job: an id nobody issued is recorded, not rejected."""
+    p = plan(messages=[*USER, {"role": "tool", "tool_call_id": "call_x", "content": "?"}])
+    assert p.tool_call_ids_answered == ("call_x",)
+    assert p.messages[-1].content == "Tool result for call_x (unknown tool): ?"
+
+
+# --------------------------------------------------------------------------- parse
+
+
+def test_parse_tool_call_with_stable_ids() -> None:
+    p = plan(tools=TOOLS)
+    ids = CallIds()
+    text = '{"tool_calls": [{"tool": "list_rooms", "arguments": {}}, {"tool": "get_weather", "arguments": {"city": "Oslo"}}]}'
+    first, again = p.parse(text, ids), p.parse(text, ids)
+    assert [c.name for c in first.tool_calls] == ["list_rooms", "get_weather"]
+    assert all(CALL_ID_RE.fullmatch(c.id) for c in first.tool_calls)
+    assert first == again
+
+
+def test_parse_enforces_tool_choice() -> None:
+    named = plan(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "list_rooms"}})
+    with pytest.raises(StructuredOutputInvalid):
+        named.parse('{"tool": "get_weather", "arguments": {"city": "Oslo"}}')
+    required = plan(tools=TOOLS, tool_choice="required")
+    with pytest.raises(StructuredOutputInvalid):
+        required.parse('{"answer": "no"}')
+    with pytest.raises(StructuredOutputInvalid):
+        plan(tools=TOOLS, tool_choice="none").parse('{"tool": "list_rooms", "arguments": {}}')
+
+
+def test_parse_json_mode() -> None:
+    p = plan(response_format=RF_SCHEMA)
+    text = '{"summary": "ok", "score": 3}'
+    result = p.parse(text)
+    assert (result.kind, result.parsed, result.content) == (
+        "parsed",
+        {"summary": "ok", "score": 3},
+        text,
+    )
+    with pytest.raises(StructuredOutputInvalid) as err:
+        p.parse('{"summary": "ok", "score": "high"}')
+    assert err.value.pointer == "/score" and err.value.schema == ANSWER_SCHEMA
+    with pytest.raises(StructuredOutputInvalid):
+        p.parse('{"summary": "ok", "sc')
+
+
+def test_parse_text_and_regex_modes_pass_through() -> None:
+    for p in (plan(), plan(regex=r"\d+")):
+        result = p.parse("123 ")
+        assert (result.kind, result.content, result.tool_calls) == ("text", "123 ", ())
+
+
+def test_parse_strips_a_thinking_region() -> None:
+    result = plan(tools=TOOLS).parse('<think>\nuser wants weather\n</think>\n{"answer": "Hi"}')
+    assert (result.kind, result.answer, result.reasoning) == ("answer", "Hi", "user wants weather")
+
+
+def test_parse_tagged_calls_from_a_triggered_region() -> None:
+    """Thinking models with tool_choice auto: free text, then a constrained tagged call."""
+    qwen = plan(tools=TOOLS, model="Qwen3-8B")
+    text = '<think>ok</think>Checking.\n<tool_call>\n{"tool": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    result = qwen.parse(text)
+    assert result.tool_calls[0].arguments == {"city": "Rome"} and result.content == "Checking."
+    plain = qwen.parse("It is sunny.")
+    assert (plain.kind, plain.answer) == ("answer", "It is sunny.")
+    with pytest.raises(StructuredOutputInvalid):
+        plan(tools=TOOLS, tool_choice="required", model="Qwen3-8B").parse("No call here.")
+    llama = plan(tools=TOOLS, model="Llama-3.2-3B-Instruct")
+    assert llama.parse("<function=list_rooms>{}</function>").tool_calls[0].name == "list_rooms"
+
+
+def test_every_parsed_call_validates_against_its_tool() -> None:
+    p = plan(tools=TOOLS)
+    result = p.parse('{"tool": "book_room", "arguments": {"guest": {"name": "Ada"}, "nights": 3}}')
+    (call,) = result.tool_calls
+    spec = next(t for t in p.tools if t.name == call.name)
+    jsonschema.validate(call.arguments, spec.parameters)
+    with pytest.raises(StructuredOutputInvalid) as err:
+        p.parse('{"tool": "book_room", "arguments": {"guest": {"name": "Ada"}, "nights": 99}}')
+    assert err.value.pointer == "/arguments/nights"

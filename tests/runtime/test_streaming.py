@@ -1,0 +1,177 @@
+"""runtime.streaming: the envelope decoder streams OpenAI-shaped events and ends with exactly
+``plan.parse(full_text)``, wherever the text is cut into deltas (every byte boundary)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tool_samples import ANSWER_SCHEMA, TOOLS
+
+from runtime.errors import StructuredOutputInvalid
+from runtime.planning import ChatInput, Plan, plan_chat
+from runtime.streaming import (
+    AnswerDelta,
+    ContentDelta,
+    EnvelopeStreamDecoder,
+    StreamEvent,
+    ToolArgumentsDelta,
+    ToolCallStart,
+)
+from runtime.tools import CallIds, ParsedResponse
+
+USER = [{"role": "user", "content": "hi"}]
+TOOLS_PLAN = plan_chat(ChatInput(USER, tools=TOOLS))
+RF = {"type": "json_schema", "json_schema": {"name": "r", "schema": ANSWER_SCHEMA}}
+STRUCTURED_PLAN = plan_chat(ChatInput(USER, tools=TOOLS, response_format=RF))
+
+ENVELOPES = [
+    '{"tool":"get_weather","arguments":{"city":"Paris"}}',
+    '{ "tool" : "get_weather" ,\n  "arguments" : { "city" : "Pa \\"ris\\" \\\\ {x}" , "unit":"celsius" } }',
+    '{"arguments":{"guest":{"name":"Ada","age":36},"nights":2},"tool":"book_room"}',
+    '{"tool":"list_rooms","arguments":{}}',
+    (
+        '{"tool_calls":[{"tool":"get_weather","arguments":{"city":"Zürich"}},'
+        ' {"tool":"book_room","arguments":{"guest":{"name":"Bo"},"nights":1}},'
+        '{"tool":"list_rooms","arguments":{}}]}'
+    ),
+    '{"answer":"Sunny, 18\\u00b0C \\ud83d\\ude00 \\"quoted\\" \\n next\\tline \\/ é 日本"}',
+    '{"answer":""}',
+    '  {"answer": "tab\\there"}  ',
+]
+STRUCTURED = [
+    '{"answer":{"summary":"fine \\u00e9","score":0.75}}',
+    '{"answer": { "summary" : "a b" , "score" : 1e3 } }',
+    '{"tool":"list_rooms","arguments":{}}',
+]
+
+
+def replay(plan: Plan, chunks: Sequence[str | bytes]) -> tuple[list[StreamEvent], ParsedResponse]:
+    """Stream ``chunks`` and check the end result is plan.parse of the whole text."""
+    ids = CallIds()
+    decoder = EnvelopeStreamDecoder(plan, ids)
+    events: list[StreamEvent] = []
+    for chunk in chunks:
+        events += decoder.feed(chunk)
+    tail, result = decoder.finish()
+    text = b"".join(c if isinstance(c, bytes) else c.encode() for c in chunks).decode()
+    assert result == plan.parse(text, ids)
+    return events + tail, result
+
+
+def assert_consistent(events: list[StreamEvent], result: ParsedResponse) -> None:
+    """The streamed events say what the final parse says."""
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    assert [(s.index, s.id, s.name) for s in starts] == [
+        (i, c.id, c.name) for i, c in enumerate(result.tool_calls)
+    ]
+    for i, call in enumerate(result.tool_calls):
+        pieces = [e.text for e in events if isinstance(e, ToolArgumentsDelta) and e.index == i]
+        assert json.loads("".join(pieces)) == call.arguments
+    # every arguments delta follows its call's start, as OpenAI clients require
+    started: set[int] = set()
+    for e in events:
+        if isinstance(e, ToolCallStart):
+            started.add(e.index)
+        elif isinstance(e, ToolArgumentsDelta):
+            assert e.index in started
+    answer = "".join(e.text for e in events if isinstance(e, AnswerDelta))
+    if result.kind == "answer":
+        assert answer == result.answer
+    elif result.kind == "parsed":
+        assert json.loads(answer) == result.parsed
+    else:
+        assert answer == ""
+
+
+def splits(text: str) -> list[list[bytes]]:
+    """The text's UTF-8 bytes cut in two at every byte boundary, plus one byte at a time."""
+    raw = text.encode()
+    return [[raw[:i], raw[i:]] for i in range(len(raw) + 1)] + [
+        [raw[i : i + 1] for i in range(len(raw))]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("plan", "text"),
+    [(TOOLS_PLAN, t) for t in ENVELOPES] + [(STRUCTURED_PLAN, t) for t in STRUCTURED],
+)
+def test_every_byte_boundary_gives_the_same_result(plan: Plan, text: str) -> None:
+    for chunks in splits(text):
+        events, result = replay(plan, chunks)
+        assert_consistent(events, result)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(ENVELOPES), st.lists(st.integers(0, 400), max_size=12))
+def test_random_chunking(text: str, cuts: list[int]) -> None:
+    points = sorted({min(c, len(text)) for c in cuts})
+    chunks = [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+    events, result = replay(TOOLS_PLAN, chunks)
+    assert_consistent(events, result)
+
+
+def test_a_call_is_announced_as_soon_as_its_name_is_complete() -> None:
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    assert decoder.feed('{"tool": "get_wea') == []
+    (start,) = decoder.feed('ther", "argu')
+    assert isinstance(start, ToolCallStart) and start.name == "get_weather"
+    assert decoder.feed('ments": {"city": "Pa') == [ToolArgumentsDelta(0, '{"city":"Pa')]
+    assert decoder.feed('ris"}}') == [ToolArgumentsDelta(0, 'ris"}')]
+    _, result = decoder.finish()
+    assert result.tool_calls[0].id == start.id
+
+
+def test_answer_streams_unescaped_text() -> None:
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    assert decoder.feed('{"answer": "Hel') == [AnswerDelta("Hel")]
+    assert decoder.feed("lo\\") == [AnswerDelta("lo")]  # the escape waits for its second char
+    assert decoder.feed("n\\ud83d") == [AnswerDelta("\n")]  # a high surrogate waits for its pair
+    assert decoder.feed('\\ude00"}') == [AnswerDelta("😀")]
+
+
+@pytest.mark.parametrize(
+    ("fields", "text"),
+    [
+        ({}, "Hello there, 日本 😀"),
+        ({"regex": r"\d+"}, "12345"),
+        ({"response_format": RF}, '{"summary": "x", "score": 1}'),
+    ],
+)
+def test_other_modes_pass_content_through(fields: dict[str, Any], text: str) -> None:
+    plan = plan_chat(ChatInput(USER, **fields))
+    for chunks in splits(text):
+        events, _ = replay(plan, chunks)
+        assert all(isinstance(e, ContentDelta) for e in events)
+        assert "".join(e.text for e in events if isinstance(e, ContentDelta)) == text
+
+
+def test_thinking_output_is_decoded_at_finish() -> None:
+    text = '<think>weather?</think>{"tool":"get_weather","arguments":{"city":"Oslo"}}'
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    assert decoder.feed(text[:20]) == [] and decoder.feed(text[20:]) == []
+    events, result = decoder.finish()
+    assert result.reasoning == "weather?"
+    assert events == [
+        ToolCallStart(0, result.tool_calls[0].id, "get_weather"),
+        ToolArgumentsDelta(0, '{"city":"Oslo"}'),
+    ]
+
+
+def test_invalid_output_fails_at_finish() -> None:
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    decoder.feed('{"tool": "get_weather", "arguments": {"city": 5}}')
+    with pytest.raises(StructuredOutputInvalid) as err:
+        decoder.finish()
+    assert err.value.pointer == "/arguments/city"
+
+
+def test_truncated_output_fails_at_finish() -> None:
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    decoder.feed('{"answer": "cut sho')
+    with pytest.raises(StructuredOutputInvalid):
+        decoder.finish()

@@ -1,0 +1,385 @@
+"""runtime.tools: the tools field, the union schema per tool_choice, call ids, and parsing
+output back into calls with defence-in-depth validation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
+
+from runtime.errors import InvalidSchema, InvalidTools, StructuredOutputInvalid, UnknownTool
+from runtime.tools import (
+    CALL_ID_RE,
+    CallIds,
+    ToolCall,
+    new_call_id,
+    parse_envelope,
+    parse_native_tool_call,
+    parse_response_format,
+    parse_tools_field,
+    union_schema,
+)
+
+SPECS = parse_tools_field(TOOLS)
+WEATHER_CALL = {"tool": "get_weather", "arguments": {"city": "Paris"}}
+BOOK_CALL = {"tool": "book_room", "arguments": {"guest": {"name": "Ada"}, "nights": 2}}
+ANSWER = {"answer": "It is sunny."}
+
+
+def accepts(schema: dict[str, Any], value: Any) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(value)
+
+
+# --------------------------------------------------------------------------- tools field
+
+
+def test_parse_tools_field_keeps_each_tool() -> None:
+    assert [s.name for s in SPECS] == ["get_weather", "book_room", "list_rooms"]
+    assert SPECS[0].parameters == WEATHER_PARAMS
+    assert SPECS[0].description == "Current weather for a city"
+    assert SPECS[2].parameters == {"type": "object", "properties": {}}
+    assert not SPECS[0].strict
+
+
+def test_tools_are_copied_not_aliased() -> None:
+    tools = [function_tool("f", {"type": "object", "properties": {}})]
+    spec = parse_tools_field(tools)[0]
+    tools[0]["function"]["parameters"]["properties"]["x"] = {}
+    assert spec.parameters == {"type": "object", "properties": {}}
+
+
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ({"type": "function"}, "tools"),
+        ([], "tools"),
+        (["get_weather"], "tools[0]"),
+        ([{"type": "retrieval", "function": {"name": "x"}}], "tools[0].type"),
+        ([{"type": "function"}], "tools[0].function"),
+        ([function_tool("")], "tools[0].function.name"),
+        ([function_tool("get weather")], "tools[0].function.name"),
+        ([function_tool("a.b")], "tools[0].function.name"),
+        ([function_tool("x" * 65)], "tools[0].function.name"),
+        ([TOOLS[0], function_tool("ok"), TOOLS[0]], "tools[2].function.name"),
+        ([function_tool("f", {"type": "array", "items": {}})], "tools[0].function.parameters"),
+        ([function_tool("f", ["city"])], "tools[0].function.parameters"),
+        ([function_tool("f", {"properties": {}})], "tools[0].function.parameters"),
+    ],
+)
+def test_bad_tools_field_names_the_element(tools: Any, param: str) -> None:
+    with pytest.raises(InvalidTools) as err:
+        parse_tools_field(tools)
+    assert err.value.param == param
+    assert err.value.code == "invalid_tools"
+
+
+def test_duplicate_name_is_reported_as_duplicate() -> None:
+    with pytest.raises(InvalidTools, match="duplicate tool name 'get_weather'"):
+        parse_tools_field([TOOLS[0], TOOLS[0]])
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"type": "object", "properties": {"a": {"type": "strng"}}},
+        {"type": "object", "required": "a"},
+        {"type": "object", "properties": {"a": {"minLength": -1}}},
+        {"type": "object", "properties": {"a": {"$ref": "https://example.com/s.json"}}},
+    ],
+)
+def test_invalid_parameter_schema_is_invalid_schema(parameters: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSchema) as err:
+        parse_tools_field([function_tool("ok"), function_tool("f", parameters)])
+    assert err.value.param == "tools[1].function.parameters"
+
+
+def test_strict_tool_closes_its_objects() -> None:
+    tool = function_tool("book", BOOKING_PARAMS)
+    tool["function"]["strict"] = True
+    spec = parse_tools_field([tool])[0]
+    assert spec.strict
+    assert spec.parameters["additionalProperties"] is False
+    assert spec.parameters["$defs"]["Guest"]["additionalProperties"] is False
+    assert "additionalProperties" not in BOOKING_PARAMS  # the caller's dict is untouched
+
+
+# --------------------------------------------------------------------------- union schema
+
+
+def test_auto_admits_every_tool_and_the_answer() -> None:
+    schema = union_schema(SPECS, "auto")
+    for ok in (WEATHER_CALL, BOOK_CALL, {"tool": "list_rooms", "arguments": {}}, ANSWER):
+        assert accepts(schema, ok), ok
+    for bad in (
+        {"tool": "delete_db", "arguments": {}},
+        {"tool": "get_weather", "arguments": {"city": 3}},
+        {"tool": "get_weather", "arguments": {}},
+        {**WEATHER_CALL, "answer": "both"},
+        {**WEATHER_CALL, "extra": 1},
+        {"answer": 42},
+        {"tool_calls": [WEATHER_CALL]},  # parallel is off
+        [WEATHER_CALL],
+    ):
+        assert not accepts(schema, bad), bad
+
+
+def test_none_admits_only_the_answer() -> None:
+    schema = union_schema(SPECS, "none")
+    assert accepts(schema, ANSWER)
+    assert not accepts(schema, WEATHER_CALL)
+    assert "anyOf" not in schema  # a single branch is the schema itself
+
+
+def test_required_rejects_the_answer() -> None:
+    schema = union_schema(SPECS, "required")
+    assert accepts(schema, WEATHER_CALL) and accepts(schema, BOOK_CALL)
+    assert not accepts(schema, ANSWER)
+
+
+def test_named_admits_exactly_that_tool() -> None:
+    schema = union_schema(SPECS, {"type": "function", "function": {"name": "book_room"}})
+    assert accepts(schema, BOOK_CALL)
+    assert not accepts(schema, WEATHER_CALL)
+    assert not accepts(schema, ANSWER)
+
+
+def test_named_unknown_tool_lists_the_available_ones() -> None:
+    with pytest.raises(UnknownTool) as err:
+        union_schema(SPECS, {"type": "function", "function": {"name": "get_wether"}})
+    assert err.value.param == "tool_choice"
+    assert "get_wether" in err.value.message
+    assert "get_weather, book_room, list_rooms" in err.value.message
+
+
+@pytest.mark.parametrize("choice", ["sometimes", {"type": "function"}, {"type": "tool"}, 3])
+def test_malformed_tool_choice(choice: Any) -> None:
+    with pytest.raises(InvalidTools):
+        union_schema(SPECS, choice)
+
+
+def test_parallel_admits_a_list_of_calls_and_a_single_call() -> None:
+    schema = union_schema(SPECS, "auto", parallel_tool_calls=True)
+    assert accepts(schema, {"tool_calls": [WEATHER_CALL, BOOK_CALL, WEATHER_CALL]})
+    assert accepts(schema, WEATHER_CALL)
+    assert accepts(schema, ANSWER)
+    assert not accepts(schema, {"tool_calls": []})
+    assert not accepts(schema, {"tool_calls": [ANSWER]})
+    assert not accepts(schema, {"tool_calls": [{"tool": "get_weather", "arguments": {}}]})
+
+
+def test_parallel_with_a_named_choice_admits_only_that_tool_in_the_list() -> None:
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    schema = union_schema(SPECS, named, parallel_tool_calls=True)
+    assert accepts(schema, {"tool_calls": [WEATHER_CALL, WEATHER_CALL]})
+    assert not accepts(schema, {"tool_calls": [WEATHER_CALL, BOOK_CALL]})
+    assert not accepts(schema, ANSWER)
+
+
+def test_response_format_becomes_the_answer_branch() -> None:
+    rf = {"type": "json_schema", "json_schema": {"name": "r", "schema": ANSWER_SCHEMA}}
+    schema = union_schema(SPECS, "auto", rf)
+    assert accepts(schema, {"answer": {"summary": "ok", "score": 1.5}})
+    assert not accepts(schema, ANSWER)  # a plain string no longer answers
+    assert not accepts(schema, {"answer": {"summary": "ok"}})
+    assert accepts(schema, WEATHER_CALL)
+
+
+def test_refs_keep_resolving_once_embedded() -> None:
+    schema = union_schema(SPECS, "auto", parallel_tool_calls=True)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert accepts(schema, {"tool_calls": [BOOK_CALL]})
+    bad_guest = {"tool": "book_room", "arguments": {"guest": {"age": 3}, "nights": 1}}
+    assert not accepts(schema, bad_guest)
+    assert not accepts(schema, {"tool_calls": [bad_guest]})
+
+
+def union_variants() -> list[dict[str, Any]]:
+    rf = parse_response_format(
+        {"type": "json_schema", "json_schema": {"name": "r", "schema": ANSWER_SCHEMA}}
+    )
+    named = {"type": "function", "function": {"name": "book_room"}}
+    return [
+        union_schema(SPECS, choice, fmt, parallel)
+        for choice in ("auto", "none", "required", named)
+        for fmt in (None, rf)
+        for parallel in (False, True)
+    ]
+
+
+def test_union_compiles_with_llguidance() -> None:
+    llguidance = pytest.importorskip("llguidance")
+    for schema in union_variants():
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
+        assert llguidance.LLMatcher.validate_grammar(grammar) == ""
+
+
+def test_union_compiles_with_xgrammar() -> None:
+    xgrammar = pytest.importorskip("xgrammar")
+    for schema in union_variants():
+        xgrammar.Grammar.from_json_schema(json.dumps(schema))
+
+
+# --------------------------------------------------------------------------- call ids
+
+
+def test_call_ids_are_call_and_24_hex_and_unique() -> None:
+    ids = {new_call_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    assert all(CALL_ID_RE.fullmatch(i) for i in ids)
+
+
+def test_call_ids_are_stable_per_index() -> None:
+    ids = CallIds()
+    first = [ids.for_index(1), ids.for_index(0)]
+    assert first == [ids.for_index(1), ids.for_index(0)]
+    assert first[0] != first[1]
+
+
+def test_a_retry_keeps_the_call_id() -> None:
+    ids = CallIds()
+    first = parse_envelope(json.dumps(WEATHER_CALL), SPECS, ids=ids)
+    retried = parse_envelope(json.dumps(WEATHER_CALL), SPECS, ids=ids)
+    assert first.tool_calls[0].id == retried.tool_calls[0].id
+    fresh = parse_envelope(json.dumps(WEATHER_CALL), SPECS)
+    assert fresh.tool_calls[0].id != first.tool_calls[0].id
+
+
+def test_arguments_json_is_compact_utf8() -> None:
+    call = ToolCall("call_" + "0" * 24, "get_weather", {"city": "Zürich", "n": [1, 2]})
+    assert call.arguments_json() == '{"city":"Zürich","n":[1,2]}'
+    assert call.to_openai()["function"] == {
+        "name": "get_weather",
+        "arguments": '{"city":"Zürich","n":[1,2]}',
+    }
+
+
+# --------------------------------------------------------------------------- envelope parsing
+
+
+def test_envelope_single_call() -> None:
+    result = parse_envelope(json.dumps(WEATHER_CALL), SPECS)
+    assert result.kind == "tool_calls"
+    (call,) = result.tool_calls
+    assert (call.name, call.arguments) == ("get_weather", {"city": "Paris"})
+    assert CALL_ID_RE.fullmatch(call.id)
+    assert result.content is None and result.parsed is None
+
+
+def test_envelope_parallel_calls_in_order_with_distinct_ids() -> None:
+    text = json.dumps({"tool_calls": [WEATHER_CALL, BOOK_CALL]})
+    result = parse_envelope(text, SPECS, schema=union_schema(SPECS, parallel_tool_calls=True))
+    assert [c.name for c in result.tool_calls] == ["get_weather", "book_room"]
+    assert len({c.id for c in result.tool_calls}) == 2
+
+
+def test_envelope_answer_and_structured_answer() -> None:
+    answer = parse_envelope(' {"answer": "Hi"} ', SPECS, schema=union_schema(SPECS))
+    assert (answer.kind, answer.answer, answer.content) == ("answer", "Hi", "Hi")
+    value = {"summary": "ok", "score": 2}
+    parsed = parse_envelope(json.dumps({"answer": value}), SPECS, response_schema=ANSWER_SCHEMA)
+    assert (parsed.kind, parsed.parsed) == ("parsed", value)
+    assert json.loads(parsed.content) == value
+    assert parsed.tool_calls == ()
+
+
+@pytest.mark.parametrize(
+    ("output", "pointer"),
+    [
+        ({"tool": "get_weather", "arguments": {"city": ""}}, "/arguments/city"),
+        ({"tool": "get_weather", "arguments": {"unit": "kelvin", "city": "x"}}, "/arguments/unit"),
+        ({"tool": "book_room", "arguments": {"guest": {}, "nights": 1}}, "/arguments/guest"),
+        ({"tool": "drop_tables", "arguments": {}}, "/tool"),
+        (
+            {"tool_calls": [WEATHER_CALL, {"tool": "get_weather", "arguments": {"city": 1}}]},
+            "/tool_calls/1/arguments/city",
+        ),
+    ],
+)
+def test_arguments_are_validated_again(output: dict[str, Any], pointer: str) -> None:
+    """Defence in depth: whatever the decoder let through, a bad call never parses."""
+    raw = json.dumps(output)
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_envelope(raw, SPECS)
+    assert err.value.pointer == pointer
+    assert err.value.raw_output == raw
+    assert err.value.status == 422
+
+
+def test_failing_arguments_name_the_tool_schema() -> None:
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_envelope('{"tool": "get_weather", "arguments": {}}', SPECS)
+    assert err.value.schema == WEATHER_PARAMS
+    assert "city" in err.value.message
+
+
+def test_union_violations_are_caught_by_the_bound_schema() -> None:
+    with pytest.raises(StructuredOutputInvalid):
+        parse_envelope(json.dumps(ANSWER), SPECS, schema=union_schema(SPECS, "required"))
+    named = union_schema(SPECS, {"type": "function", "function": {"name": "book_room"}})
+    with pytest.raises(StructuredOutputInvalid):
+        parse_envelope(json.dumps(WEATHER_CALL), SPECS, schema=named)
+
+
+@pytest.mark.parametrize("raw", ['{"tool": "get_weather", "argum', "", "[]", '{"other": 1}'])
+def test_malformed_envelopes(raw: str) -> None:
+    with pytest.raises(StructuredOutputInvalid):
+        parse_envelope(raw, SPECS)
+
+
+# --------------------------------------------------------------------------- native formats
+
+
+def test_qwen_native_calls_with_surrounding_text() -> None:
+    text = (
+        "Let me check.\n<tool_call>\n"
+        '{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        '<tool_call>{"name": "list_rooms", "arguments": {}}</tool_call>'
+    )
+    result = parse_native_tool_call(text, "qwen", SPECS)
+    assert [(c.name, c.arguments) for c in result.tool_calls] == [
+        ("get_weather", {"city": "Oslo"}),
+        ("list_rooms", {}),
+    ]
+    assert result.content == "Let me check."
+
+
+def test_hermes_native_call_with_string_arguments() -> None:
+    text = '<tool_call>\n{"arguments": "{\\"city\\": \\"Rome\\"}", "name": "get_weather"}\n</tool_call>'
+    result = parse_native_tool_call(text, "hermes", SPECS)
+    assert result.tool_calls[0].arguments == {"city": "Rome"}
+    assert result.content is None
+
+
+def test_llama_native_calls() -> None:
+    text = '<function=get_weather>{"city": "Lima"}</function>\n<function=list_rooms>{}</function>'
+    result = parse_native_tool_call(text, "llama", SPECS)
+    assert [c.name for c in result.tool_calls] == ["get_weather", "list_rooms"]
+    assert result.tool_calls[0].arguments == {"city": "Lima"}
+
+
+def test_envelope_inside_native_tags_is_understood() -> None:
+    text = f"<tool_call>{json.dumps(WEATHER_CALL)}</tool_call>"
+    assert parse_native_tool_call(text, "qwen", SPECS).tool_calls[0].name == "get_weather"
+
+
+def test_generic_native_is_the_envelope() -> None:
+    assert parse_native_tool_call(json.dumps(WEATHER_CALL), "generic", SPECS).kind == "tool_calls"
+
+
+def test_native_output_without_calls_is_text() -> None:
+    result = parse_native_tool_call("Just words.", "qwen", SPECS)
+    assert (result.kind, result.content, result.tool_calls) == ("text", "Just words.", ())
+
+
+def test_native_arguments_are_validated_again() -> None:
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_native_tool_call('<function=get_weather>{"city": 7}</function>', "llama", SPECS)
+    assert err.value.pointer == "/tool_calls/0/arguments/city"
+
+
+def test_native_unknown_family() -> None:
+    with pytest.raises(ValueError, match="unknown tool-call family"):
+        parse_native_tool_call("x", "mistral", SPECS)
