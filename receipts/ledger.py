@@ -38,7 +38,7 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from receipts import queries
 from receipts.canonical import canonical_json
@@ -232,8 +232,14 @@ class Ledger:
 
     def _commit(self, batch: list[_Pending]) -> None:
         try:
-            with self._writer.begin() as conn:
-                outcomes, heads, schemas = self._append_batch(conn, batch)
+            try:
+                with self._writer.begin() as conn:
+                    outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=False)
+            except IntegrityError:
+                # A call id the chain already holds (rare: ids are random, so the check is
+                # skipped on the fast path). Redo the batch, refusing those drafts alone.
+                with self._writer.begin() as conn:
+                    outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
         except SQLAlchemyError as exc:
             log.warning("ledger commit failed, %d appends refused: %s", len(batch), _short(exc))
             error = LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}")
@@ -258,7 +264,7 @@ class Ledger:
             else:
                 pending.future.set_result(outcome)
 
-    def _append_batch(self, conn: sa.Connection, batch: list[_Pending]
+    def _append_batch(self, conn: sa.Connection, batch: list[_Pending], *, check_calls: bool
                       ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[_Head],
                                  set[str]]:
         """Inside one transaction: lock each chain, seal its drafts, insert every row."""
@@ -276,7 +282,8 @@ class Ledger:
         heads = []
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
             head = self._lock_head(conn, chain)
-            refused = _refuse_duplicate_calls(conn, chain, by_chain[chain])
+            refused = (_refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls
+                       else {})
             first_seq = head.seq + 1
             for pending in by_chain[chain]:
                 if pending in refused:
@@ -636,6 +643,16 @@ class _CheckedRows:
         return "output_kind" if row.output_kind != output.get("kind") else None
 
 
+def receipt_text(receipt: Receipt) -> str:
+    """The stored form of a receipt: its JSON with sorted keys, compact and lossless.
+
+    Not re-canonicalized here (RFC 8785 costs a third of an append); every reader parses it
+    and the verifier recomputes the entry hash over its RFC 8785 form, so any edit shows.
+    """
+    return json.dumps(receipt.to_json_obj(), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False, allow_nan=False)
+
+
 def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:
     """The receipts row (canonical body + indexed copies) and its call and link index rows."""
     chain, seq = receipt.chain, receipt.seq
@@ -645,8 +662,7 @@ def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) 
         "manifest_hash": receipt.manifest_hash, "schema_hash": receipt.manifest["schema_hash"],
         "model": receipt.manifest["model"], "output_kind": receipt.output["kind"],
         "finish_reason": receipt.finish_reason, "prev_hash": receipt.prev_hash,
-        "entry_hash": receipt.entry_hash,
-        "body": canonical_json(receipt.to_json_obj()).decode()})
+        "entry_hash": receipt.entry_hash, "body": receipt_text(receipt)})
     rows[CallRow].extend({"chain": chain, "call_id": call["id"], "seq": seq,
                           "tool_name": call["name"]} for call in receipt.tool_calls)
     rows[LinkRow].extend({"chain": chain, "seq": seq, "position": i,

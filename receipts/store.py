@@ -4,7 +4,8 @@ The models describe the tables; migrations/versions/0001_ledger.py is what creat
 test compares the two). Every table except ``chains`` is append-only: the migration installs
 triggers that reject UPDATE and DELETE, so the only mutable row is a chain's head.
 
-The full signed receipt is kept as its canonical JSON text in ``receipts.body``; the other
+The full signed receipt is kept as JSON text in ``receipts.body`` (sorted keys, compact,
+lossless: the verifier re-derives its RFC 8785 form to check the entry hash); the other
 columns of ``receipts`` (and the ``receipt_calls`` / ``receipt_links`` rows) are copies that
 exist only so the audit queries can use indexes. The verifier trusts the body and checks
 that the copies agree with it.
@@ -65,7 +66,7 @@ class ReceiptRow(Base):
     prev_hash: Mapped[str] = mapped_column(HASH)
     entry_hash: Mapped[str] = mapped_column(HASH)
     body: Mapped[str] = mapped_column(Text)
-    """The whole signed receipt as RFC 8785 canonical JSON (the authoritative copy)."""
+    """The whole signed receipt as JSON (the authoritative copy; see ledger.receipt_text)."""
 
     __table_args__ = (
         Index("ix_receipts_chain_created_at", "chain", "created_at"),

@@ -1,0 +1,260 @@
+"""Append throughput and latency of the receipt ledger, through the real append path.
+
+    python -m bench.ledger [--db URL] [--count N] [--writers K] [--tenant T]
+
+K writer processes each open their own Ledger (as K gateway replicas would) on one database
+and append N realistic receipts in all to one chain: tool calls of agents using a few tool
+sets, with union schemas built by runtime.tools exactly as the gateway builds them, answers,
+and follow-up requests that link to earlier calls. Each process keeps WINDOW appends in
+flight (a loaded gateway), so group commit batches them. Drafts are built before the clock
+starts: the figure is the ledger's, not the draft builder's. Then one process appends one at
+a time (concurrency 1) for the latency percentiles, and the whole chain is verified from the
+database. With no --db, a throwaway Postgres cluster is started and migrated.
+
+The last line of output is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing as mp
+import random
+import secrets
+import statistics
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+WINDOW = 256  # appends in flight per writer process
+
+TOOLSETS: dict[str, list[dict[str, Any]]] = {
+    "travel": [
+        {"name": "get_weather", "parameters": {
+            "type": "object", "required": ["city"], "additionalProperties": False,
+            "properties": {"city": {"type": "string"},
+                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                           "days": {"type": "integer", "minimum": 1, "maximum": 14}}}},
+        {"name": "book_flight", "parameters": {
+            "type": "object", "required": ["origin", "destination", "date"],
+            "properties": {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                           "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                           "date": {"type": "string", "format": "date"},
+                           "passengers": {"type": "integer", "minimum": 1}}}},
+    ],
+    "support": [
+        {"name": "search_docs", "parameters": {
+            "type": "object", "required": ["query"],
+            "properties": {"query": {"type": "string"},
+                           "limit": {"type": "integer", "minimum": 1, "maximum": 50}}}},
+        {"name": "create_ticket", "parameters": {
+            "type": "object", "required": ["title", "priority"],
+            "properties": {"title": {"type": "string"},
+                           "priority": {"type": "string", "enum": ["low", "normal", "high"]},
+                           "tags": {"type": "array", "items": {"type": "string"}}}}},
+        {"name": "lookup_order", "parameters": {
+            "type": "object", "required": ["order_id"],
+            "properties": {"order_id": {"type": "string", "pattern": "^ord_[0-9]{6}$"}}}},
+    ],
+    "data": [
+        {"name": "run_sql", "parameters": {
+            "type": "object", "required": ["statement"],
+            "properties": {"statement": {"type": "string"},
+                           "timeout_s": {"type": "number", "minimum": 0}}}},
+    ],
+}
+
+ARGUMENTS = {
+    "get_weather": lambda r: {"city": r.choice(["Paris", "Lagos", "Osaka", "Lima"]),
+                              "unit": r.choice(["celsius", "fahrenheit"]),
+                              "days": r.randint(1, 14)},
+    "book_flight": lambda r: {"origin": r.choice(["CDG", "LOS", "KIX"]),
+                              "destination": r.choice(["LIM", "JFK", "NRT"]),
+                              "date": f"2026-12-{r.randint(10, 28)}",
+                              "passengers": r.randint(1, 4)},
+    "search_docs": lambda r: {"query": r.choice(["refund policy", "reset password", "api limits"]),
+                              "limit": r.randint(1, 20)},
+    "create_ticket": lambda r: {"title": "Customer cannot log in", "priority": "high",
+                                "tags": ["auth", "web"][: r.randint(0, 2)]},
+    "lookup_order": lambda r: {"order_id": f"ord_{r.randint(0, 999999):06d}"},
+    "run_sql": lambda r: {"statement": "SELECT count(*) FROM orders WHERE status = 'open'",
+                          "timeout_s": r.choice([1.5, 5, 30])},
+}
+
+
+class DraftFactory:
+    """Realistic drafts: an agent calls a tool, and its next request carries the result
+    (linking to the call) and gets an answer or another call."""
+
+    def __init__(self, tenant: str, seed: int) -> None:
+        from receipts.manifest import build_manifest, schema_hash
+        from runtime.tools import parse_tools_field, union_schema
+
+        self.tenant = tenant
+        self.rng = random.Random(seed)
+        self.pending_calls: deque[str] = deque(maxlen=64)
+        self.sets = []
+        for name, tools in TOOLSETS.items():
+            specs = parse_tools_field([{"type": "function", "function": t} for t in tools])
+            for parallel in (False, True):
+                schema = union_schema(specs, "auto", parallel_tool_calls=parallel)
+                manifest = build_manifest(
+                    schema_hash=schema_hash(schema), model="SmolLM2-135M-Instruct",
+                    weights_digest=_sha(f"weights-{name}"), tokenizer_digest=_sha("tokenizer"),
+                    engine="embedded", backend="llguidance", renderer="generic",
+                    sampling={"temperature": 0.0, "top_p": 1.0, "seed": 7, "max_tokens": 256},
+                    constraint_kind="tools")
+                self.sets.append((manifest, schema, [t["name"] for t in tools]))
+
+    def draft(self) -> Any:
+        from receipts.record import ReceiptDraft
+
+        r = self.rng
+        manifest, schema, names = r.choice(self.sets)
+        links = []
+        if self.pending_calls and r.random() < 0.5:
+            links = [{"tool_call_id": self.pending_calls.popleft(), "receipt_id": None}]
+        if r.random() < 0.7:
+            calls = [{"id": "call_" + secrets.token_hex(12), "name": name,
+                      "arguments": ARGUMENTS[name](r)} for name in [r.choice(names)]]
+            self.pending_calls.extend(c["id"] for c in calls)
+            output = {"kind": "tool_calls", "tool_calls": calls, "content_sha256": None}
+            finish = "tool_calls"
+        else:
+            output = {"kind": "answer", "tool_calls": [],
+                      "content_sha256": _sha(secrets.token_hex(16))}
+            finish = "stop"
+        return ReceiptDraft(
+            tenant=self.tenant, manifest=manifest, schema=schema,
+            request={"messages_sha256": _sha(secrets.token_hex(16)),
+                     "params_sha256": _sha("params")},
+            output=output, finish_reason=finish,
+            usage={"prompt_tokens": r.randint(150, 900), "completion_tokens": r.randint(8, 90)},
+            validation={"valid": True, "errors": []}, fallback=None, links=links)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _writer(url: str, tenant: str, count: int, seed: int, ready: Any, start: Any,
+            results: Any) -> None:
+    """One writer process: build its drafts, wait for the start, append with WINDOW in flight."""
+    from receipts.ledger import Ledger
+    from receipts.signing import Signer
+
+    factory = DraftFactory(tenant, seed)
+    drafts = [factory.draft() for _ in range(count)]
+    ledger = Ledger.open(url, Signer.generate())
+    ledger.ping()
+    ready.release()
+    start.wait()
+    began = time.perf_counter()
+    in_flight: deque[Any] = deque()
+    for draft in drafts:
+        if len(in_flight) >= WINDOW:
+            in_flight.popleft().result()
+        in_flight.append(ledger.submit(draft))
+    for future in in_flight:
+        future.result()
+    results.put(time.perf_counter() - began)
+    ledger.close()
+
+
+def throughput(url: str, tenant: str, count: int, writers: int) -> float:
+    """Receipts per second, K processes appending to one chain, start to last commit."""
+    ctx = mp.get_context("spawn")
+    ready, start, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
+    shares = [count // writers + (i < count % writers) for i in range(writers)]
+    procs = [ctx.Process(target=_writer, args=(url, tenant, n, i, ready, start, results))
+             for i, n in enumerate(shares)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.acquire()
+    began = time.perf_counter()
+    start.set()
+    for _ in procs:
+        results.get()
+    elapsed = time.perf_counter() - began
+    for p in procs:
+        p.join()
+        if p.exitcode:
+            raise SystemExit(f"writer process failed with exit code {p.exitcode}")
+    return count / elapsed
+
+
+def latency(url: str, tenant: str, samples: int) -> list[float]:
+    """Milliseconds per append at concurrency 1 (each one its own transaction and fsync)."""
+    from receipts.ledger import Ledger
+    from receipts.signing import Signer
+
+    factory = DraftFactory(tenant, seed=10_000)
+    drafts = [factory.draft() for _ in range(samples)]
+    times = []
+    with Ledger.open(url, Signer.generate()) as ledger:
+        ledger.append(factory.draft())  # warm: connection, key registration
+        for draft in drafts:
+            began = time.perf_counter()
+            ledger.append(draft)
+            times.append((time.perf_counter() - began) * 1000)
+    return times
+
+
+@contextmanager
+def database(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    from callproof.devpg import throwaway_postgres
+    from migrations.runner import upgrade
+
+    with throwaway_postgres() as pg_url:
+        upgrade(pg_url)
+        yield pg_url
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ledger", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", help="database URL (default: a throwaway Postgres)")
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--tenant", default="bench-" + secrets.token_hex(3))
+    parser.add_argument("--latency-samples", type=int, default=500)
+    args = parser.parse_args(argv)
+    if args.count < 1 or args.writers < 1:
+        parser.error("--count and --writers must be positive")
+
+    from receipts.ledger import Ledger
+
+    with database(args.db) as url:
+        rate = throughput(url, args.tenant, args.count, args.writers)
+        print(f"append throughput: {rate:,.0f} receipts/s ({args.count} receipts,"
+              f" {args.writers} writer processes, one chain)")
+        times = latency(url, args.tenant, args.latency_samples)
+        p50, p99 = statistics.quantiles(times, n=100)[49], statistics.quantiles(times, n=100)[98]
+        print(f"single append latency (concurrency 1): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+        with Ledger.open(url, None) as ledger:
+            began = time.perf_counter()
+            report = ledger.verify(args.tenant)
+            verify_s = time.perf_counter() - began
+        print(f"database verify: ok={report.ok} over {report.checked} receipts in {verify_s:.1f} s"
+              f" ({report.checked / verify_s:,.0f} receipts/s)")
+        figures = {
+            "db": url.split(":", 1)[0].split("+")[0], "receipts": args.count,
+            "writers": args.writers, "receipts_per_s": round(rate, 1),
+            "append_p50_ms": round(p50, 3), "append_p99_ms": round(p99, 3),
+            "latency_samples": len(times), "verify_ok": report.ok,
+            "verified": report.checked, "verify_receipts_per_s": round(report.checked / verify_s, 1),
+        }
+    print(json.dumps(figures))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
