@@ -1,0 +1,110 @@
+"""canonical_json is byte-for-byte the rfc8785 reference, including where it takes its fast path."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import rfc8785
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from receipts.canonical import canonical_json, hash_json, sha256_hex
+from receipts.errors import CanonicalizationError
+
+EDGE_FLOATS = [
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    0.1,
+    1e-4,
+    9.999999e-5,
+    1e-7,
+    5e-324,
+    1e16,
+    9.99e15,
+    1e21,
+    1e20 + 1,
+    2.0**53,
+    2.0**53 + 2,
+    -(2.0**53),
+    1.7976931348623157e308,
+    123456789.123,
+    0.3333333333333333,
+]
+characters = st.characters(codec=None, categories=None)  # every code point, lone surrogates too
+texts = st.one_of(
+    st.text(characters, max_size=8),
+    st.text(max_size=8),
+    st.sampled_from(
+        [
+            "",
+            "a",
+            "\x00",
+            "\x7f",
+            "\u2028",
+            "\ue000",
+            "\U0001f600",
+            "\ud800",
+            "é",
+            "\\",
+            '"',
+            "\x1f",
+        ]
+    ),
+)
+numbers = st.one_of(
+    st.integers(min_value=-(2**53) - 2, max_value=2**53 + 2),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(EDGE_FLOATS),
+)
+scalars = st.one_of(st.none(), st.booleans(), numbers, texts)
+json_values = st.recursive(
+    scalars,
+    lambda children: st.one_of(
+        st.lists(children, max_size=5),
+        st.dictionaries(texts, children, max_size=5),
+        st.tuples(children, children),
+    ),
+    max_leaves=30,
+)
+
+
+def _reference(value: Any) -> bytes | type[Exception]:
+    try:
+        return rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, UnicodeEncodeError):  # rfc8785: lone surrogate key
+        return CanonicalizationError
+
+
+@settings(max_examples=1200, deadline=None)
+@given(json_values)
+@example({"b": 1, "a": [0.7, 1.0, -0.0, 1e-7, 2**53 - 1]})
+@example({"\ue000": 1, "\U0001f600": 2})  # code point vs UTF-16 order differ here
+@example({"x": "\x00"})
+@example({"k": 2**53})
+def test_byte_equal_to_rfc8785(value: Any) -> None:
+    want = _reference(value)
+    if want is CanonicalizationError:
+        with pytest.raises(CanonicalizationError):
+            canonical_json(value)
+    else:
+        assert canonical_json(value) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_finite_float_prints_like_ecmascript(value: float) -> None:
+    assert canonical_json([value]) == rfc8785.dumps([value])
+
+
+def test_hash_helpers() -> None:
+    assert sha256_hex(b"abc") == hashlib.sha256(b"abc").hexdigest()
+    assert hash_json({"b": [1, 2], "a": "x"}) == sha256_hex(b'{"a":"x","b":[1,2]}')
+    with pytest.raises(CanonicalizationError):
+        canonical_json({1: "non-string key"})
+    with pytest.raises(CanonicalizationError):
+        canonical_json(float("nan"))
