@@ -15,6 +15,7 @@ in depth: a backend bug must not turn into a receipt for arguments that fail the
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import secrets
@@ -84,7 +85,7 @@ def check_schema(schema: Any, param: str) -> None:
     if not isinstance(schema, dict):
         raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        _check_metaschema(_canonical(schema))
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidSchema(
@@ -295,7 +296,9 @@ def union_schema(
     """The one JSON schema the decoder is held to when tools are given.
 
     Branches are mutually exclusive by their required key ("tool", "tool_calls", "answer")
-    and closed (additionalProperties false), so ``oneOf`` never sees two matches. With
+    and closed (additionalProperties false), so they are joined with ``anyOf``, which means
+    the same as ``oneOf`` here and which every backend compiles (llguidance refuses a
+    ``oneOf`` it cannot prove disjoint, e.g. across ``$ref``). With
     ``response_format`` the answer branch is ``{"answer": <response schema>}``: wrapping keeps
     a response schema that itself accepts objects from ever matching a tool call. A tool whose
     parameters use ``$ref`` is moved under ``$defs`` with its pointers rewritten, so refs keep
@@ -603,13 +606,32 @@ def parse_native_tool_call(
 
 
 # --------------------------------------------------------------------------- validation
+# Agents send the same tools with every request, and a metaschema check costs milliseconds:
+# both caches are keyed by canonical schema text, so each distinct schema is checked and
+# built once per process. Failures raise and are never cached.
+
+
+def _canonical(schema: dict[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _check_metaschema(canonical: str) -> None:
+    jsonschema.Draft202012Validator.check_schema(json.loads(canonical))
+
+
+@functools.lru_cache(maxsize=4096)
+def _validator(canonical: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(canonical))
 
 
 def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") -> None:
     """Raise StructuredOutputInvalid at the JSON pointer of the most relevant failure."""
-    error = best_match(jsonschema.Draft202012Validator(schema).iter_errors(value))
-    if error is None:
+    validator = _validator(_canonical(schema))
+    if validator.is_valid(value):
         return
+    error = best_match(validator.iter_errors(value))
+    assert error is not None
     pointer = prefix + "".join(
         "/" + str(p).replace("~", "~0").replace("/", "~1") for p in error.absolute_path
     )
