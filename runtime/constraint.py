@@ -1,7 +1,9 @@
 """One output constraint: a JSON schema, a regex, an EBNF grammar, or a tool union.
 
 The canonical text is what the grammar cache keys on and what backends compile, so two
-requests with the same constraint written differently (key order, spacing) share one grammar.
+requests with the same constraint written differently (spacing) share one grammar. Key order
+is kept: the backends generate properties in schema order (as OpenAI does), so two schemas
+that differ in property order produce different outputs and are different constraints.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ class Constraint:
     """``kind`` "tools" is a JSON schema (the tool union) kept apart for stats and triggers."""
 
     kind: ConstraintKind
-    source: str  # canonical: sorted compact JSON for json/tools, verbatim for regex/ebnf
+    source: str  # canonical: compact JSON (key order kept) for json/tools, verbatim otherwise
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any], *, kind: ConstraintKind = "json") -> Constraint:
-        return cls(kind, json.dumps(schema, sort_keys=True, separators=(",", ":")))
+        return cls(kind, json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:
@@ -107,6 +109,13 @@ def _validate_grammar(grammar: str) -> None:
     error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
     if error:
         raise InvalidGrammar(f"invalid grammar: {error.strip()}", param="grammar")
+
+
+def is_gbnf(grammar: str) -> bool:
+    """llama.cpp GBNF (``root ::= ...``) rather than Lark (``start: ...``)."""
+    from llguidance.gbnf_to_lark import is_lark_syntax
+
+    return not is_lark_syntax(grammar)
 
 
 def to_lark(grammar: str) -> str:

@@ -1,7 +1,6 @@
 """xgrammar: pushdown automaton with a precomputed adaptive token mask cache.
 
-Lark grammars compile with ``compile_lark`` (GBNF is converted to Lark first, one dialect for
-every backend). Its JSON-schema converter silently ignores keywords it does not implement
+Lark grammars compile with ``compile_lark``, GBNF with ``compile_grammar`` (its own dialect). Its JSON-schema converter silently ignores keywords it does not implement
 (``not``, ``uniqueItems``, ...), which would let through output that breaks the schema; such
 schemas are refused here (BackendCannotCompile) so the chain moves on rather than enforce
 less than was asked.
@@ -21,7 +20,7 @@ from runtime.backends.base import (
     MaskReadingMatcher,
 )
 from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, refuse_keywords
-from runtime.constraint import Constraint, to_lark
+from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
 
 # Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
@@ -92,4 +91,6 @@ class XGrammarBackend(GrammarBackend):
             )
         if constraint.kind == "regex":
             return self._compiler.compile_regex(constraint.source)
-        return self._compiler.compile_lark(to_lark(constraint.source))
+        if is_gbnf(constraint.source):  # xgrammar's own EBNF dialect is GBNF
+            return self._compiler.compile_grammar(constraint.source)
+        return self._compiler.compile_lark(constraint.source)

@@ -1,0 +1,250 @@
+"""Every installed grammar backend on the real SmolLM2 tokenizer: compile, walk, refuse."""
+
+from __future__ import annotations
+
+import pytest
+from grammar_testkit import matches, smol_tokenizer
+
+from runtime.backends import BackendChain, available_backends, backend_order, make_backend
+from runtime.backends.base import allocate_bitmask, bitmask_to_bool
+from runtime.constraint import Constraint
+from runtime.errors import BackendCannotCompile
+
+BACKENDS = available_backends()
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 1, "maxLength": 30},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"},
+            "maxItems": 3,
+        },
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request):
+    return make_backend(request.param, smol_tokenizer())
+
+
+def test_all_four_backends_install_here():
+    assert BACKENDS == ["llguidance", "xgrammar", "outlines", "lm-format-enforcer"]
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ('{"city":"Paris","unit":"celsius"}', True),
+        ('{"city":"Oslo","unit":"fahrenheit","days":["2024-01","2024-02"]}', True),
+        ('{"city":"Paris","unit":"kelvin"}', False),
+        ('{"city":"","unit":"celsius"}', False),
+        ('{"city":"Paris"}', False),
+        ('{"city":"Paris","unit":"celsius","extra":1}', False),
+        ('{"city":"Paris","unit":"celsius","days":["24-01"]}', False),
+    ],
+)
+def test_json_schema_walk(backend, text, ok):
+    compiled = backend.compile(Constraint.json_schema(WEATHER))
+    assert compiled.backend == backend.name
+    assert matches(compiled.matcher(), text) is ok
+
+
+@pytest.mark.parametrize("text, ok", [("123-abc", True), ("12-abc", False), ("123-", False)])
+def test_regex_walk(backend, text, ok):
+    assert matches(backend.compile(Constraint.regex(r"\d{3}-[a-z]+")).matcher(), text) is ok
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        'start: "call " NAME "(" NUM ")"\nNAME: /[a-z]+/\nNUM: /[0-9]+/',  # Lark
+        'root ::= "call " name "(" num ")"\nname ::= [a-z]+\nnum ::= [0-9]+',  # GBNF, converted
+    ],
+)
+@pytest.mark.parametrize("text, ok", [("call f(12)", True), ("call F(12)", False)])
+def test_grammar_walk(backend, grammar, text, ok):
+    constraint = Constraint.ebnf(grammar)
+    if "ebnf" not in backend.kinds:
+        with pytest.raises(BackendCannotCompile, match="no ebnf support"):
+            backend.compile(constraint)
+        return
+    assert matches(backend.compile(constraint).matcher(), text) is ok
+
+
+def test_mask_gates_eos_and_termination(backend):
+    tok = smol_tokenizer()
+    matcher = backend.compile(Constraint.regex("(yes|no)")).matcher()
+    mask = allocate_bitmask(len(tok))
+    matcher.fill_next_token_bitmask(mask)
+    allowed = bitmask_to_bool(mask[0], len(tok))
+    assert not allowed[tok.eos_token_id]
+    assert allowed[tok.encode("yes", add_special_tokens=False)[0]]
+    assert not matcher.can_stop()
+    for token in tok.encode("yes", add_special_tokens=False):
+        assert matcher.accept_token(token)
+    assert matcher.can_stop() and matcher.is_terminated()
+    matcher.fill_next_token_bitmask(mask)
+    assert bitmask_to_bool(mask[0], len(tok)).nonzero().flatten().tolist() == [tok.eos_token_id]
+    matcher.reset()
+    assert not matcher.can_stop()
+    assert matches(matcher, "no")
+
+
+def _obj(prop):
+    return {
+        "type": "object",
+        "properties": {"v": prop},
+        "required": ["v"],
+        "additionalProperties": False,
+    }
+
+
+# keyword -> (schema, a valid instance, an instance that breaks only that keyword)
+KEYWORD_PROBES = {
+    "minimum/maximum": (
+        _obj({"type": "integer", "minimum": 3, "maximum": 7}),
+        '{"v":5}',
+        '{"v":9}',
+    ),
+    "exclusiveMinimum": (_obj({"type": "integer", "exclusiveMinimum": 3}), '{"v":5}', '{"v":3}'),
+    "multipleOf": (_obj({"type": "integer", "multipleOf": 5}), '{"v":10}', '{"v":7}'),
+    "pattern": (_obj({"type": "string", "pattern": "^[a-z]+$"}), '{"v":"ab"}', '{"v":"aB"}'),
+    "format": (_obj({"type": "string", "format": "date"}), '{"v":"2024-01-02"}', '{"v":"hi"}'),
+    "not": (_obj({"type": "string", "not": {"const": "x"}}), '{"v":"y"}', '{"v":"x"}'),
+    "uniqueItems": (
+        _obj({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}),
+        '{"v":[1,2]}',
+        '{"v":[1,1]}',
+    ),
+    "contains": (
+        _obj({"type": "array", "items": {"type": "integer"}, "contains": {"const": 1}}),
+        '{"v":[1,2]}',
+        '{"v":[2]}',
+    ),
+    "minProperties": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "minProperties": 1,
+            "additionalProperties": False,
+        },
+        '{"a":1}',
+        "{}",
+    ),
+    "patternProperties": (
+        {
+            "type": "object",
+            "patternProperties": {"^x": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        '{"x1":1}',
+        '{"y":1}',
+    ),
+    "if/then": (
+        _obj({"type": "integer", "if": {"minimum": 5}, "then": {"maximum": 6}}),
+        '{"v":6}',
+        '{"v":9}',
+    ),
+    "dependentRequired": (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "dependentRequired": {"a": ["b"]},
+            "additionalProperties": False,
+        },
+        '{"a":1,"b":2}',
+        '{"a":1}',
+    ),
+    "allOf": (
+        {
+            "allOf": [
+                _obj({"type": "integer"}),
+                {"type": "object", "properties": {"v": {"maximum": 3}}},
+            ]
+        },
+        '{"v":2}',
+        '{"v":5}',
+    ),
+    "anyOf": (
+        _obj({"anyOf": [{"type": "integer"}, {"type": "boolean"}]}),
+        '{"v":true}',
+        '{"v":"s"}',
+    ),
+    "$ref": (
+        {
+            "$defs": {"n": {"type": "integer"}},
+            "type": "object",
+            "properties": {"v": {"$ref": "#/$defs/n"}},
+            "required": ["v"],
+            "additionalProperties": False,
+        },
+        '{"v":1}',
+        '{"v":"a"}',
+    ),
+    "prefixItems": (
+        _obj(
+            {
+                "type": "array",
+                "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                "items": False,
+            }
+        ),
+        '{"v":[1,"a"]}',
+        '{"v":["a",1]}',
+    ),
+}
+
+
+@pytest.mark.parametrize("keyword", list(KEYWORD_PROBES))
+def test_compiled_schema_keywords_are_enforced(backend, keyword):
+    """A backend either refuses a schema or enforces all of it: never a silently weaker one."""
+    schema, valid, invalid = KEYWORD_PROBES[keyword]
+    try:
+        compiled = backend.compile(Constraint.json_schema(schema))
+    except BackendCannotCompile:
+        return
+    assert matches(compiled.matcher(), valid)
+    assert not matches(compiled.matcher(), invalid)
+
+
+def test_llguidance_enforces_the_common_keywords():
+    backend = make_backend("llguidance", smol_tokenizer())
+    for keyword in ("minimum/maximum", "multipleOf", "pattern", "format", "allOf", "$ref"):
+        schema, valid, invalid = KEYWORD_PROBES[keyword]
+        compiled = backend.compile(Constraint.json_schema(schema))
+        assert matches(compiled.matcher(), valid) and not matches(compiled.matcher(), invalid)
+
+
+def test_chain_falls_through_to_the_next_backend():
+    tok = smol_tokenizer()
+    schema = KEYWORD_PROBES["minimum/maximum"][0]  # lm-format-enforcer ignores min/max
+    chain = BackendChain(tok, ["lm-format-enforcer", "llguidance"])
+    assert chain.compile(Constraint.json_schema(schema)).backend == "llguidance"
+    grammar = Constraint.ebnf('start: "a"')
+    assert BackendChain(tok, ["outlines", "xgrammar"]).compile(grammar).backend == "xgrammar"
+    assert chain.compile(Constraint.regex("a+")).backend == "lm-format-enforcer"
+
+
+def test_chain_names_every_reason_when_none_can_compile():
+    chain = BackendChain(smol_tokenizer(), ["xgrammar", "outlines"])
+    with pytest.raises(BackendCannotCompile) as info:
+        chain.compile(Constraint.json_schema(KEYWORD_PROBES["not"][0]))
+    assert "xgrammar: does not enforce not" in info.value.message
+    assert "outlines: does not enforce not" in info.value.message
+    assert info.value.param == "response_format" and info.value.status == 400
+
+
+def test_backend_order_configuration(monkeypatch):
+    monkeypatch.setenv("CALLPROOF_BACKENDS", "xgrammar, llguidance")
+    assert backend_order() == ["xgrammar", "llguidance"]
+    assert backend_order("outlines") == ["outlines"]
+    monkeypatch.delenv("CALLPROOF_BACKENDS")
+    assert backend_order() == BACKENDS
+    with pytest.raises(ValueError, match="unknown grammar backend"):
+        backend_order(["llguidance", "nosuch"])
