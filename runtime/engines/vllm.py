@@ -1,0 +1,404 @@
+"""The vLLM engine: an HTTP client of a vLLM OpenAI-compatible server doing the decoding.
+
+vLLM enforces the constraint itself (its structured outputs, backend xgrammar or guidance), so
+this engine only translates: the plan's rendered messages, the one constraint and the sampling
+parameters become a /v1/chat/completions body; the answer (or its SSE stream) becomes a
+Generation. Tools are already rendered into the messages, so vLLM's own ``tools`` field is not
+used: the tool union is an ordinary JSON schema here, which holds every tool to its schema
+whether or not the client marked it ``strict``.
+
+Thinking models and tool_choice "auto" (runtime.thinking.Enforcement): the constraint becomes
+an xgrammar *structural tag*, so only the tool-call region (``<tool_call>…</tool_call>``) is
+constrained and free text, reasoning included, stays free; with "always" enforcement after
+reasoning, the constraint starts when the reasoning region ends.
+
+Faults fail closed and typed: unreachable, timed out, 5xx, or a server that refuses the
+gateway's own credentials or model name -> EngineUnavailable (the gateway answers 503 and
+writes no receipt); a 400/413/422 about the request itself -> EngineRejected with vLLM's
+message, which the gateway passes on as the matching 4xx.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from runtime.constraint import Constraint
+from runtime.engines.base import (
+    ChatMessage,
+    EngineIdentity,
+    FinishReason,
+    Generation,
+    Sampling,
+    StreamEvent,
+    TextDelta,
+)
+from runtime.errors import EngineRejected, EngineUnavailable
+from runtime.thinking import Enforcement
+
+# The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
+# vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
+CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+# Structural-tag JSON regions ignore the engine's disable_any_whitespace; without a cap a weak
+# model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
+TAG_MAX_WHITESPACE = 1
+
+
+class VllmEngine:
+    """One vLLM server and one served model, through one pooled async HTTP client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        weights_digest: str | None = None,
+        tokenizer_digest: str | None = None,
+        model_dir: Path | str | None = None,
+        timeout: float = 120.0,
+        connect_timeout: float = 5.0,
+        backend: str = "xgrammar",
+        think_budget: int | None = None,
+        max_connections: int = 64,
+    ):
+        """``backend`` names the server's --structured-outputs-config backend (the manifest
+        records it; the server, not this client, picks it). ``model_dir``: a local copy of the
+        served weights to compute the digests from when they are not given. ``think_budget``
+        caps the free reasoning region before an "always" constraint (tokens; None: no cap).
+        """
+        if model_dir is not None and (weights_digest is None or tokenizer_digest is None):
+            from runtime.model_store import model_digests
+
+            digests = model_digests(model_dir)
+            weights_digest = weights_digest or digests.weights
+            tokenizer_digest = tokenizer_digest or digests.tokenizer
+        self.identity = EngineIdentity(
+            model=model,
+            weights_digest=weights_digest,
+            tokenizer_digest=tokenizer_digest,
+            engine="vllm",
+            backend=backend,
+        )
+        self.think_budget = think_budget
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+        )
+
+    async def generate(
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        *,
+        enforcement: Enforcement | None = None,
+    ) -> Generation:
+        body = self.request_body(messages, constraint, sampling, enforcement, stream=False)
+        async with self._call(body) as response:
+            data = _json(await response.aread())
+        choice = _only_choice(data)
+        usage = data.get("usage") or {}
+        return Generation(
+            text=(choice.get("message") or {}).get("content") or "",
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            finish_reason=_finish_reason(choice.get("finish_reason")),
+            backend=self._enforced_by(constraint),
+        )
+
+    async def stream(
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        *,
+        enforcement: Enforcement | None = None,
+    ) -> AsyncIterator[StreamEvent]:
+        """TextDelta per SSE chunk as vLLM sends it, then one final Generation."""
+        body = self.request_body(messages, constraint, sampling, enforcement, stream=True)
+        parts: list[str] = []
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        async with self._call(body) as response:
+            async for data in _sse_events(response):
+                if data.get("usage"):
+                    usage = data["usage"]
+                for choice in data.get("choices") or ():
+                    text = (choice.get("delta") or {}).get("content")
+                    if text:
+                        parts.append(text)
+                        yield TextDelta(text)
+                    finish = choice.get("finish_reason") or finish
+        if finish is None:
+            raise EngineUnavailable("the vLLM stream ended before a finish_reason")
+        yield Generation(
+            text="".join(parts),
+            prompt_tokens=int(usage.get("prompt_tokens", 0)),
+            completion_tokens=int(usage.get("completion_tokens", 0)),
+            finish_reason=_finish_reason(finish),
+            backend=self._enforced_by(constraint),
+        )
+
+    async def ready(self) -> bool:
+        """The server answers and serves this engine's model (a wrong --model is not ready)."""
+        try:
+            response = await self._client.get("/v1/models")
+            response.raise_for_status()
+            served = {m.get("id") for m in response.json().get("data", ())}
+        except (httpx.HTTPError, ValueError):
+            return False
+        return self.identity.model in served
+
+    async def served_models(self) -> list[str]:
+        """The model names the server serves (for error messages and `callproof serve`)."""
+        async with self._request("GET", "/v1/models") as response:
+            data = _json(await response.aread())
+        return [m["id"] for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ request building
+
+    def request_body(
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        enforcement: Enforcement | None = None,
+        *,
+        stream: bool,
+    ) -> dict[str, Any]:
+        """The /v1/chat/completions body (pure; public so tests and tools can inspect it)."""
+        body: dict[str, Any] = {
+            "model": self.identity.model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stream": stream,
+        }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if constraint is not None:
+            body["structured_outputs"] = structured_outputs(
+                constraint, enforcement, think_budget=self.think_budget
+            )
+        return body
+
+    def _enforced_by(self, constraint: Constraint | None) -> str:
+        return self.identity.backend if constraint is not None else "none"
+
+    # ------------------------------------------------------------------ transport
+
+    def _call(self, body: dict[str, Any]) -> _Exchange:
+        return self._request("POST", "/v1/chat/completions", body)
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Exchange:
+        return _Exchange(self._client, method, path, body)
+
+
+class _Exchange:
+    """One HTTP exchange as an async context manager that raises only EngineErrors: transport
+    failures and unusable statuses are mapped when the response head arrives; read errors
+    while the body streams are mapped too, so a server dying mid-stream is EngineUnavailable."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, method: str, path: str, body: dict[str, Any] | None
+    ):
+        self._stream = client.stream(method, path, json=body)
+        self._response: httpx.Response | None = None
+
+    async def __aenter__(self) -> httpx.Response:
+        try:
+            response = await self._stream.__aenter__()
+        except httpx.HTTPError as exc:
+            raise _unavailable(exc) from exc
+        if response.status_code >= 300:
+            try:
+                raw = await response.aread()
+            except httpx.HTTPError as exc:
+                raw = str(exc).encode()
+            finally:
+                await self._stream.__aexit__(None, None, None)
+            raise _status_error(response.status_code, raw)
+        self._response = response
+        return response
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await self._stream.__aexit__(exc_type, exc, tb)
+        except httpx.HTTPError:
+            pass  # closing a broken connection; the original error (if any) propagates
+        if isinstance(exc, httpx.HTTPError):
+            raise _unavailable(exc) from exc
+
+
+def _unavailable(exc: httpx.HTTPError) -> EngineUnavailable:
+    if isinstance(exc, httpx.TimeoutException):
+        return EngineUnavailable(f"the vLLM server timed out ({type(exc).__name__})")
+    return EngineUnavailable(f"the vLLM server is unreachable: {exc or type(exc).__name__}")
+
+
+def _status_error(status: int, raw: bytes) -> EngineRejected | EngineUnavailable:
+    message = _error_message(raw)
+    if status in CLIENT_FAULT_STATUSES:
+        return EngineRejected(status, message)
+    return EngineUnavailable(f"the vLLM server answered {status}: {message}")
+
+
+def _error_message(raw: bytes) -> str:
+    """vLLM's own words: ``{"error": {"message": ...}}`` (or FastAPI's ``{"detail": ...}``)."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace").strip()[:2000] or "(empty body)"
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+        if data.get("detail"):
+            return str(data["detail"])
+        if isinstance(data.get("message"), str):
+            return data["message"]
+    return json.dumps(data)[:2000]
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise EngineUnavailable(f"the vLLM server sent invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise EngineUnavailable("the vLLM server sent JSON that is not an object")
+    return data
+
+
+async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON payloads of an OpenAI-style SSE stream, up to ``data: [DONE]``. An error event
+    in the stream (vLLM sends one when generation fails after the head) fails closed."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        data = _json(payload.encode())
+        if "error" in data:
+            raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload.encode())}")
+        yield data
+
+
+def _only_choice(data: dict[str, Any]) -> dict[str, Any]:
+    choices = data.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        raise EngineUnavailable("the vLLM server answered without exactly one choice")
+    return choices[0]
+
+
+def _finish_reason(value: Any) -> FinishReason:
+    """vLLM says stop or length; "abort" (or anything else) means the engine gave up."""
+    if value in ("stop", "length"):
+        return value
+    raise EngineUnavailable(f"the vLLM server ended the generation with {value!r}")
+
+
+# ---------------------------------------------------------------------- structured outputs
+
+
+def structured_outputs(
+    constraint: Constraint,
+    enforcement: Enforcement | None = None,
+    *,
+    think_budget: int | None = None,
+) -> dict[str, Any]:
+    """vLLM's ``structured_outputs`` for one constraint (vLLM >= 0.12 field names).
+
+    Without enforcement (or "always" with no reasoning) this is the plain json/regex/grammar
+    field. "triggered" (tool_choice auto): a structural tag that is free text until the
+    tool-call start tag and holds each tagged region to the tool-call branches of the union.
+    "always" after reasoning: free text up to the end-of-thinking tag, then the constraint.
+    """
+    if enforcement is None or (enforcement.mode == "always" and not enforcement.reasoning):
+        if constraint.is_json:
+            return {"json": constraint.schema()}
+        return {"regex": constraint.source} if constraint.kind == "regex" else {
+            "grammar": constraint.source
+        }
+    if enforcement.mode == "triggered":
+        if constraint.kind != "tools":
+            raise ValueError("triggered enforcement needs the tool union constraint")
+        tag = {
+            "type": "tag",
+            "begin": enforcement.trigger_start,
+            "content": _tag_content(Constraint.json_schema(call_schema(constraint.schema()))),
+            "end": enforcement.trigger_end,
+        }
+        fmt: dict[str, Any] = {
+            "type": "triggered_tags",
+            "triggers": [enforcement.trigger_start],
+            "tags": [tag],
+            "at_least_one": False,
+            "stop_after_first": False,
+        }
+    else:
+        thinking: dict[str, Any] = {"type": "any_text"}
+        if think_budget is not None:
+            thinking["max_tokens"] = think_budget
+        fmt = {
+            "type": "sequence",
+            "elements": [
+                # begin "": the reasoning region is open when the output starts
+                {"type": "tag", "begin": "", "content": thinking, "end": enforcement.think_end},
+                _tag_content(constraint),
+            ],
+        }
+    return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})}
+
+
+def _tag_content(constraint: Constraint) -> dict[str, Any]:
+    if constraint.is_json:
+        return {
+            "type": "json_schema",
+            "json_schema": constraint.schema(),
+            "max_whitespace_cnt": TAG_MAX_WHITESPACE,
+        }
+    if constraint.kind == "regex":
+        return {"type": "regex", "pattern": constraint.source}
+    return {"type": "grammar", "grammar": constraint.source}
+
+
+def call_schema(union: dict[str, Any]) -> dict[str, Any]:
+    """The tool union without its answer branch: what may stand inside a tool-call tag (the
+    answer is the free text outside the tags)."""
+    branches = union.get("anyOf", [union])
+    calls = [b for b in branches if "answer" not in b.get("properties", {})]
+    if not calls:
+        raise ValueError("the tool union has no tool-call branch (tool_choice none?)")
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if "$defs" in union:
+        schema = {**schema, "$defs": union["$defs"]}
+    return schema
+
+
+__all__ = ["VllmEngine", "call_schema", "structured_outputs"]
