@@ -1,0 +1,69 @@
+"""The schema: created by the Alembic migration only, matching the models, append-only."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from ledger_kit import draft, ledger, migrated
+
+from migrations.runner import current, upgrade
+from receipts.store import APPEND_ONLY_TABLES, Base
+
+
+def test_migration_creates_exactly_the_models(db_url: str) -> None:
+    assert current(db_url) is None
+    upgrade(db_url)
+    upgrade(db_url)  # idempotent
+    assert current(db_url) is not None
+    engine = sa.create_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            ctx = MigrationContext.configure(conn, opts={
+                "compare_type": True,
+                "include_name": lambda name, kind, _parent: kind != "table"
+                or name in Base.metadata.tables,
+            })
+            assert compare_metadata(ctx, Base.metadata) == []
+            assert set(Base.metadata.tables) <= set(sa.inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def test_migration_0001_is_the_ledger_revision(fresh_sqlite_url: str) -> None:
+    upgrade(fresh_sqlite_url, "0001_ledger")
+    assert current(fresh_sqlite_url) == "0001_ledger"
+
+
+def test_database_refuses_update_and_delete(db_url: str) -> None:
+    migrated(db_url)
+    with ledger(db_url, checkpoint_every=1) as led:
+        led.append(draft(links=[{"tool_call_id": "call_" + "0" * 24, "receipt_id": None}]))
+        led.append(draft())  # completes a Merkle node
+    engine = sa.create_engine(db_url)
+    try:
+        for table in APPEND_ONLY_TABLES:
+            column = next(iter(Base.metadata.tables[table].columns)).name
+            for statement in (f"UPDATE {table} SET {column} = {column}", f"DELETE FROM {table}"):
+                with engine.connect() as conn:
+                    rows = conn.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+                    assert rows > 0, table
+                    with pytest.raises(sa.exc.DatabaseError, match="append-only") as caught:
+                        conn.execute(sa.text(statement))
+                    if conn.dialect.name == "postgresql":
+                        assert caught.value.orig.sqlstate == "42501"  # insufficient_privilege
+    finally:
+        engine.dispose()
+
+
+def test_postgres_refuses_truncate(fresh_postgres_url: str) -> None:
+    migrated(fresh_postgres_url)
+    with ledger(fresh_postgres_url) as led:
+        led.append(draft())
+    engine = sa.create_engine(fresh_postgres_url)
+    try:
+        with engine.connect() as conn, pytest.raises(sa.exc.DatabaseError, match="append-only"):
+            conn.execute(sa.text("TRUNCATE receipts CASCADE"))
+    finally:
+        engine.dispose()
