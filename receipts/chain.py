@@ -13,11 +13,11 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from receipts.binding import SchemaBinding, SchemaSource
 from receipts.canonical import canonical_json, sha256_hex
-from receipts.checkpoint import checkpoint_problem
+from receipts.checkpoint import check_checkpoint, checkpoint_problem
 from receipts.errors import ReceiptFormatError, ReceiptsError, VerificationError
 from receipts.manifest import manifest_hash
 from receipts.merkle import CompactRange, leaf_hash
@@ -92,6 +92,7 @@ class VerificationReport:
     chain: str | None = None
     tree_size: int | None = None
     root_hash: str | None = None
+    notes: tuple[str, ...] = ()  # caveats of a passing report (e.g. which keys were trusted)
 
     def to_json_obj(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +121,15 @@ def receipt_problem(receipt: Receipt, keyring: KeyRing, binding: SchemaBinding) 
     return binding.problem(receipt.manifest, receipt.output, receipt.validation)
 
 
+class Linkable(Protocol):
+    """What linking needs of a receipt (a Receipt, or the facts a worker process returns)."""
+
+    chain: str
+    seq: int
+    prev_hash: str
+    entry_hash: str
+
+
 class ChainLinker:
     """The sequential part of verification: gapless seqs, prev_hash links, one chain, and the
     Merkle root checked against a signed checkpoint once the tree reaches its size.
@@ -139,27 +149,28 @@ class ChainLinker:
         left: list[bytes] | None = None,
     ) -> None:
         if start_seq == 1 and expected_prev_hash != GENESIS_PREV_HASH:
-            raise ReceiptFormatError("seq 1 must follow the genesis prev_hash (64 zeros)")
-        self.chain = chain if chain is not None or checkpoint is None else checkpoint.get("chain")
+            raise VerificationError("seq 1 must follow the genesis prev_hash (64 zeros)")
+        if checkpoint is not None:
+            try:
+                check_checkpoint(checkpoint)
+            except ReceiptFormatError as exc:
+                raise VerificationError(str(exc)) from exc
+        self.chain = chain if chain is not None or checkpoint is None else checkpoint["chain"]
         self.next_seq = start_seq
         self.prev_hash = expected_prev_hash
         self.checkpoint = checkpoint
+        self.keyring = keyring
         self.checked = 0
         self.root_checked = False
         # The Merkle tree only matters against a checkpoint; without one, skip its hashing.
         self.tree = CompactRange(start_seq - 1, left or []) if checkpoint is not None else None
         if checkpoint is not None:
-            reason = checkpoint_problem(checkpoint, keyring)
-            if reason:
-                raise VerificationError(reason)
-            if checkpoint["chain"] != self.chain:
-                raise VerificationError(f"checkpoint is for chain {checkpoint['chain']!r}")
             if checkpoint["tree_size"] < start_seq - 1:
                 raise VerificationError("checkpoint predates the first receipt checked")
             if checkpoint["tree_size"] == start_seq - 1:
                 self._check_root(None)
 
-    def link(self, receipt: Receipt) -> None:
+    def link(self, receipt: Linkable) -> None:
         """Accept the next receipt, or raise VerificationError at the seq where it breaks."""
         seq = self.next_seq
         if self.chain is None:
@@ -193,7 +204,7 @@ class ChainLinker:
         if cp is None or self.root_checked:
             return
         size = cp["tree_size"]
-        if right is None:
+        if not right:
             raise VerificationError(
                 f"the signed checkpoint covers {size} receipts but only"
                 f" {self.next_seq - 1} are present (truncated)",
@@ -203,8 +214,16 @@ class ChainLinker:
         self._check_root(None)
 
     def _check_root(self, seq: int | None) -> None:
+        """Compare roots once the tree reaches the checkpoint. The checkpoint's own signature
+        is checked here, not up front, so a receipt failing earlier is what gets reported."""
         self.root_checked = True
-        if self.tree.root().hex() != self.checkpoint["root_hash"]:
+        cp = self.checkpoint
+        reason = checkpoint_problem(cp, self.keyring)
+        if reason:
+            raise VerificationError(reason)
+        if cp["chain"] != self.chain:
+            raise VerificationError(f"checkpoint is for chain {cp['chain']!r}, not {self.chain!r}")
+        if self.tree.root().hex() != cp["root_hash"]:
             raise VerificationError(
                 f"Merkle root at tree size {self.tree.size} does not match the signed checkpoint",
                 seq,
@@ -247,7 +266,7 @@ def verify_receipts(
             checkpoint=checkpoint,
             left=left,
         )
-    except ReceiptsError as exc:  # a bad checkpoint or a malformed left compact range
+    except ReceiptsError as exc:  # a malformed checkpoint or left compact range
         return _failed(0, None, getattr(exc, "reason", str(exc)))
     try:
         for item in receipts:

@@ -1,0 +1,522 @@
+"""Export bundles and their offline verifier: a .tar.gz that proves a run of one chain's
+receipts with nothing but the file itself (and, ideally, the operator's public key).
+
+Layout (docs/receipt-format.md has the precise rules):
+
+    bundle-manifest.json   format, version, chain, seq range, SHA-256 of every other file
+    checkpoint.json        a signed checkpoint whose tree covers the last receipt
+    proofs.json            first seq, previous entry hash, compact ranges left and right
+    keys.json              key ids with the seq ranges they signed; keys/<id>.pem the keys
+    schemas/<hash>.json    every bound schema, canonical JSON, named by its SHA-256
+    receipts.jsonl         one receipt per line (canonical JSON), in seq order
+
+Verification is checks of single receipts (hash, signature, manifest, schema binding) spread
+over worker processes, and the cheap sequential part (links, Merkle root) in this process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import multiprocessing
+import os
+import re
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+from receipts.binding import SchemaBinding
+from receipts.canonical import canonical_json
+from receipts.chain import ChainLinker, VerificationReport, receipt_problem
+from receipts.checkpoint import check_checkpoint
+from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
+from receipts.manifest import is_hex64
+from receipts.record import GENESIS_PREV_HASH, Receipt
+from receipts.signing import KeyRing, key_id_for, load_public_key_pem
+
+BUNDLE_FORMAT = "callproof-bundle"
+BUNDLE_VERSION = 1
+MANIFEST = "bundle-manifest.json"
+RECEIPTS = "receipts.jsonl"
+SMALL_FILES = ("checkpoint.json", "proofs.json", "keys.json")
+MEMBER = re.compile(
+    r"(bundle-manifest|checkpoint|proofs|keys)\.json|receipts\.jsonl"
+    r"|keys/ed25519_[0-9a-f]{32}\.pem|schemas/[0-9a-f]{64}\.json"
+)
+MAX_SMALL_FILE = 64 << 20  # metadata and schemas are small; refuse a decompression bomb
+CHUNK = 2000  # receipts per unit of work handed to a worker process
+PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
+
+Progress = Callable[[int, int], None]
+
+
+def key_file(key_id: str) -> str:
+    """keys/ed25519_<hex>.pem: the key id with ":" spelled "_" so the name extracts anywhere."""
+    return "keys/" + key_id.replace(":", "_") + ".pem"
+
+
+# ------------------------------------------------------------------------------- writing
+
+
+def write_bundle(
+    out: str | os.PathLike[str] | IO[bytes],
+    receipts: Iterable[Receipt | Mapping[str, Any]],
+    schemas: Mapping[str, Mapping[str, Any]],
+    public_keys: Iterable[Mapping[str, Any]],
+    checkpoint: Mapping[str, Any],
+    *,
+    prev_entry_hash: str = GENESIS_PREV_HASH,
+    proofs: Mapping[str, list[str]] | None = None,
+) -> None:
+    """Write a bundle of consecutive receipts of one chain to a path or binary file.
+
+    `public_keys` is ledger.public_keys()' shape ({key_id, public_key_pem, ranges});
+    `proofs` holds the hex compact ranges {"left": [...], "right": [...]} that tie a range
+    (not starting at seq 1, or ending before the checkpoint) to the checkpoint's root.
+    Output is deterministic: gzip and tar timestamps are zero.
+    """
+    check_checkpoint(checkpoint)
+    with tempfile.SpooledTemporaryFile(max_size=32 << 20) as lines:
+        digest, span = _write_receipts(lines, receipts)
+        first_seq, last_seq, chain = span
+        if checkpoint["chain"] != chain or checkpoint["tree_size"] < last_seq:
+            raise ReceiptFormatError(
+                "the checkpoint must be of the same chain and cover the last receipt"
+            )
+        files: dict[str, bytes] = {
+            "checkpoint.json": canonical_json(dict(checkpoint)),
+            "proofs.json": canonical_json(
+                {
+                    "first_seq": first_seq,
+                    "prev_entry_hash": prev_entry_hash,
+                    "left": list((proofs or {}).get("left", [])),
+                    "right": list((proofs or {}).get("right", [])),
+                }
+            ),
+        }
+        keys = []
+        for entry in public_keys:
+            ranges = [
+                {"chain": r["chain"], "first_seq": r["first_seq"], "last_seq": r.get("last_seq")}
+                for r in entry.get("ranges", ())
+            ]
+            keys.append(
+                {"key_id": entry["key_id"], "file": key_file(entry["key_id"]), "ranges": ranges}
+            )
+            files[key_file(entry["key_id"])] = entry["public_key_pem"].encode("ascii")
+        files["keys.json"] = canonical_json({"keys": keys})
+        for bound, schema in sorted(schemas.items()):
+            files[f"schemas/{bound}.json"] = canonical_json(schema)
+        manifest = {
+            "format": BUNDLE_FORMAT,
+            "v": BUNDLE_VERSION,
+            "chain": chain,
+            "first_seq": first_seq,
+            "last_seq": last_seq,
+            "receipts": last_seq - first_seq + 1,
+            "files": {
+                **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+                RECEIPTS: digest,
+            },
+        }
+        files[MANIFEST] = canonical_json(manifest)
+        size = lines.seek(0, io.SEEK_END)
+        lines.seek(0)
+        with (
+            _open_out(out) as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            # the manifest and small files first, so a reader meets them before receipts
+            for name in [MANIFEST, *sorted(set(files) - {MANIFEST})]:
+                _add(tar, name, io.BytesIO(files[name]), len(files[name]))
+            _add(tar, RECEIPTS, lines, size)
+
+
+def _write_receipts(
+    sink: IO[bytes], receipts: Iterable[Receipt | Mapping[str, Any]]
+) -> tuple[str, tuple[int, int, str]]:
+    digest = hashlib.sha256()
+    first = last = None
+    chain = None
+    for item in receipts:
+        obj = item.to_json_obj() if isinstance(item, Receipt) else item
+        if first is None:
+            first, chain = obj["seq"], obj["chain"]
+        elif obj["seq"] != last + 1 or obj["chain"] != chain:
+            raise ReceiptFormatError(
+                "a bundle holds consecutive receipts of one chain, in seq order"
+            )
+        last = obj["seq"]
+        line = canonical_json(obj) + b"\n"
+        digest.update(line)
+        sink.write(line)
+    if first is None or chain is None or last is None:
+        raise ReceiptFormatError("a bundle needs at least one receipt")
+    return digest.hexdigest(), (first, last, chain)
+
+
+@contextmanager
+def _open_out(out: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
+    """A path is opened and closed here; a caller's file object is left open."""
+    if isinstance(out, (str, os.PathLike)):
+        with open(out, "wb") as fh:
+            yield fh
+    else:
+        yield out
+
+
+def _add(tar: tarfile.TarFile, name: str, data: IO[bytes], size: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    tar.addfile(info, data)
+
+
+# ------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class _Contents:
+    """Everything but receipts.jsonl in memory; receipts.jsonl spooled to a temp file."""
+
+    small: dict[str, bytes]
+    digests: dict[str, str]
+    receipts: IO[bytes] | None
+
+
+def _read_archive(path: Path) -> _Contents:
+    small: dict[str, bytes] = {}
+    digests: dict[str, str] = {}
+    receipts: IO[bytes] | None = None
+    try:
+        with tarfile.open(path, mode="r|gz") as tar:
+            for member in tar:
+                name = member.name
+                if not member.isfile() or not MEMBER.fullmatch(name):
+                    raise VerificationError(f"unexpected bundle member {name!r}")
+                if name in digests:
+                    raise VerificationError(f"bundle member {name!r} appears twice")
+                source = tar.extractfile(member)
+                assert source is not None
+                if name == RECEIPTS:
+                    receipts = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller
+                    digests[name] = _copy_hashing(source, receipts)
+                    receipts.seek(0)
+                elif member.size > MAX_SMALL_FILE:
+                    raise VerificationError(f"bundle member {name!r} is implausibly large")
+                else:
+                    small[name] = source.read()
+                    digests[name] = hashlib.sha256(small[name]).hexdigest()
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        if receipts is not None:
+            receipts.close()
+        raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
+    except VerificationError:
+        if receipts is not None:
+            receipts.close()
+        raise
+    return _Contents(small, digests, receipts)
+
+
+def _copy_hashing(source: IO[bytes], sink: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    while block := source.read(1 << 20):
+        digest.update(block)
+        sink.write(block)
+    return digest.hexdigest()
+
+
+def _json(contents: _Contents, name: str) -> Any:
+    if name not in contents.small:
+        raise VerificationError(f"bundle lacks {name}")
+    try:
+        return json.loads(contents.small[name])
+    except ValueError as exc:
+        raise VerificationError(f"{name} is not JSON: {exc}") from exc
+
+
+class _Proofs(NamedTuple):
+    first_seq: int
+    prev_entry_hash: str
+    left: list[bytes]
+    right: list[bytes]
+
+
+def _proofs(obj: Any) -> _Proofs:
+    try:
+        first, prev = obj["first_seq"], obj["prev_entry_hash"]
+        left = [bytes.fromhex(h) for h in obj["left"]]
+        right = [bytes.fromhex(h) for h in obj["right"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VerificationError(f"proofs.json is malformed: {exc!r}") from exc
+    if type(first) is not int or first < 1 or not is_hex64(prev):
+        raise VerificationError("proofs.json: first_seq must be >= 1, prev_entry_hash 64 hex")
+    return _Proofs(first, prev, left, right)
+
+
+def _bundle_keys(contents: _Contents) -> list[dict[str, Any]]:
+    """keys.json joined with the PEM files, in KeyRing.from_public_keys' shape."""
+    listing = _json(contents, "keys.json")
+    try:
+        entries = listing["keys"]
+        return [
+            {
+                "key_id": e["key_id"],
+                "public_key_pem": contents.small[key_file(e["key_id"])].decode("ascii"),
+                "ranges": e["ranges"],
+            }
+            for e in entries
+        ]
+    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
+
+
+def split_pems(pem: str | bytes) -> list[str]:
+    """Every PEM public key block in `pem` (a pinned-keys file may list several)."""
+    text = pem.decode("ascii") if isinstance(pem, bytes) else pem
+    blocks = re.findall(r"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
+    if not blocks:
+        raise BundleError("--public-key holds no PEM public key")
+    return blocks
+
+
+def trusted_keys(
+    bundle_keys: list[dict[str, Any]], public_key_pem: str | bytes | None
+) -> tuple[KeyRing, str]:
+    """The key ring the verifier trusts and a note saying on what authority.
+
+    Unpinned, the bundle's own keys are trusted: that proves the bundle is intact and
+    self-consistent, not who made it. Pinned, only the given keys are trusted; the bundle's
+    seq ranges still apply to them (ranges can only narrow what a key may sign)."""
+    try:
+        bundle_ring = KeyRing.from_public_keys(bundle_keys)
+    except ReceiptsError as exc:
+        raise VerificationError(f"bundle keys: {exc}") from exc
+    if public_key_pem is None:
+        return bundle_ring, (
+            "trusted the bundle's own keys: this proves integrity, not origin;"
+            " pin the operator's key with --public-key"
+        )
+    listed = {e["key_id"]: e["ranges"] for e in bundle_keys}
+    pinned_entries = []
+    for block in split_pems(public_key_pem):
+        key_id = key_id_for(load_public_key_pem(block))
+        pinned_entries.append({"public_key_pem": block, "ranges": listed.get(key_id, [])})
+    pinned = KeyRing.from_public_keys(pinned_entries)
+    return pinned, f"trusted only the pinned key(s): {', '.join(pinned.key_ids())}"
+
+
+# ------------------------------------------------------------------ per-receipt checks
+
+
+class LineFacts(NamedTuple):
+    """What a worker tells the linker about one line: the link fields, or why it failed."""
+
+    chain: str
+    seq: int
+    prev_hash: str
+    entry_hash: str
+    problem: str | None
+
+
+class LineChecker:
+    """The self-contained checks of receipts.jsonl lines (run in workers or in-process)."""
+
+    def __init__(self, public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
+        self.keyring = KeyRing.from_public_keys(public_keys)
+        self.binding = SchemaBinding(schemas)
+
+    def check(self, lines: list[bytes]) -> list[LineFacts]:
+        facts = []
+        for line in lines:
+            try:
+                receipt = Receipt.from_json_obj(json.loads(line))
+            except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
+                facts.append(LineFacts("", 0, "", "", f"malformed receipt: {exc}"))
+                continue
+            problem = receipt_problem(receipt, self.keyring, self.binding)
+            facts.append(
+                LineFacts(
+                    receipt.chain, receipt.seq, receipt.prev_hash, receipt.entry_hash, problem
+                )
+            )
+        return facts
+
+
+_worker: LineChecker | None = None
+
+
+def _init_worker(public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
+    global _worker
+    _worker = LineChecker(public_keys, schemas)
+
+
+def _check_in_worker(lines: list[bytes]) -> list[LineFacts]:
+    assert _worker is not None
+    return _worker.check(lines)
+
+
+def _chunks(source: IO[bytes]) -> Iterator[list[bytes]]:
+    chunk: list[bytes] = []
+    for line in source:
+        if line.strip():
+            chunk.append(line)
+            if len(chunk) == CHUNK:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+# ------------------------------------------------------------------------- verifying
+
+
+def verify_bundle(
+    path: str | os.PathLike[str],
+    public_key_pem: str | bytes | None = None,
+    progress: Progress | None = None,
+    *,
+    workers: int | None = None,
+) -> VerificationReport:
+    """Verify a bundle offline: file hashes, every signature (by a trusted key), every chain
+    link, the Merkle root against the signed checkpoint and the schema binding. Reports the
+    first failing seq and why. `progress(done, total)` is called as receipts are checked.
+    `workers` processes check receipts (default: one per CPU for bundles of 20,000+ receipts,
+    else in this process; 1 forces in-process).
+
+    Raises BundleError only when `path` cannot be opened at all; everything else that is
+    wrong with the bundle is a failed report.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"no bundle at {path}")
+    try:
+        contents = _read_archive(path)
+    except VerificationError as exc:
+        return VerificationReport(ok=False, checked=0, reason=exc.reason)
+    try:
+        return _verify_contents(contents, public_key_pem, progress, workers)
+    except VerificationError as exc:
+        return VerificationReport(ok=False, checked=0, first_failure_seq=exc.seq, reason=exc.reason)
+    finally:
+        if contents.receipts is not None:
+            contents.receipts.close()
+
+
+def _verify_contents(
+    contents: _Contents,
+    public_key_pem: str | bytes | None,
+    progress: Progress | None,
+    workers: int | None,
+) -> VerificationReport:
+    manifest = _json(contents, MANIFEST)
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise VerificationError(f"{MANIFEST} does not describe a {BUNDLE_FORMAT}")
+    if manifest.get("v") != BUNDLE_VERSION:
+        raise VerificationError(
+            f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
+        )
+    file_problem = _file_problem(manifest, contents.digests)
+    for name in SMALL_FILES:
+        _json(contents, name)
+    if contents.receipts is None:
+        raise VerificationError(f"bundle lacks {RECEIPTS}")
+    keyring, trust = trusted_keys(_bundle_keys(contents), public_key_pem)
+    schemas = _schemas(contents)
+    proofs = _proofs(_json(contents, "proofs.json"))
+    checkpoint = _json(contents, "checkpoint.json")
+    total = manifest.get("receipts") if isinstance(manifest.get("receipts"), int) else 0
+    linker = ChainLinker(
+        keyring,
+        chain=manifest.get("chain"),
+        expected_prev_hash=proofs.prev_entry_hash,
+        start_seq=proofs.first_seq,
+        checkpoint=checkpoint,
+        left=proofs.left,
+    )
+    try:
+        for facts in _checked(contents.receipts, keyring, schemas, total, workers):
+            for fact in facts:
+                if fact.problem:
+                    raise VerificationError(fact.problem, linker.next_seq)
+                linker.link(fact)
+            if progress is not None:
+                progress(linker.checked, max(total, linker.checked))
+        if linker.checked == 0:
+            raise VerificationError(f"{RECEIPTS} holds no receipts")
+        linker.finish(proofs.right)
+    except VerificationError as exc:
+        return VerificationReport(
+            ok=False,
+            checked=linker.checked,
+            first_failure_seq=exc.seq,
+            reason=exc.reason,
+            chain=linker.chain,
+        )
+    if file_problem:
+        return VerificationReport(
+            ok=False, checked=linker.checked, reason=file_problem, chain=linker.chain
+        )
+    if linker.checked != total:
+        return VerificationReport(
+            ok=False,
+            checked=linker.checked,
+            reason=f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}",
+            chain=linker.chain,
+        )
+    return replace(linker.report(), notes=(trust,))
+
+
+def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """Disagreement between the files present and the hashes the manifest lists, if any."""
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        return f"{MANIFEST} lists no file hashes"
+    present = {name: digest for name, digest in digests.items() if name != MANIFEST}
+    for name in sorted(set(listed) | set(present)):
+        if name not in present:
+            return f"bundle file {name} is listed in {MANIFEST} but missing"
+        if name not in listed:
+            return f"bundle file {name} is not listed in {MANIFEST}"
+        if listed[name] != present[name]:
+            return f"bundle file {name} does not match its SHA-256 in {MANIFEST}"
+    return None
+
+
+def _schemas(contents: _Contents) -> dict[str, Any]:
+    schemas = {}
+    for name, data in contents.small.items():
+        if name.startswith("schemas/"):
+            try:
+                schemas[name[len("schemas/") : -len(".json")]] = json.loads(data)
+            except ValueError:
+                continue  # an unreadable schema is reported as missing where it is bound
+    return schemas
+
+
+def _checked(
+    source: IO[bytes],
+    keyring: KeyRing,
+    schemas: dict[str, Any],
+    total: int,
+    workers: int | None,
+) -> Iterator[list[LineFacts]]:
+    """Per-receipt facts in order, chunk by chunk; in worker processes for big bundles."""
+    keys = keyring.to_public_keys()
+    if workers is None:  # auto: processes pay for their start-up only on big bundles
+        workers = (os.cpu_count() or 1) if total >= PARALLEL_FROM else 1
+    if workers <= 1:
+        checker = LineChecker(keys, schemas)
+        yield from map(checker.check, _chunks(source))
+        return
+    ctx = multiprocessing.get_context("spawn")  # no fork: callers may have threads
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
+        yield from pool.imap(_check_in_worker, _chunks(source))
