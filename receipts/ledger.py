@@ -678,8 +678,8 @@ def _refuse_duplicate_calls(conn: sa.Connection, chain: str, batch: list[_Pendin
     if not ids:
         return {}
     c = CallRow.__table__.c
-    taken = dict(conn.execute(sa.select(c.call_id, c.seq).where(
-        c.chain == chain, c.call_id.in_(sorted(set(ids))))).tuples().all())
+    taken: dict[str, int | None] = dict(conn.execute(sa.select(c.call_id, c.seq).where(
+        c.chain == chain, c.call_id.in_(sorted(set(ids))))).all())
     refused: dict[_Pending, Exception] = {}
     for pending in batch:
         calls = [call["id"] for call in pending.draft.output["tool_calls"]]

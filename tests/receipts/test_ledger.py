@@ -1,0 +1,281 @@
+"""The Ledger on real databases (SQLite and Postgres): appends, group commit, queries,
+pagination, checkpoints, proofs, keys and rotation, failure and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import sqlalchemy as sa
+from ledger_kit import (
+    SEARCH_PARAMS,
+    UNION,
+    WEATHER_PARAMS,
+    call_id,
+    draft,
+    fill,
+    ledger,
+    migrated,
+    tool_union,
+)
+
+from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.ledger import Ledger, ReceiptQuery
+from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
+from receipts.record import GENESIS_PREV_HASH
+from receipts.signing import KeyRing, Signer
+
+
+def test_appends_chain_per_tenant_and_group_commit(db_url: str) -> None:
+    migrated(db_url)
+    with ledger(db_url) as led:
+        first = led.append(draft("acme"))
+        assert (first.seq, first.prev_hash, first.chain) == (1, GENESIS_PREV_HASH, "acme")
+        batch = fill(led, 120, "acme")
+        other = led.append(draft("globex"))
+        assert [r.seq for r in batch] == list(range(2, 122))
+        assert all(b.prev_hash == a.entry_hash for a, b in zip([first, *batch], batch))
+        assert other.seq == 1  # chains are per tenant
+        assert led.get("acme", batch[5].id) == batch[5]
+        assert led.get("globex", batch[5].id) is None  # tenants are kept apart
+        assert led.get_by_seq("acme", 7) == batch[5]
+        assert led.verify("acme").ok and led.verify("globex").ok
+        assert led.chains() == ["acme", "globex"]
+
+
+def test_group_commit_shares_transactions(fresh_postgres_url: str) -> None:
+    migrated(fresh_postgres_url)
+    with ledger(fresh_postgres_url) as led:
+        commits = []
+        sa.event.listen(led._writer, "commit", lambda conn: commits.append(1))
+        fill(led, 300)
+        assert len(commits) < 30, "300 concurrent appends should share a few transactions"
+
+
+def test_query_filters_and_cursor_pagination(db_url: str) -> None:
+    migrated(db_url)
+    weather_only = tool_union(get_weather=WEATHER_PARAMS)
+    with ledger(db_url) as led:
+        before = datetime.now(UTC)
+        searches = [led.append(draft(tool="search", arguments={"query": f"q{i}"}))
+                    for i in range(5)]
+        small = [led.append(draft(model="tiny", schema=weather_only)) for _ in range(3)]
+        fill(led, 12)
+        issued = searches[2].tool_calls[0]["id"]
+        answer = led.append(draft(links=[{"tool_call_id": issued, "receipt_id": searches[2].id},
+                                         {"tool_call_id": "call_" + "f" * 24, "receipt_id": None}]))
+
+        def all_pages(**filters: object) -> list[int]:
+            seqs, cursor = [], None
+            while True:
+                page = led.query(ReceiptQuery("acme", after_seq=cursor, limit=4, **filters))
+                seqs += [r.seq for r in page.items]
+                if page.next_cursor is None:
+                    return seqs
+                assert page.next_cursor == page.items[-1].seq
+                cursor = page.next_cursor
+
+        assert all_pages() == list(range(1, 22))
+        assert all_pages(tool_name="search") == [r.seq for r in searches]
+        assert all_pages(model="tiny") == [r.seq for r in small]
+        assert all_pages(schema_hash=small[0].manifest["schema_hash"]) == [r.seq for r in small]
+        assert all_pages(call_id=issued) == [searches[2].seq]
+        assert all_pages(since=before) == list(range(1, 22))
+        assert all_pages(since=datetime.now(UTC) + timedelta(seconds=5)) == []
+        middle = small[1].created_at
+        assert all_pages(until=middle) == list(range(1, small[1].seq))
+        assert all_pages(since=middle, model="tiny") == [small[1].seq, small[2].seq]
+        assert led.query(ReceiptQuery("nobody")).items == []
+        assert led.find_call("acme", issued) == searches[2]
+        assert led.find_call("globex", issued) is None
+        assert led.answers_to("acme", issued) == [answer]
+        assert led.answers_to("acme", "call_" + "f" * 24) == [answer]
+        assert led.schema(small[0].manifest["schema_hash"]) == weather_only
+        assert led.schema("0" * 64) is None
+        with pytest.raises(ReceiptFormatError, match="limit"):
+            led.query(ReceiptQuery("acme", limit=0))
+        with pytest.raises(ReceiptFormatError, match="RFC 3339"):
+            led.query(ReceiptQuery("acme", since="yesterday"))
+
+
+def test_checkpoints_every_n_and_every_t(db_url: str) -> None:
+    migrated(db_url)
+    with ledger(db_url, checkpoint_every=50, checkpoint_interval_s=0.5) as led:
+        fill(led, 120)
+        sizes = _checkpoint_sizes(db_url, "acme")
+        # the first batch is checkpointed (T has passed since "never"), then every >= 50
+        assert len(sizes) >= 2 and sizes[-1] <= 120
+        assert all(b - a >= 50 for a, b in zip(sizes, sizes[1:]))
+        deadline = time.monotonic() + 10
+        while led.latest_checkpoint("acme")["tree_size"] != 120:  # T elapses while idle
+            assert time.monotonic() < deadline, "no checkpoint after the interval"
+            time.sleep(0.1)
+        cp = led.latest_checkpoint("acme")
+        keys = KeyRing.from_public_keys(led.public_keys())
+        from receipts.checkpoint import verify_checkpoint
+
+        assert verify_checkpoint(cp, keys)
+        assert led.checkpoint_now("acme") == cp  # already current: no new one
+
+
+def _checkpoint_sizes(url: str, chain: str) -> list[int]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(sa.text(
+                "SELECT tree_size FROM checkpoints WHERE chain = :c ORDER BY tree_size"),
+                {"c": chain}).scalars())
+    finally:
+        engine.dispose()
+
+
+def test_inclusion_and_consistency_proofs_from_the_store(db_url: str) -> None:
+    migrated(db_url)
+    with ledger(db_url, checkpoint_every=1000) as led:
+        receipts = fill(led, 77)
+        led.checkpoint_now("acme")
+        for seq in (1, 2, 33, 64, 77):
+            p = led.inclusion_proof("acme", seq)
+            assert p["tree_size"] == 77 and p["checkpoint"]["root_hash"] == p["root_hash"]
+            verify_inclusion(leaf_hash(bytes.fromhex(receipts[seq - 1].entry_hash)), seq - 1,
+                             77, [bytes.fromhex(h) for h in p["proof"]],
+                             bytes.fromhex(p["root_hash"]))
+        for size1, size2 in ((1, 77), (32, 77), (33, 64), (50, 51), (77, 77)):
+            c = led.consistency_proof("acme", size1, size2)
+            verify_consistency(size1, size2, [bytes.fromhex(h) for h in c["proof"]],
+                               bytes.fromhex(c["root1"]), bytes.fromhex(c["root2"]))
+        assert led.inclusion_proof("acme", 5, tree_size=10)["tree_size"] == 10
+        with pytest.raises(ReceiptFormatError):
+            led.inclusion_proof("acme", 78)
+        with pytest.raises(ReceiptFormatError):
+            led.consistency_proof("acme", 10, 5)
+
+
+def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
+    migrated(db_url)
+    old, new = Signer.generate(), Signer.generate()
+    with ledger(db_url, old) as led:
+        fill(led, 10)
+    with ledger(db_url, new) as led:
+        rotated = fill(led, 5)
+        assert {r.key_id for r in rotated} == {new.key_id}
+        keys = {k["key_id"]: k["ranges"] for k in led.public_keys("acme")}
+        assert keys == {old.key_id: [{"chain": "acme", "first_seq": 1, "last_seq": 10}],
+                        new.key_id: [{"chain": "acme", "first_seq": 11, "last_seq": None}]}
+        assert led.verify("acme").ok
+        # pinned to the new key only, the old receipts are signed by an unknown key
+        pinned = KeyRing()
+        pinned.add(new.public_key)
+        report = led.verify("acme", keyring=pinned)
+        assert not report.ok and report.first_failure_seq == 1
+        assert "unknown key" in report.reason
+
+
+def test_duplicate_call_id_fails_alone(db_url: str) -> None:
+    migrated(db_url)
+    with ledger(db_url) as led:
+        taken = call_id()
+        first = led.append(draft(call=taken))
+        futures = [led.submit(draft()) for _ in range(5)]
+        clash = led.submit(draft(call=taken))
+        futures += [led.submit(draft()) for _ in range(5)]
+        with pytest.raises(ReceiptFormatError, match=f"{taken} is already recorded.*seq 1"):
+            clash.result()
+        assert sorted(f.result().seq for f in futures) == list(range(2, 12))
+        assert led.find_call("acme", taken) == first
+        assert led.verify("acme").ok
+
+
+def test_payloads_are_dropped_unless_retained(fresh_sqlite_url: str) -> None:
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        assert "payload" not in led.append(draft(payload={"messages": ["hi"]})).request
+    with ledger(fresh_sqlite_url, retain_payloads=True) as led:
+        kept = led.append(draft(payload={"messages": ["hi"]}))
+        assert kept.request["payload"] == {"messages": ["hi"]}
+        assert led.get("acme", kept.id).request["payload"] == {"messages": ["hi"]}
+
+
+def test_append_async_and_bad_input(fresh_sqlite_url: str) -> None:
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        async def many() -> list[int]:
+            return [r.seq for r in await asyncio.gather(*(led.append_async(draft())
+                                                          for _ in range(20)))]
+        assert sorted(asyncio.run(many())) == list(range(1, 21))
+        with pytest.raises(ReceiptFormatError, match="ReceiptDraft"):
+            led.append({"tenant": "acme"})  # type: ignore[arg-type]
+    with pytest.raises(ReceiptsError, match="closed"):
+        led.append(draft())
+    with Ledger.open(fresh_sqlite_url, None) as reader:
+        assert reader.verify("acme").ok
+        with pytest.raises(ReceiptsError, match="without a signer"):
+            reader.append(draft())
+
+
+def test_unmigrated_database_is_unavailable_not_created(fresh_sqlite_url: str) -> None:
+    with ledger(fresh_sqlite_url) as led:
+        with pytest.raises(LedgerUnavailable):
+            led.append(draft())
+        with pytest.raises(LedgerUnavailable):
+            led.query(ReceiptQuery("acme"))
+
+
+def test_database_outage_fails_closed_then_recovers(fresh_postgres_url: str) -> None:
+    """Every pending append fails with LedgerUnavailable while the database refuses
+    connections; nothing is half-written; appends succeed again once it is back."""
+    migrated(fresh_postgres_url)
+    name = fresh_postgres_url.rsplit("/", 1)[1]
+    admin = sa.create_engine(fresh_postgres_url.rsplit("/", 1)[0] + "/postgres",
+                             isolation_level="AUTOCOMMIT")
+    try:
+        with ledger(fresh_postgres_url) as led:
+            fill(led, 10)
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+                conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                     f"WHERE datname = '{name}'")
+            futures = [led.submit(draft()) for _ in range(20)]
+            for future in futures:
+                with pytest.raises(LedgerUnavailable):
+                    future.result(timeout=30)
+            with pytest.raises(LedgerUnavailable):
+                led.ping()
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            led.ping()
+            assert fill(led, 5)[-1].seq == 15  # nothing of the failed batch was written
+            assert led.verify("acme").ok
+    finally:
+        admin.dispose()
+
+
+def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        seqs: list[int] = []
+        lock = threading.Lock()
+
+        def work() -> None:
+            for _ in range(25):
+                seq = led.append(draft()).seq
+                with lock:
+                    seqs.append(seq)
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(seqs) == list(range(1, 201))
+        assert led.verify("acme").ok
+
+
+def test_union_in_kit_binds_like_the_gateway() -> None:
+    """The kit's union has the shape binding.py resolves tools in (guards the fixtures)."""
+    from receipts.binding import tool_parameters
+
+    assert tool_parameters(UNION) == {"get_weather": WEATHER_PARAMS, "search": SEARCH_PARAMS}
