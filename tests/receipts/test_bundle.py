@@ -1,0 +1,275 @@
+"""Export bundles, verified offline: intact bundles pass, every tamper case names its seq."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
+
+from receipts.bundle import MANIFEST, RECEIPTS, key_file, verify_bundle, write_bundle
+from receipts.canonical import canonical_json
+from receipts.chain import entry_hash_of, seal
+from receipts.checkpoint import make_checkpoint
+from receipts.errors import BundleError, ReceiptFormatError
+from receipts.merkle import MerkleTree
+from receipts.record import BODY_FIELDS, Receipt
+from receipts.signing import Signer
+
+N = 30
+
+
+@pytest.fixture(scope="module")
+def signer() -> Signer:
+    return Signer.generate()
+
+
+@pytest.fixture(scope="module")
+def chain(signer: Signer) -> list[Receipt]:
+    return build_chain(signer, N)
+
+
+def keys_of(*signers: Signer) -> list[dict[str, Any]]:
+    return [
+        {
+            "key_id": s.key_id,
+            "public_key_pem": s.public_key_pem(),
+            "ranges": [{"chain": "acme", "first_seq": 1, "last_seq": None}],
+        }
+        for s in signers
+    ]
+
+
+def export(
+    path: Path, chain: list[Receipt], signer: Signer, first: int = 1, last: int | None = None
+) -> Path:
+    """What ledger.export does: receipts first..last, a checkpoint of the whole chain, and the
+    compact ranges that tie the range to it."""
+    last = len(chain) if last is None else last
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    checkpoint = make_checkpoint("acme", len(chain), tree.root().hex(), signer)
+    write_bundle(
+        path,
+        [r.to_json_obj() for r in chain[first - 1 : last]],
+        SCHEMAS,
+        keys_of(signer),
+        checkpoint,
+        prev_entry_hash=chain[first - 2].entry_hash if first > 1 else "0" * 64,
+        proofs={
+            "left": [h.hex() for h in tree.compact_range(0, first - 1)],
+            "right": [h.hex() for h in tree.compact_range(last, len(chain))],
+        },
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory, chain, signer) -> Path:
+    return export(tmp_path_factory.mktemp("b") / "bundle.tar.gz", chain, signer)
+
+
+def read(path: Path) -> dict[str, bytes]:
+    with tarfile.open(path, "r:gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
+
+
+def rewrite(path: Path, files: dict[str, bytes], *, fix_manifest: bool = True) -> Path:
+    """Repack a bundle, as an attacker would: by default with file hashes brought up to date."""
+    files = dict(files)
+    if fix_manifest:
+        manifest = json.loads(files[MANIFEST])
+        manifest["files"] = {
+            n: hashlib.sha256(d).hexdigest() for n, d in files.items() if n != MANIFEST
+        }
+        manifest["receipts"] = len(files[RECEIPTS].splitlines())
+        files[MANIFEST] = canonical_json(manifest)
+    out = path.with_name("tampered-" + path.name)
+    with gzip.open(out, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out
+
+
+def lines_of(files: dict[str, bytes]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in files[RECEIPTS].splitlines()]
+
+
+def with_lines(files: dict[str, bytes], lines: list[dict[str, Any]]) -> dict[str, bytes]:
+    return {**files, RECEIPTS: b"".join(canonical_json(o) + b"\n" for o in lines)}
+
+
+def resign(obj: dict[str, Any], signer: Signer) -> dict[str, Any]:
+    import base64
+
+    obj["key_id"] = signer.key_id
+    obj["entry_hash"] = entry_hash_of({k: obj[k] for k in BODY_FIELDS})
+    obj["signature"] = base64.b64encode(signer.sign(bytes.fromhex(obj["entry_hash"]))).decode()
+    return obj
+
+
+def test_intact_bundle_verifies_pinned_and_unpinned(bundle: Path, signer: Signer) -> None:
+    pinned = verify_bundle(bundle, public_key_pem=signer.public_key_pem())
+    assert pinned.ok and pinned.checked == N and pinned.tree_size == N, pinned
+    assert "pinned" in pinned.notes[0]
+    unpinned = verify_bundle(bundle)
+    assert unpinned.ok and "not origin" in unpinned.notes[0]
+    assert json.loads(pinned.to_json())["ok"] is True
+
+
+def test_layout_and_determinism(chain, signer, bundle: Path) -> None:
+    files = read(bundle)
+    assert set(files) == {
+        MANIFEST,
+        RECEIPTS,
+        "checkpoint.json",
+        "proofs.json",
+        "keys.json",
+        key_file(signer.key_id),
+        f"schemas/{UNION_HASH}.json",
+    }
+    assert [json.loads(x)["seq"] for x in files[RECEIPTS].splitlines()] == list(range(1, N + 1))
+    assert hashlib.sha256(files[f"schemas/{UNION_HASH}.json"]).hexdigest() == UNION_HASH
+    checkpoint = json.loads(files["checkpoint.json"])
+    outputs = []
+    for _ in range(2):
+        out = io.BytesIO()
+        write_bundle(out, chain, SCHEMAS, keys_of(signer), checkpoint)
+        outputs.append(out.getvalue())
+    assert outputs[0] == outputs[1]  # same inputs, same bytes: no timestamps leak in
+
+
+def test_range_bundle_verifies_against_whole_chain_checkpoint(
+    tmp_path: Path, chain, signer
+) -> None:
+    path = export(tmp_path / "range.tar.gz", chain, signer, first=9, last=21)
+    report = verify_bundle(path, public_key_pem=signer.public_key_pem())
+    assert report.ok and report.checked == 13 and report.tree_size == N, report
+    files = read(path)
+    proofs = json.loads(files["proofs.json"])
+    proofs["left"][0] = "00" * 32
+    bad = verify_bundle(rewrite(path, {**files, "proofs.json": canonical_json(proofs)}))
+    assert not bad.ok and "Merkle root" in bad.reason
+
+
+def test_edited_receipt(bundle: Path, signer) -> None:
+    files = read(bundle)
+    lines = lines_of(files)
+    lines[11]["output"]["tool_calls"][0]["arguments"]["city"] = "Atlantis"
+    report = verify_bundle(rewrite(bundle, with_lines(files, lines)), signer.public_key_pem())
+    assert (report.first_failure_seq, report.checked) == (12, 11)
+    assert "entry_hash" in report.reason
+
+
+def test_deleted_receipt(bundle: Path, signer) -> None:
+    files = read(bundle)
+    lines = lines_of(files)
+    del lines[4]
+    report = verify_bundle(rewrite(bundle, with_lines(files, lines)), signer.public_key_pem())
+    assert report.first_failure_seq == 5 and "missing" in report.reason
+
+
+def test_swapped_receipts(bundle: Path, signer) -> None:
+    files = read(bundle)
+    lines = lines_of(files)
+    lines[7], lines[8] = lines[8], lines[7]
+    report = verify_bundle(rewrite(bundle, with_lines(files, lines)), signer.public_key_pem())
+    assert report.first_failure_seq == 8
+
+
+def test_inserted_forged_receipt(bundle: Path, chain, signer) -> None:
+    attacker = Signer.generate()
+    files = read(bundle)
+    lines = lines_of(files)
+    forged = seal(draft(city="Forged"), seq=6, prev_hash=chain[4].entry_hash, signer=attacker)
+    lines.insert(5, forged.to_json_obj())
+    tampered = rewrite(bundle, with_lines(files, lines))
+    report = verify_bundle(tampered, signer.public_key_pem())
+    assert report.first_failure_seq == 6 and "unknown key" in report.reason
+
+
+def test_receipt_resigned_with_another_key(bundle: Path, signer) -> None:
+    files = read(bundle)
+    lines = lines_of(files)
+    lines[2]["usage"]["prompt_tokens"] = 1
+    resign(lines[2], Signer.generate())
+    report = verify_bundle(rewrite(bundle, with_lines(files, lines)), signer.public_key_pem())
+    assert report.first_failure_seq == 3 and "unknown key" in report.reason
+
+
+def test_whole_bundle_resigned_only_pinning_catches(tmp_path: Path, chain) -> None:
+    """The trust model: unpinned, a bundle re-signed end to end by another key is
+    self-consistent; pinning the operator's key is what rejects it, at seq 1."""
+    operator, attacker = Signer.generate(), Signer.generate()
+    path = export(tmp_path / "forged.tar.gz", build_chain(attacker, 5), attacker)
+    assert verify_bundle(path).ok
+    report = verify_bundle(path, public_key_pem=operator.public_key_pem())
+    assert report.first_failure_seq == 1 and "unknown key" in report.reason
+
+
+def test_truncated_tail(bundle: Path, signer) -> None:
+    files = read(bundle)
+    lines = lines_of(files)[:-3]
+    report = verify_bundle(rewrite(bundle, with_lines(files, lines)), signer.public_key_pem())
+    assert report.first_failure_seq == N - 2 and "truncated" in report.reason
+
+
+def test_edited_schema(bundle: Path, signer) -> None:
+    files = read(bundle)
+    name = f"schemas/{UNION_HASH}.json"
+    schema = json.loads(files[name])
+    schema["oneOf"][0]["properties"]["arguments"]["additionalProperties"] = True
+    report = verify_bundle(rewrite(bundle, {**files, name: canonical_json(schema)}))
+    assert report.first_failure_seq == 1 and "edited" in report.reason
+
+
+def test_file_hash_mismatch_without_a_bad_receipt(bundle: Path) -> None:
+    files = read(bundle)
+    spaced = files[RECEIPTS].replace(b'{"chain"', b'{ "chain"', 1)  # same JSON, other bytes
+    report = verify_bundle(rewrite(bundle, {**files, RECEIPTS: spaced}, fix_manifest=False))
+    assert not report.ok and report.first_failure_seq is None
+    assert "SHA-256" in report.reason and report.checked == N
+
+
+def test_forged_checkpoint(bundle: Path, signer) -> None:
+    files = read(bundle)
+    cp = json.loads(files["checkpoint.json"])
+    cp["root_hash"] = "ab" * 32
+    report = verify_bundle(rewrite(bundle, {**files, "checkpoint.json": canonical_json(cp)}))
+    assert not report.ok and "checkpoint signature" in report.reason
+
+
+def test_unreadable_and_foreign_archives(tmp_path: Path, bundle: Path) -> None:
+    with pytest.raises(BundleError):
+        verify_bundle(tmp_path / "nope.tar.gz")
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not a gzip file")
+    assert "not a readable" in verify_bundle(junk).reason
+    extra = rewrite(bundle, {**read(bundle), "../evil": b"x"})
+    assert "unexpected bundle member" in verify_bundle(extra).reason
+
+
+def test_progress_and_worker_processes(bundle: Path, signer) -> None:
+    seen: list[tuple[int, int]] = []
+    report = verify_bundle(
+        bundle, signer.public_key_pem(), progress=lambda d, t: seen.append((d, t)), workers=2
+    )
+    assert report.ok and seen[-1] == (N, N)
+    files = read(bundle)
+    lines = lines_of(files)
+    lines[20]["finish_reason"] = "stop"
+    tampered = rewrite(bundle, with_lines(files, lines))
+    assert verify_bundle(tampered, workers=2).first_failure_seq == 21
+
+
+def test_writer_refuses_a_gap(tmp_path: Path, chain, signer) -> None:
+    cp = make_checkpoint("acme", N, "00" * 32, signer)
+    with pytest.raises(ReceiptFormatError, match="consecutive"):
+        write_bundle(tmp_path / "x.tar.gz", [chain[0], chain[2]], SCHEMAS, keys_of(signer), cp)
