@@ -41,6 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from receipts import queries
+from receipts.bundle import write_bundle
 from receipts.canonical import canonical_json
 from receipts.chain import VerificationReport, seal, verify_receipts
 from receipts.checkpoint import make_checkpoint
@@ -589,18 +590,18 @@ class Ledger:
         with self._reading() as conn:
             prev = GENESIS_PREV_HASH if first == 1 else queries.entry_hash(conn, tenant,
                                                                             first - 1)
+            if prev is None:
+                raise ReceiptsError(f"receipt seq {first - 1} of chain {tenant!r} is missing:"
+                                    " the range cannot be tied to the chain")
             left, right = queries.with_stored_tree(conn, tenant, lambda subtree: (
                 compact_range(0, first - 1, subtree),
                 compact_range(last, checkpoint["tree_size"], subtree)))
-            bodies = [row.body for row in queries.stream_rows(conn, tenant, first, last)]
-            receipts = [json.loads(body) for body in bodies]
-            bound = {r["manifest"]["schema_hash"] for r in receipts} - {None}
-            schemas = queries.schemas(conn, bound)
-            keys = queries.public_keys(conn, tenant)
-        from receipts.bundle import write_bundle
-
-        write_bundle(out, receipts, schemas, keys, checkpoint, prev_entry_hash=prev,
-                     proofs={"left": [h.hex() for h in left], "right": [h.hex() for h in right]})
+            schemas = queries.schemas(conn, queries.schema_hashes(conn, tenant, first, last))
+            receipts = (json.loads(row.body)
+                        for row in queries.stream_rows(conn, tenant, first, last))
+            write_bundle(out, receipts, schemas, queries.public_keys(conn, tenant), checkpoint,
+                         prev_entry_hash=prev, proofs={"left": [h.hex() for h in left],
+                                                             "right": [h.hex() for h in right]})
 
 
 class _CheckedRows:

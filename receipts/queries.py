@@ -133,6 +133,13 @@ def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
     return json.loads(body) if body is not None else None
 
 
+def schema_hashes(conn: sa.Connection, tenant: str, first: int, last: int) -> list[str]:
+    """The schemas bound by the chain's receipts first..last (for an export)."""
+    r = ReceiptRow.__table__.c
+    return list(conn.scalars(sa.select(r.schema_hash).distinct().where(
+        r.chain == tenant, r.seq.between(first, last), r.schema_hash.is_not(None))))
+
+
 def schemas(conn: sa.Connection, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
     wanted = sorted(set(hashes))
     if not wanted:
