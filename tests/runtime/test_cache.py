@@ -1,0 +1,128 @@
+"""The grammar cache: one compile per key under concurrency, LRU, failure policy, stats."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import pytest
+from grammar_testkit import matches, smol_tokenizer
+
+from runtime.backends import BackendChain
+from runtime.cache import GrammarCache
+from runtime.constraint import Constraint
+from runtime.errors import InvalidSchema
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return BackendChain(smol_tokenizer(), ["llguidance", "xgrammar"])
+
+
+@pytest.fixture
+def cache(chain):
+    cache = GrammarCache(chain, max_entries=8, workers=2)
+    yield cache
+    cache.close()
+
+
+def new_schema(kind: str = "json") -> Constraint:
+    """A schema no cache has seen: its property name is random."""
+    name = "p" + uuid.uuid4().hex[:8]
+    schema = {"type": "object", "properties": {name: {"type": "integer"}}, "required": [name],
+              "additionalProperties": False}
+    return Constraint.json_schema(schema, kind=kind)
+
+
+def test_fifty_threads_compile_a_new_schema_once(cache):
+    constraint = new_schema()
+    barrier = threading.Barrier(50)
+    results = []
+
+    def request():
+        barrier.wait()
+        results.append(cache.get(constraint))
+
+    threads = [threading.Thread(target=request) for _ in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 50 and all(r is results[0] for r in results)
+    stats = cache.stats()["json"]
+    assert stats["compiles"] == 1 and stats["misses"] == 1 and stats["hits"] == 49
+    assert stats["compile_ms_sum"] > 0
+
+
+def test_fifty_coroutines_compile_a_new_schema_once(cache):
+    constraint = new_schema(kind="tools")
+
+    async def burst():
+        return await asyncio.gather(*(cache.aget(constraint) for _ in range(50)))
+
+    results = asyncio.run(burst())
+    assert len({id(r) for r in results}) == 1
+    stats = cache.stats()["tools"]
+    assert (stats["compiles"], stats["misses"], stats["hits"]) == (1, 1, 49)
+
+
+def test_equivalent_spelling_shares_an_entry(cache):
+    a = Constraint.json_schema({"type": "string", "maxLength": 3})
+    b = Constraint.json_schema(dict([("type", "string"), ("maxLength", 3)]))
+    assert cache.get(a) is cache.get(b)
+    assert cache.stats()["json"]["compiles"] == 1
+
+
+def test_lru_bound_and_eviction(cache):
+    first = new_schema()
+    cache.get(first)
+    for _ in range(8):
+        cache.get(new_schema())
+    assert len(cache) == 8
+    cache.get(first)  # evicted: compiled again
+    assert cache.stats()["json"]["compiles"] == 10
+
+
+def test_compiled_grammar_from_cache_enforces(cache):
+    compiled = cache.get(Constraint.regex("[0-9]{2}"))
+    assert compiled.backend == "llguidance"
+    assert matches(compiled.matcher(), "42") and not matches(compiled.matcher(), "4a")
+    assert cache.stats()["regex"]["compiles"] == 1
+
+
+def test_input_failures_are_cached_other_failures_are_not(cache):
+    bad = Constraint.json_schema({"type": "objekt"})
+    for _ in range(2):
+        with pytest.raises(InvalidSchema):
+            cache.get(bad)
+    assert cache.stats()["json"]["compiles"] == 1  # deterministic: cached
+    assert cache.stats()["json"]["failures"] == 1
+
+    broken = Constraint("json", "{not json")  # a caller bug, not a request error
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            cache.get(broken)
+    assert cache.stats()["json"]["compiles"] == 3  # compiled afresh each time
+
+
+def test_on_compile_hook_sees_kind_backend_and_time(chain):
+    seen = []
+    cache = GrammarCache(chain, on_compile=lambda *args: seen.append(args))
+    try:
+        cache.get(Constraint.ebnf('start: "x"'))
+    finally:
+        cache.close()
+    (kind, backend, ms), = seen
+    assert (kind, backend) == ("ebnf", "llguidance") and ms > 0
+
+
+def test_the_key_binds_backend_order_and_tokenizer(cache, chain):
+    other = GrammarCache(BackendChain(smol_tokenizer(), ["xgrammar"]))
+    try:
+        constraint = Constraint.regex("a")
+        assert cache.key(constraint) != other.key(constraint)
+        assert cache.key(constraint)[3] == chain.tokenizer_digest
+        assert other.get(constraint).backend == "xgrammar"
+    finally:
+        other.close()

@@ -1,0 +1,87 @@
+"""Bad constraints fail fast with a typed error naming the problem, before any backend runs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from grammar_testkit import smol_tokenizer
+
+from runtime.backends import BackendChain
+from runtime.constrained import cfg_processor, json_schema_processor, regex_processor
+from runtime.constraint import Constraint
+from runtime.errors import (
+    ConstraintTooComplex,
+    InvalidGrammar,
+    InvalidRegex,
+    InvalidSchema,
+    RuntimeInputError,
+)
+from runtime.limits import Limits, check_constraint, check_tool_count
+
+
+@pytest.fixture(scope="module")
+def chain():
+    return BackendChain(smol_tokenizer())
+
+
+def _deep(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "constraint, error, words",
+    [
+        (Constraint.json_schema({"type": "objekt"}), InvalidSchema, "/type"),
+        (Constraint.json_schema({"type": "object", "properties": {"a": {"minLength": -1}}}),
+         InvalidSchema, "/properties/a/minLength"),
+        (Constraint.json_schema({"required": "a"}), InvalidSchema, "/required"),
+        (Constraint.regex("a(b"), InvalidRegex, "missing ), unterminated subpattern"),
+        (Constraint.regex("[z-a]"), InvalidRegex, "bad character range"),
+        (Constraint.ebnf("start: foo"), InvalidGrammar, "unknown name"),
+        (Constraint.ebnf('start: "a" ('), InvalidGrammar, "invalid grammar"),
+        (Constraint.ebnf("  "), InvalidGrammar, "empty"),
+        (Constraint.ebnf("root ::= [a-"), InvalidGrammar, "invalid grammar"),
+        (Constraint.regex("(a+)+$"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex(r"\d{5000}"), ConstraintTooComplex, "max_regex_repeat"),
+        (Constraint.regex("a" * 2000), ConstraintTooComplex, "max_regex_length"),
+        (Constraint.json_schema(_deep(40)), ConstraintTooComplex, "max_schema_depth"),
+        (Constraint.json_schema({"enum": ["x" * 100] * 1000}), ConstraintTooComplex,
+         "max_schema_bytes"),
+    ],
+)
+def test_typed_error_fast(chain, constraint, error, words):
+    start = time.perf_counter()
+    with pytest.raises(error) as info:
+        chain.compile(constraint)
+    assert time.perf_counter() - start < 0.5
+    assert words in info.value.message
+    assert isinstance(info.value, RuntimeInputError) and info.value.status == 400
+    assert info.value.param == {"json": "response_format", "regex": "regex",
+                                "ebnf": "grammar"}[constraint.kind]
+
+
+def test_processor_factories_raise_the_same_typed_errors():
+    tok = smol_tokenizer()
+    with pytest.raises(InvalidSchema):
+        json_schema_processor({"type": 5}, tok)
+    with pytest.raises(InvalidRegex):
+        regex_processor("(", tok)
+    with pytest.raises(InvalidGrammar):
+        cfg_processor("start: (", tok)
+
+
+def test_limits_are_configurable_and_name_the_limit():
+    small = Limits(max_schema_bytes=10, max_tools=2, max_regex_length=3)
+    with pytest.raises(ConstraintTooComplex, match="max_schema_bytes is 10"):
+        check_constraint(Constraint.json_schema({"type": "string"}), small)
+    with pytest.raises(ConstraintTooComplex, match="max_regex_length is 3"):
+        check_constraint(Constraint.regex("abcd"), small)
+    with pytest.raises(ConstraintTooComplex, match="max_tools is 2") as info:
+        check_tool_count(3, small)
+    assert info.value.param == "tools"
+    check_tool_count(2, small)
+    check_constraint(Constraint.regex(r"(ab)+\d{3}-[a-z]{1,10}"))  # ordinary patterns pass
