@@ -32,9 +32,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from receipts.binding import SchemaBinding
-from receipts.canonical import canonical_json
-from receipts.chain import ChainLinker, VerificationReport, receipt_problem
+from receipts.canonical import canonical_json, canonical_plain, loads_plain
+from receipts.chain import ChainLinker, ReceiptChecker, VerificationReport
 from receipts.checkpoint import check_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
 from receipts.manifest import is_hex64
@@ -331,18 +330,19 @@ class LineChecker:
     """The self-contained checks of receipts.jsonl lines (run in workers or in-process)."""
 
     def __init__(self, public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
-        self.keyring = KeyRing.from_public_keys(public_keys)
-        self.binding = SchemaBinding(schemas)
+        self.checker = ReceiptChecker(KeyRing.from_public_keys(public_keys), schemas)
 
     def check(self, lines: list[bytes]) -> list[LineFacts]:
         facts = []
         for line in lines:
+            plain = loads_plain(line)
             try:
-                receipt = Receipt.from_json_obj(json.loads(line))
+                receipt = Receipt.from_json_obj(json.loads(line) if plain is None else plain)
             except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
                 facts.append(LineFacts("", 0, "", "", f"malformed receipt: {exc}"))
                 continue
-            problem = receipt_problem(receipt, self.keyring, self.binding)
+            body = None if plain is None else canonical_plain(receipt.body())
+            problem = self.checker.problem(receipt, body)
             facts.append(
                 LineFacts(
                     receipt.chain, receipt.seq, receipt.prev_hash, receipt.entry_hash, problem

@@ -108,6 +108,50 @@ def _float_text(value: float) -> str:
     return _reference(value).decode("ascii")
 
 
+def _plain_float(text: str) -> float | int:
+    value = float(text)
+    if value.is_integer():
+        if abs(value) <= _MAX_SAFE_INT:
+            return int(value)  # JCS prints an integral double as an integer anyway
+    elif 1e-4 <= abs(value) < 1e16:
+        return value  # repr() prints it as ECMAScript does
+    raise _Unusual
+
+
+def _plain_int(text: str) -> int:
+    value = int(text)
+    if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+        raise _Unusual
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise _Unusual  # NaN, Infinity
+
+
+def loads_plain(text: bytes) -> Any | None:
+    """Parse JSON text whose value the C encoder prints exactly as RFC 8785 does, or None.
+
+    The cheap route for a verifier reading JSON lines: ASCII text without \\u escapes has no
+    key-order or surrogate subtleties, and numbers are admitted only where Python prints them
+    the ECMAScript way (integral floats come back as ints, the same JSON number). Encode the
+    result, or any part of it, with `canonical_plain`.
+    """
+    if not text.isascii() or b"\\u" in text:
+        return None
+    try:
+        return json.loads(
+            text, parse_float=_plain_float, parse_int=_plain_int, parse_constant=_no_constant
+        )
+    except (_Unusual, ValueError, RecursionError):
+        return None
+
+
+def canonical_plain(value: Any) -> bytes:
+    """canonical_json of (part of) a value loads_plain returned, without the safety walk."""
+    return _encode(value).encode("ascii")
+
+
 def sha256_hex(data: bytes) -> str:
     """Lowercase hex SHA-256 of raw bytes."""
     return hashlib.sha256(data).hexdigest()

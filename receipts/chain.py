@@ -18,7 +18,12 @@ from typing import Any, Protocol
 from receipts.binding import SchemaBinding, SchemaSource
 from receipts.canonical import canonical_json, sha256_hex
 from receipts.checkpoint import check_checkpoint, checkpoint_problem
-from receipts.errors import ReceiptFormatError, ReceiptsError, VerificationError
+from receipts.errors import (
+    CanonicalizationError,
+    ReceiptFormatError,
+    ReceiptsError,
+    VerificationError,
+)
 from receipts.manifest import manifest_hash
 from receipts.merkle import CompactRange, leaf_hash
 from receipts.record import (
@@ -101,24 +106,48 @@ class VerificationReport:
         return json.dumps(self.to_json_obj(), sort_keys=True)
 
 
-def receipt_problem(receipt: Receipt, keyring: KeyRing, binding: SchemaBinding) -> str | None:
-    """The checks one receipt must pass on its own: entry hash, signing key, signature,
-    manifest hash, schema binding. Returns the first reason it fails, or None."""
-    if entry_hash_of(receipt.body()) != receipt.entry_hash:
-        return "entry_hash does not match the receipt's content (edited)"
-    if receipt.key_id not in keyring:
-        return f"signed by unknown key {receipt.key_id}"
-    if not keyring.allows(receipt.key_id, receipt.chain, receipt.seq):
-        return f"key {receipt.key_id} did not sign seq {receipt.seq} of this chain (out of range)"
-    try:
-        signature = base64.b64decode(receipt.signature, validate=True)
-    except binascii.Error:
-        return "signature is not valid base64"
-    if not keyring.verify(receipt.key_id, bytes.fromhex(receipt.entry_hash), signature):
-        return "signature does not verify"
-    if manifest_hash(receipt.manifest) != receipt.manifest_hash:
-        return "manifest_hash does not match the manifest"
-    return binding.problem(receipt.manifest, receipt.output, receipt.validation)
+class ReceiptChecker:
+    """The checks one receipt must pass on its own: entry hash, signing key and range,
+    signature, manifest hash, schema binding. Manifest hashes are memoised per run (a chain
+    repeats a few manifests many times), keyed by their exact JSON text."""
+
+    def __init__(self, keyring: KeyRing, schemas: SchemaSource) -> None:
+        self.keyring = keyring
+        self.binding = SchemaBinding(schemas)
+        self._manifest_hashes: dict[str, str] = {}
+
+    def problem(self, receipt: Receipt, canonical_body: bytes | None = None) -> str | None:
+        """The first reason `receipt` fails, or None. `canonical_body`, when the caller
+        already has it (canonical.loads_plain), saves canonicalizing the body again."""
+        try:
+            if canonical_body is None:
+                canonical_body = canonical_json(receipt.body())
+        except CanonicalizationError as exc:
+            return str(exc)
+        if sha256_hex(canonical_body) != receipt.entry_hash:
+            return "entry_hash does not match the receipt's content (edited)"
+        keyring = self.keyring
+        if receipt.key_id not in keyring:
+            return f"signed by unknown key {receipt.key_id}"
+        if not keyring.allows(receipt.key_id, receipt.chain, receipt.seq):
+            return (
+                f"key {receipt.key_id} did not sign seq {receipt.seq} of this chain (out of range)"
+            )
+        try:
+            signature = base64.b64decode(receipt.signature, validate=True)
+        except binascii.Error:
+            return "signature is not valid base64"
+        if not keyring.verify(receipt.key_id, bytes.fromhex(receipt.entry_hash), signature):
+            return "signature does not verify"
+        if self._manifest_hash(receipt.manifest) != receipt.manifest_hash:
+            return "manifest_hash does not match the manifest"
+        return self.binding.problem(receipt.manifest, receipt.output, receipt.validation)
+
+    def _manifest_hash(self, manifest: Mapping[str, Any]) -> str:
+        text = json.dumps(manifest, sort_keys=True)  # equal text -> equal JSON -> equal hash
+        if text not in self._manifest_hashes:
+            self._manifest_hashes[text] = manifest_hash(manifest)
+        return self._manifest_hashes[text]
 
 
 class Linkable(Protocol):
@@ -257,7 +286,7 @@ def verify_receipts(
     entry hashes must equal its signed root and a checkpoint beyond the last receipt means a
     truncated tail; `left`/`right` are compact ranges for a range that is not the whole tree.
     """
-    binding = SchemaBinding(schemas)
+    checker = ReceiptChecker(keyring, schemas)
     try:
         linker = ChainLinker(
             keyring,
@@ -275,7 +304,7 @@ def verify_receipts(
                 receipt = item if isinstance(item, Receipt) else Receipt.from_json_obj(item)
             except ReceiptFormatError as exc:
                 raise VerificationError(f"malformed receipt: {exc}", seq) from exc
-            reason = receipt_problem(receipt, keyring, binding)
+            reason = checker.problem(receipt)
             if reason:
                 raise VerificationError(reason, seq)
             linker.link(receipt)

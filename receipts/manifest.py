@@ -71,12 +71,13 @@ def build_manifest(
         "constraint_sha256": constraint_sha256,
     }
     check_manifest(manifest)
+    canonical_json(manifest["sampling"])  # CanonicalizationError now, not at sealing time
     return manifest
 
 
 def check_manifest(manifest: object) -> None:
     """Raise ReceiptFormatError unless `manifest` has exactly the v1 manifest shape."""
-    if not isinstance(manifest, Mapping):
+    if not isinstance(manifest, dict):
         raise ReceiptFormatError("manifest must be an object")
     if set(manifest) != set(MANIFEST_FIELDS):
         missing = sorted(set(MANIFEST_FIELDS) - set(manifest))
@@ -88,9 +89,8 @@ def check_manifest(manifest: object) -> None:
     for name in ("weights_digest", "tokenizer_digest", "backend", "renderer"):
         if manifest[name] is not None and not isinstance(manifest[name], str):
             raise ReceiptFormatError(f"manifest.{name} must be a string or null")
-    if not isinstance(manifest["sampling"], Mapping):
+    if not isinstance(manifest["sampling"], dict):
         raise ReceiptFormatError("manifest.sampling must be an object")
-    canonical_json(manifest["sampling"])  # raises CanonicalizationError for non-JSON values
     kind = manifest["constraint_kind"]
     if kind not in CONSTRAINT_KINDS:
         raise ReceiptFormatError(

@@ -12,6 +12,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
+from functools import cache
 from typing import Any
 
 from receipts.errors import ReceiptFormatError
@@ -47,11 +48,17 @@ def _fail(path: str, want: str) -> ReceiptFormatError:
     return ReceiptFormatError(f"{path} must be {want}")
 
 
+@cache
+def _keysets(required: tuple[str, ...], optional: tuple[str, ...]) -> tuple[frozenset, frozenset]:
+    return frozenset(required), frozenset(required + optional)
+
+
 def _obj(value: object, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()):
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise _fail(path, "an object")
-    keys = set(value)
-    if not keys.issuperset(required) or not keys.issubset(required + optional):
+    must, may = _keysets(required, optional)
+    keys = value.keys()
+    if not (keys >= must and keys <= may):
         raise _fail(path, f"an object with fields {list(required)} (optional {list(optional)})")
     return value
 
@@ -91,7 +98,7 @@ def check_output(output: object) -> None:
             raise _fail(f"{path}.id", "call_ + 24 lowercase hex")
         if not isinstance(call["name"], str) or not call["name"]:
             raise _fail(f"{path}.name", "a non-empty string")
-        if not isinstance(call["arguments"], Mapping):
+        if not isinstance(call["arguments"], dict):
             raise _fail(f"{path}.arguments", "an object")
     _hex64(output["content_sha256"], "output.content_sha256", nullable=True)
 

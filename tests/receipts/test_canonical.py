@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -10,7 +11,13 @@ import rfc8785
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from receipts.canonical import canonical_json, hash_json, sha256_hex
+from receipts.canonical import (
+    canonical_json,
+    canonical_plain,
+    hash_json,
+    loads_plain,
+    sha256_hex,
+)
 from receipts.errors import CanonicalizationError
 
 EDGE_FLOATS = [
@@ -108,3 +115,23 @@ def test_hash_helpers() -> None:
         canonical_json({1: "non-string key"})
     with pytest.raises(CanonicalizationError):
         canonical_json(float("nan"))
+
+
+@settings(max_examples=800, deadline=None)
+@given(json_values, st.booleans())
+@example({"a": [1.0, 0.7, 2**53 - 1, "x"]}, False)
+def test_plain_route_is_byte_equal_when_taken(value: Any, ascii_only: bool) -> None:
+    try:
+        text = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8")
+    except (UnicodeEncodeError, ValueError):
+        return  # a lone surrogate cannot be UTF-8 text at all
+    parsed = loads_plain(text)
+    if parsed is not None:
+        assert canonical_plain(parsed) == rfc8785.dumps(json.loads(text))
+
+
+def test_plain_route_is_taken_for_receipt_lines() -> None:
+    line = canonical_json({"v": 1, "sampling": {"temperature": 0.7, "top_p": 1.0}, "n": 3})
+    assert loads_plain(line) is not None
+    assert loads_plain(b'{"k": "\\u00e9"}') is None
+    assert loads_plain(b'{"k": 1e300}') is None
