@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from litestar import Controller, delete, get, post
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, JSONBody
 
 from gateway.apikeys import ApiKey, KeyNotFound, KeyStore
 from gateway.auth import require_role
@@ -23,16 +24,28 @@ class AdminKeysController(Controller):
     dependencies = {"principal": Provide(require_role("admin"))}
 
     @get("", summary="List API keys (never their secrets)")
-    async def list_keys(self, principal: ApiKey, keys: KeyStore) -> list[KeyInfo]:
+    async def list_keys(
+        self, principal: NamedDependency[ApiKey], keys: NamedDependency[KeyStore]
+    ) -> list[KeyInfo]:
         return [_info(key) for key in await asyncio.to_thread(keys.list)]
 
     @post("", summary="Create an API key; the secret is returned once")
-    async def create_key(self, principal: ApiKey, keys: KeyStore, data: KeyCreate) -> CreatedKey:
+    async def create_key(
+        self,
+        principal: NamedDependency[ApiKey],
+        keys: NamedDependency[KeyStore],
+        data: JSONBody[KeyCreate],
+    ) -> CreatedKey:
         key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
         return CreatedKey(key=_info(key), secret=secret)
 
     @delete("/{key_id:str}", status_code=200, summary="Revoke an API key")
-    async def revoke_key(self, principal: ApiKey, keys: KeyStore, key_id: str) -> KeyInfo:
+    async def revoke_key(
+        self,
+        principal: NamedDependency[ApiKey],
+        keys: NamedDependency[KeyStore],
+        key_id: FromPath[str],
+    ) -> KeyInfo:
         try:
             return _info(await asyncio.to_thread(keys.revoke, key_id))
         except KeyNotFound as exc:

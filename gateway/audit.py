@@ -16,10 +16,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from litestar import Controller, get, post
-from litestar.di import Provide
-from litestar.params import Parameter
+from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath, FromQuery, JSONBody, Parameter
 from litestar.response import Stream
-from runtime.limits import Limits
 
 from gateway.apikeys import ApiKey
 from gateway.auth import require_role
@@ -30,6 +29,7 @@ from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest
 from gateway.settings import Settings
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.record import Receipt
+from runtime.limits import Limits
 
 T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
@@ -57,14 +57,14 @@ class AuditController(Controller):
     @get("/receipts", summary="List receipts (filters, cursor pagination by seq)")
     async def list_receipts(
         self,
-        principal: ApiKey,
-        ledger: Ledger,
-        since: datetime | None = None,
-        until: datetime | None = None,
-        tool_name: str | None = None,
-        model: str | None = None,
-        schema_hash: str | None = None,
-        call_id: str | None = None,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        since: FromQuery[datetime | None] = None,
+        until: FromQuery[datetime | None] = None,
+        tool_name: FromQuery[str | None] = None,
+        model: FromQuery[str | None] = None,
+        schema_hash: FromQuery[str | None] = None,
+        call_id: FromQuery[str | None] = None,
         cursor: int | None = Parameter(default=None, ge=0, description="next_cursor of a page"),
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> ReceiptPage:
@@ -86,20 +86,31 @@ class AuditController(Controller):
 
     @get("/receipts/{receipt_id:str}", summary="One receipt")
     async def get_receipt(
-        self, principal: ApiKey, ledger: Ledger, receipt_id: str
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        receipt_id: FromPath[str],
     ) -> dict[str, Any]:
         receipt = await _read(ledger.get, principal.tenant, receipt_id)
         return _found(receipt, f"receipt {receipt_id}").to_json_obj()
 
     @get("/calls/{call_id:str}", summary="A tool call, its receipt and the receipts answering it")
-    async def get_call(self, principal: ApiKey, ledger: Ledger, call_id: str) -> CallRecord:
+    async def get_call(
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        call_id: FromPath[str],
+    ) -> CallRecord:
         issuer = _found(await _read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
         answers: list[Receipt] = await _read(ledger.answers_to, principal.tenant, call_id)
         return CallRecord(call_id, issuer.to_json_obj(), [r.to_json_obj() for r in answers])
 
     @get("/schemas/{schema_hash:str}", summary="A schema by its hash (bound by this chain)")
     async def get_schema(
-        self, principal: ApiKey, ledger: Ledger, schema_hash: str
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        schema_hash: FromPath[str],
     ) -> dict[str, Any]:
         bound = await _read(
             ledger.query, ReceiptQuery(tenant=principal.tenant, schema_hash=schema_hash, limit=1)
@@ -109,20 +120,24 @@ class AuditController(Controller):
         return _found(await _read(ledger.schema, schema_hash), what)
 
     @get("/keys", summary="Public keys that signed this chain, with their seq ranges")
-    async def public_keys(self, principal: ApiKey, ledger: Ledger) -> list[dict[str, Any]]:
+    async def public_keys(
+        self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
+    ) -> list[dict[str, Any]]:
         return await _read(ledger.public_keys, principal.tenant)
 
     @get("/checkpoints/latest", summary="The latest signed checkpoint of this chain")
-    async def latest_checkpoint(self, principal: ApiKey, ledger: Ledger) -> dict[str, Any]:
+    async def latest_checkpoint(
+        self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
+    ) -> dict[str, Any]:
         checkpoint = await _read(ledger.latest_checkpoint, principal.tenant)
         return _found(checkpoint, "checkpoint")
 
     @get("/proofs/inclusion/{seq:int}", summary="Merkle inclusion proof of a receipt (RFC 9162)")
     async def inclusion_proof(
         self,
-        principal: ApiKey,
-        ledger: Ledger,
-        seq: int,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        seq: FromPath[int],
         tree_size: int | None = Parameter(default=None, ge=1),
     ) -> dict[str, Any]:
         return await _read(ledger.inclusion_proof, principal.tenant, seq, tree_size)
@@ -130,8 +145,8 @@ class AuditController(Controller):
     @get("/proofs/consistency", summary="Merkle consistency proof between two tree sizes")
     async def consistency_proof(
         self,
-        principal: ApiKey,
-        ledger: Ledger,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
         first: int = Parameter(ge=1),
         second: int = Parameter(ge=1),
     ) -> dict[str, Any]:
@@ -139,7 +154,10 @@ class AuditController(Controller):
 
     @post("/verify", status_code=200, summary="Verify a seq range of this chain")
     async def verify(
-        self, principal: ApiKey, ledger: Ledger, data: VerifyRequest | None = None
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        data: JSONBody[VerifyRequest | None] = None,
     ) -> dict[str, Any]:
         data = data or VerifyRequest()
         report = await _read(ledger.verify, principal.tenant, data.from_seq, data.to_seq)
@@ -148,13 +166,13 @@ class AuditController(Controller):
     @post("/replay/{receipt_id:str}", status_code=200, summary="Re-run a receipt's request")
     async def replay_receipt(
         self,
-        principal: ApiKey,
-        ledger: Ledger,
-        completions: Completions,
-        settings: Settings,
-        limits: Limits,
-        receipt_id: str,
-        data: ReplayRequest | None = None,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        completions: NamedDependency[Completions],
+        settings: NamedDependency[Settings],
+        limits: NamedDependency[Limits],
+        receipt_id: FromPath[str],
+        data: JSONBody[ReplayRequest | None] = None,
     ) -> ReplayReport:
         receipt = _found(
             await _read(ledger.get, principal.tenant, receipt_id), f"receipt {receipt_id}"
@@ -169,10 +187,10 @@ class AuditController(Controller):
     )
     async def export(
         self,
-        principal: ApiKey,
-        ledger: Ledger,
-        since: datetime | None = None,
-        until: datetime | None = None,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        since: FromQuery[datetime | None] = None,
+        until: FromQuery[datetime | None] = None,
     ) -> Stream:
         fd, path = tempfile.mkstemp(prefix="callproof-export-", suffix=".tar.gz")
         os.close(fd)

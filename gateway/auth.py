@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from litestar import Request
+from litestar.di import NamedDependency
 
 from gateway.apikeys import ApiKey, KeyStore, Role, hash_secret
 from gateway.errors import APIError
@@ -47,7 +48,7 @@ class Authenticator:
 def require_role(role: Role) -> Callable[[Request, Authenticator], Awaitable[ApiKey]]:
     """A dependency provider yielding the caller's key, or raising 401/403."""
 
-    async def principal(request: Request, authenticator: Authenticator) -> ApiKey:
+    async def principal(request: Request, authenticator: NamedDependency[Authenticator]) -> ApiKey:
         key = await authenticator.authenticate(request.headers.get("authorization"))
         if key.role != role:
             raise APIError(

@@ -6,9 +6,9 @@ import secrets
 import time
 
 from litestar import Controller, Response, post
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
+from litestar.params import JSONBody
 from litestar.response import Stream
-from runtime.limits import Limits
 
 from gateway.apikeys import ApiKey
 from gateway.auth import require_role
@@ -24,6 +24,7 @@ from gateway.schemas import (
 )
 from gateway.settings import Settings
 from gateway.sse import ChunkWriter, stream_completion
+from runtime.limits import Limits
 
 RECEIPT_HEADER = "X-Callproof-Receipt"
 
@@ -46,11 +47,11 @@ class ChatController(Controller):
     )
     async def create(
         self,
-        data: ChatCompletionRequest,
-        principal: ApiKey,
-        completions: Completions,
-        settings: Settings,
-        limits: Limits,
+        data: JSONBody[ChatCompletionRequest],
+        principal: NamedDependency[ApiKey],
+        completions: NamedDependency[Completions],
+        settings: NamedDependency[Settings],
+        limits: NamedDependency[Limits],
     ) -> Response[ChatCompletion]:
         model = completions.engine.identity.model
         prepared = prepare(data, settings, limits, model)

@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.limits import Limits, check_constraint, check_tool_count
-
 from gateway.errors import APIError
 from gateway.metrics import Metrics
 from gateway.recording import draft_for, manifest_for, request_record
@@ -27,6 +25,7 @@ from receipts.ledger import Ledger
 from receipts.record import Receipt
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
 from runtime.errors import UnsupportedParameter
+from runtime.limits import Limits, check_constraint, check_tool_count
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.tools import ParsedResponse
 

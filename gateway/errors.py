@@ -117,7 +117,7 @@ def _validation_body(exc: ValidationException) -> dict[str, Any]:
         if isinstance(item, dict):
             message = item.get("message", message)
             key = item.get("key")
-            param = key if key and key != "body" else param
+            param = key if key not in (None, "data", "body") else None
             break
     param = param or _param_from_message(message)
     code = "unsupported_parameter" if "unknown field" in message else "invalid_value"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 
 from gateway.completion import Completions
 from gateway.metrics import Metrics
@@ -20,7 +21,9 @@ class HealthController(Controller):
         return {"status": "ok"}
 
     @get("/readyz", summary="Readiness: engine loaded and database reachable (else 503)")
-    async def readyz(self, completions: Completions) -> Response[dict[str, object]]:
+    async def readyz(
+        self, completions: NamedDependency[Completions]
+    ) -> Response[dict[str, object]]:
         try:
             engine_ready = await completions.engine.ready()
         except Exception:  # noqa: BLE001 - an engine that cannot answer is not ready
@@ -39,5 +42,5 @@ class HealthController(Controller):
         return Response(body, status_code=200 if ready else 503)
 
     @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
-    async def metrics(self, metrics: Metrics) -> Response[bytes]:
+    async def metrics(self, metrics: NamedDependency[Metrics]) -> Response[bytes]:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from litestar import Controller, get
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 
 from gateway.apikeys import ApiKey
 from gateway.auth import require_role
@@ -17,7 +17,9 @@ class ModelsController(Controller):
     dependencies = {"principal": Provide(require_role("agent"))}
 
     @get("", summary="List the served models")
-    async def list_models(self, principal: ApiKey, completions: Completions) -> ModelList:
+    async def list_models(
+        self, principal: NamedDependency[ApiKey], completions: NamedDependency[Completions]
+    ) -> ModelList:
         identity = completions.engine.identity
         return ModelList(
             data=[

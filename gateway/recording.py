@@ -45,7 +45,7 @@ def manifest_for(
         backend=backend,
         renderer=plan.renderer,
         sampling=sampling.as_manifest(),
-        constraint_kind=plan.mode,
+        constraint_kind=plan.mode if constraint is not None else "none",
         constraint_sha256=sha256_hex(constraint.source.encode()) if text_constraint else None,
     )
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from runtime.limits import Limits
 
 from gateway.completion import Completions, prepare
 from gateway.errors import APIError
@@ -21,6 +20,7 @@ from gateway.settings import Settings
 from receipts.manifest import schema_hash
 from receipts.record import Receipt
 from runtime.engines.base import EngineIdentity, Sampling
+from runtime.limits import Limits
 
 _FREE_TEXT_BACKEND = "none"  # no constraint was enforced: any backend replays it
 

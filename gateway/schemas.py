@@ -188,10 +188,10 @@ class ChatCompletionChunk(Struct, omit_defaults=True):
     """One SSE event; `usage` only in the usage chunk, `receipt` only in the last chunk."""
 
     id: str
+    object: Literal["chat.completion.chunk"]  # no default: omit_defaults must not drop it
     created: int
     model: str
     choices: list[ChunkChoice]
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     usage: Usage | None = None
     receipt: ReceiptRef | None = None
 

@@ -47,7 +47,12 @@ class ChunkWriter:
     """Builds the chunks of one completion (shared id, created time and model name)."""
 
     def __init__(self, completion_id: str, created: int, model: str):
-        self._base = {"id": completion_id, "created": created, "model": model}
+        self._base = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+        }
 
     def delta(self, delta: Delta, finish: str | None = None, **extra: object) -> bytes:
         choice = ChunkChoice(index=0, delta=delta, finish_reason=finish)  # type: ignore[arg-type]
@@ -66,7 +71,7 @@ async def stream_completion(
 ) -> AsyncIterator[bytes]:
     """The SSE body; `events` is the engine's stream (its first event already checked)."""
     try:
-        yield writer.delta(Delta(role="assistant", content=""))
+        yield writer.delta(Delta(role="assistant"))
         decoder = EnvelopeStreamDecoder(prepared.plan)
         held: list[ToolCallStart | ToolArgumentsDelta] = []  # released after the commit
         generation: Generation | None = None

@@ -1,0 +1,195 @@
+"""A real gateway on 127.0.0.1 for the OpenAI-SDK suite: real engine, real database, real keys.
+
+Fixtures are session-scoped and parametrized twice, so every test runs against each
+(engine, database) pair while the expensive parts happen once:
+
+- ``gateway_engine``: one loaded engine per entry of GATEWAY_ENGINES. To run the suite on
+  another engine, add an entry: a name and a factory ``(pytest.FixtureRequest) -> Engine``
+  (the factory may call ``request.getfixturevalue`` for a server it needs, and may register
+  ``request.addfinalizer`` for cleanup). The engine is closed by this fixture.
+- ``gateway``: a migrated SQLite file or a new database on the session's Postgres cluster,
+  API keys for two tenants, a ledger with a fresh signing key, and the app served by uvicorn
+  on a free port. All servers run on one background event loop, so an engine's asyncio
+  objects always live on the same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+import uvicorn
+
+from callproof.devpg import free_port
+from gateway.apikeys import KeyStore
+from gateway.app import create_app
+from gateway.settings import Settings
+from migrations.runner import upgrade
+from receipts.ledger import Ledger
+from receipts.signing import Signer
+from runtime.engines.base import Engine
+
+TENANT = "acme"
+OTHER_TENANT = "globex"
+
+
+def _embedded(request: pytest.FixtureRequest) -> Engine:
+    from runtime.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine.load()
+
+
+GATEWAY_ENGINES: dict[str, Callable[[pytest.FixtureRequest], Engine]] = {
+    "embedded": _embedded,
+}
+
+
+class ServerLoop:
+    """One asyncio loop in a daemon thread that runs every test server of the session."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Any, timeout: float = 120) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def serve(self, app: Any) -> tuple[str, Callable[[], None]]:
+        """Start `app` on a free port; returns its base URL and a stop function."""
+        port = free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+        server = uvicorn.Server(config)
+        done = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            if server.started or done.done():
+                break
+            threading.Event().wait(0.05)
+        if not server.started:
+            done.result(5)  # surfaces the startup error
+            raise RuntimeError("the test gateway did not start")
+
+        def stop() -> None:
+            server.should_exit = True
+            done.result(30)
+
+        return url, stop
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+
+@dataclass
+class Gateway:
+    """A running gateway and the credentials to use it."""
+
+    url: str
+    db_kind: str
+    db_url: str
+    settings: Settings
+    engine: Engine
+    ledger: Ledger
+    keys: KeyStore
+    signer: Signer
+    secrets: dict[str, str] = field(default_factory=dict)  # agent, auditor, ...
+    tenant: str = TENANT  # the agent's and the auditor's tenant; other_* keys are OTHER_TENANT
+
+    @property
+    def model(self) -> str:
+        return self.engine.identity.model
+
+    def openai(self, role: str = "agent") -> Any:
+        from openai import OpenAI
+
+        return OpenAI(
+            base_url=self.url + "/v1", api_key=self.secrets[role], max_retries=0, timeout=120
+        )
+
+    def http(self, role: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.secrets[role]}"} if role else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def server_loop() -> Iterator[ServerLoop]:
+    loop = ServerLoop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="session", params=sorted(GATEWAY_ENGINES))
+def gateway_engine(request: pytest.FixtureRequest, server_loop: ServerLoop) -> Iterator[Engine]:
+    engine = GATEWAY_ENGINES[request.param](request)
+    yield engine
+    server_loop.run(engine.aclose())
+
+
+def _new_postgres_database(server_url: str) -> tuple[str, Callable[[], None]]:
+    name = "gw_" + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+    return server_url.rsplit("/", 1)[0] + "/" + name, drop
+
+
+def gateway_settings(data_dir: Path, db_url: str, **overrides: Any) -> Settings:
+    """Small token budgets keep the real model fast; payloads are retained for replay."""
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "db": db_url,
+        "retain_payloads": True,
+        "default_max_tokens": 64,
+        "max_tokens_limit": 256,
+        "key_cache_ttl_s": 0.5,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def gateway(
+    request: pytest.FixtureRequest,
+    gateway_engine: Engine,
+    server_loop: ServerLoop,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Gateway]:
+    data_dir = tmp_path_factory.mktemp(f"gateway-{request.param}")
+    drop: Callable[[], None] = lambda: None  # noqa: E731
+    if request.param == "postgres":
+        db_url, drop = _new_postgres_database(request.getfixturevalue("postgres_server_url"))
+    else:
+        db_url = f"sqlite:///{data_dir / 'ledger.db'}"
+    upgrade(db_url)
+    settings = gateway_settings(data_dir, db_url)
+    signer = Signer.generate()
+    ledger = Ledger.open(db_url, signer, retain_payloads=True, checkpoint_every=1000)
+    keys = KeyStore.open(db_url)
+    secrets = {
+        "agent": keys.create("agent", TENANT)[1],
+        "auditor": keys.create("auditor", TENANT)[1],
+        "other_auditor": keys.create("auditor", OTHER_TENANT)[1],
+        "other_agent": keys.create("agent", OTHER_TENANT)[1],
+        "admin": keys.create("admin", "ops")[1],
+    }
+    url, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
+    yield Gateway(url, request.param, db_url, settings, gateway_engine, ledger, keys, signer, secrets)
+    stop()
+    ledger.close()
+    keys.close()
+    drop()

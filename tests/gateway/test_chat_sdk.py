@@ -1,0 +1,250 @@
+"""The real OpenAI SDK against a running gateway: tool calling, streaming, parse, agent loops.
+
+Tool parameters use enums and closed objects so the small model finishes within a few dozen
+tokens; everything the model emits is still constrained and checked here against the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+import jsonschema
+import pytest
+from pydantic import BaseModel
+
+pytestmark = pytest.mark.model
+
+CALL_ID = re.compile(r"^call_[0-9a-f]{24}$")
+RECEIPT_ID = re.compile(r"^rcpt_[0-9a-f]{24}$")
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for one city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOLS = [WEATHER, CLOCK]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check_calls(tool_calls: list[Any]) -> None:
+    """Every call has a call_<24 hex> id and arguments valid against its tool's schema."""
+    assert tool_calls, "expected at least one tool call"
+    for call in tool_calls:
+        assert CALL_ID.match(call.id), call.id
+        assert call.type == "function"
+        jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+    assert len({c.id for c in tool_calls}) == len(tool_calls)
+
+
+def receipt_of(completion: Any) -> dict[str, Any]:
+    receipt = completion.model_extra["receipt"]
+    assert RECEIPT_ID.match(receipt["id"])
+    return receipt
+
+
+def recorded(gateway: Any, receipt_id: str) -> Any:
+    stored = gateway.ledger.get(gateway.tenant, receipt_id)
+    assert stored is not None, f"receipt {receipt_id} is not in the ledger"
+    return stored
+
+
+def create(gateway: Any, **params: Any) -> Any:
+    params.setdefault("messages", ASK_WEATHER)
+    params.setdefault("temperature", 0)
+    return gateway.openai().chat.completions.create(model=gateway.model, **params)
+
+
+def test_required_tool_call_is_receipted_before_it_returns(gateway: Any) -> None:
+    raw = gateway.openai().chat.completions.with_raw_response.create(
+        model=gateway.model, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=False, temperature=0,
+    )
+    completion = raw.parse()
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    check_calls(choice.message.tool_calls)
+    receipt = receipt_of(completion)
+    assert raw.headers["X-Callproof-Receipt"] == receipt["id"]
+    stored = recorded(gateway, receipt["id"])
+    assert (stored.seq, stored.entry_hash, stored.manifest_hash) == (
+        receipt["seq"], receipt["entry_hash"], receipt["manifest_hash"]
+    )
+    assert [c["id"] for c in stored.tool_calls] == [c.id for c in choice.message.tool_calls]
+    assert stored.manifest["model"] == gateway.model
+    assert completion.usage.completion_tokens == stored.usage["completion_tokens"]
+
+
+def test_named_tool_choice_calls_exactly_that_tool(gateway: Any) -> None:
+    completion = create(
+        gateway, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False, messages=[{"role": "user", "content": "Time in Japan?"}],
+    )
+    calls = completion.choices[0].message.tool_calls
+    check_calls(calls)
+    assert {c.function.name for c in calls} == {"get_time"}
+
+
+def test_tool_choice_none_answers_without_calls(gateway: Any) -> None:
+    completion = create(
+        gateway, tools=TOOLS, tool_choice="none", max_tokens=40,
+        messages=[{"role": "user", "content": "Say hello."}],
+    )
+    choice = completion.choices[0]
+    assert not choice.message.tool_calls
+    assert isinstance(choice.message.content, str) and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    assert stored.output["kind"] == "answer" and stored.output["tool_calls"] == []
+
+
+def test_tool_choice_auto_gives_a_valid_call_or_an_answer(gateway: Any) -> None:
+    completion = create(gateway, tools=TOOLS, tool_choice="auto", parallel_tool_calls=False)
+    message = completion.choices[0].message
+    if message.tool_calls:
+        check_calls(message.tool_calls)
+        assert completion.choices[0].finish_reason == "tool_calls"
+    else:
+        assert isinstance(message.content, str)
+    assert recorded(gateway, receipt_of(completion)["id"]).output["kind"] in ("tool_calls", "answer")
+
+
+def test_parallel_tool_calls(gateway: Any) -> None:
+    completion = create(
+        gateway, tools=TOOLS, tool_choice="required", parallel_tool_calls=True, max_tokens=96,
+        messages=[{"role": "user", "content": "Weather in Paris and the time in UTC?"}],
+    )
+    calls = completion.choices[0].message.tool_calls
+    check_calls(calls)
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    assert [c["id"] for c in stored.tool_calls] == [c.id for c in calls]
+
+
+def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
+    client = gateway.openai()
+    with client.chat.completions.stream(
+        model=gateway.model, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=False, temperature=0,
+    ) as stream:
+        chunks = [event.chunk for event in stream if event.type == "chunk"]
+        final = stream.get_final_completion()
+    check_calls(final.choices[0].message.tool_calls)
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert chunks[0].choices[0].delta.role == "assistant"
+    first_call = next(c for c in chunks if c.choices and c.choices[0].delta.tool_calls)
+    delta = first_call.choices[0].delta.tool_calls[0]
+    assert (delta.index, delta.type) == (0, "function") and CALL_ID.match(delta.id)
+    receipt = chunks[-1].model_extra["receipt"]
+    stored = recorded(gateway, receipt["id"])
+    assert [c["id"] for c in stored.tool_calls] == [c.id for c in final.choices[0].message.tool_calls]
+
+
+def test_streamed_answer_with_usage_chunk(gateway: Any) -> None:
+    stream = create(
+        gateway, stream=True, stream_options={"include_usage": True}, max_tokens=12,
+        messages=[{"role": "user", "content": "Count to five."}],
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes in (["stop"], ["length"])
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens > 0
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens
+    stored = recorded(gateway, last.model_extra["receipt"]["id"])
+    assert stored.output["kind"] == "text" and stored.output["content_sha256"]
+
+
+class CityFact(BaseModel):
+    city: Literal["Paris", "Tokyo", "Lima"]
+    country: Literal["France", "Japan", "Peru"]
+
+
+def test_parse_with_a_pydantic_response_format(gateway: Any) -> None:
+    completion = gateway.openai().chat.completions.parse(
+        model=gateway.model, response_format=CityFact, temperature=0, max_tokens=40,
+        messages=[{"role": "user", "content": "Which country is Tokyo in?"}],
+    )
+    parsed = completion.choices[0].message.parsed
+    assert isinstance(parsed, CityFact)
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    assert stored.output["kind"] == "parsed" and stored.manifest["schema_hash"]
+
+
+def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
+    client = gateway.openai()
+    first = create(gateway, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    call = first.choices[0].message.tool_calls[0]
+    check_calls([call])
+    second = client.chat.completions.create(
+        model=gateway.model, temperature=0, max_tokens=40, tools=TOOLS, tool_choice="none",
+        messages=[
+            *ASK_WEATHER,
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21, "sky": "clear"}'},
+        ],
+    )
+    assert second.choices[0].message.content
+    answer = recorded(gateway, receipt_of(second)["id"])
+    assert answer.links == [{"tool_call_id": call.id, "receipt_id": receipt_of(first)["id"]}]
+    with gateway.http("auditor") as auditor:
+        found = auditor.get(f"/audit/calls/{call.id}").json()
+    assert found["receipt"]["id"] == receipt_of(first)["id"]
+    assert [r["id"] for r in found["answered_by"]] == [answer.id]
+
+
+def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
+    ghost = "call_" + "0" * 24
+    completion = create(
+        gateway, tools=TOOLS, tool_choice="none", max_tokens=24,
+        messages=[
+            *ASK_WEATHER,
+            {"role": "assistant", "tool_calls": [{"id": ghost, "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {"role": "tool", "tool_call_id": ghost, "content": "sunny"},
+        ],
+    )
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    assert stored.links == [{"tool_call_id": ghost, "receipt_id": None}]
+
+
+def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
+    by_regex = create(
+        gateway, messages=[{"role": "user", "content": "Is Paris in France?"}], max_tokens=8,
+        extra_body={"regex": "(yes|no)"},
+    )
+    assert by_regex.choices[0].message.content in ("yes", "no")
+    stored = recorded(gateway, receipt_of(by_regex)["id"])
+    assert stored.manifest["constraint_kind"] == "regex" and stored.manifest["schema_hash"] is None
+    grammar = 'root ::= "Paris" | "Tokyo" | "Lima"'
+    by_grammar = create(
+        gateway, messages=[{"role": "user", "content": "Name a city."}], max_tokens=8,
+        extra_body={"grammar": grammar},
+    )
+    assert by_grammar.choices[0].message.content in ("Paris", "Tokyo", "Lima")
+

@@ -1,0 +1,197 @@
+"""Every refusal is fast, in OpenAI's error shape, and names what is wrong.
+
+Most cases fail before the model runs; they go through the real SDK where the SDK can send
+the request (so its exception classes are checked too) and through raw HTTP where it cannot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"q": {"type": "string", "enum": ["a", "b"]}},
+            "required": ["q"],
+            "additionalProperties": False,
+        },
+    },
+}
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def error_of(response: Any, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert {"message", "type", "param", "code"} <= set(error)
+    assert error["message"]
+    return error
+
+
+def post_chat(gateway: Any, role: str | None = "agent", **body: Any) -> Any:
+    body.setdefault("model", gateway.model)
+    body.setdefault("messages", HELLO)
+    with gateway.http(role) as client:
+        return client.post("/v1/chat/completions", json=body)
+
+
+def sdk_error(gateway: Any, **params: Any) -> openai.APIStatusError:
+    params.setdefault("messages", HELLO)
+    with pytest.raises(openai.APIStatusError) as caught:
+        gateway.openai().chat.completions.create(model=gateway.model, **params)
+    return caught.value
+
+
+def test_n_other_than_one_is_refused(gateway: Any) -> None:
+    err = sdk_error(gateway, n=2)
+    assert isinstance(err, openai.BadRequestError)
+    assert err.body["param"] == "n"
+
+
+def test_unsupported_parameter_is_named(gateway: Any) -> None:
+    err = sdk_error(gateway, logprobs=True)
+    assert isinstance(err, openai.BadRequestError)
+    assert (err.body["param"], err.body["code"]) == ("logprobs", "unsupported_parameter")
+
+
+def test_conflicting_constraints_name_both(gateway: Any) -> None:
+    err = error_of(
+        post_chat(
+            gateway,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+            regex="[a-z]+",
+        ),
+        400,
+    )
+    assert err["code"] == "conflicting_constraints"
+    assert "regex" in err["message"] and "response_format" in err["message"]
+
+
+def test_unknown_tool_in_tool_choice(gateway: Any) -> None:
+    err = sdk_error(
+        gateway, tools=[TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}
+    )
+    assert err.status_code == 400 and err.body["code"] == "unknown_tool"
+    assert "nope" in err.body["message"]
+
+
+def test_invalid_tool_schema(gateway: Any) -> None:
+    bad = {"type": "function", "function": {"name": "bad", "parameters": {"type": "nonsense"}}}
+    err = error_of(post_chat(gateway, tools=[bad]), 400)
+    assert err["code"] in ("invalid_schema", "invalid_tools") and err["param"].startswith("tools")
+
+
+def test_body_too_large_is_413(gateway: Any) -> None:
+    big = "x" * (gateway.settings.max_body_bytes + 1)
+    err = error_of(post_chat(gateway, messages=[{"role": "user", "content": big}]), 413)
+    assert err["code"] == "body_too_large"
+
+
+def test_too_many_tools(gateway: Any) -> None:
+    many = [
+        {"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
+        for i in range(gateway.settings.max_tools + 1)
+    ]
+    err = error_of(post_chat(gateway, tools=many), 400)
+    assert err["code"] == "constraint_too_complex" and "max_tools" in err["message"]
+
+
+def _deep_schema(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+def test_schema_too_deep(gateway: Any) -> None:
+    deep = _deep_schema(gateway.settings.max_schema_depth)
+    err = error_of(
+        post_chat(
+            gateway, response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}
+        ),
+        400,
+    )
+    assert err["code"] == "constraint_too_complex" and "max_schema_depth" in err["message"]
+
+
+def test_schema_too_large(gateway: Any) -> None:
+    properties = {f"field_{i:05d}": {"type": "string"} for i in range(3000)}
+    err = error_of(
+        post_chat(
+            gateway,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "big", "schema": {"type": "object", "properties": properties}},
+            },
+        ),
+        400,
+    )
+    assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
+
+
+def test_regex_too_complex(gateway: Any) -> None:
+    err = error_of(post_chat(gateway, regex="(a+)+b"), 400)
+    assert (err["code"], err["param"]) == ("constraint_too_complex", "regex")
+
+
+def test_invalid_regex(gateway: Any) -> None:
+    err = error_of(post_chat(gateway, regex="(unclosed"), 400)
+    assert err["param"] == "regex"
+
+
+def test_unknown_model_is_404(gateway: Any) -> None:
+    err = error_of(post_chat(gateway, model="gpt-unknown"), 404)
+    assert (err["code"], err["param"]) == ("model_not_found", "model")
+
+
+def test_stream_options_without_stream(gateway: Any) -> None:
+    err = error_of(post_chat(gateway, stream_options={"include_usage": True}), 400)
+    assert err["param"] == "stream_options"
+
+
+def test_max_tokens_over_the_limit(gateway: Any) -> None:
+    err = error_of(post_chat(gateway, max_tokens=gateway.settings.max_tokens_limit + 1), 400)
+    assert err["param"] == "max_tokens"
+
+
+def test_malformed_body_names_the_field(gateway: Any) -> None:
+    err = error_of(post_chat(gateway, messages=[]), 400)
+    assert err["param"] == "messages"
+    err = error_of(post_chat(gateway, temperature="hot"), 400)
+    assert err["param"] == "temperature"
+
+
+def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
+    assert error_of(post_chat(gateway, role=None), 401)["code"] == "invalid_api_key"
+    with gateway.http(None) as client:
+        response = client.post(
+            "/v1/chat/completions", json={"model": gateway.model, "messages": HELLO},
+            headers={"Authorization": "Bearer cp_not_a_key"},
+        )
+    assert error_of(response, 401)["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gateway.url + "/v1", api_key="cp_wrong", max_retries=0).models.list()
+
+
+@pytest.mark.parametrize("role", ["auditor", "admin"])
+def test_non_agent_keys_cannot_call_v1(gateway: Any, role: str) -> None:
+    assert error_of(post_chat(gateway, role=role), 403)["code"] == "wrong_role"
+
+
+def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:
+    with gateway.http("agent") as client:
+        assert error_of(client.get("/audit/receipts"), 403)["code"] == "wrong_role"
+        assert error_of(client.get("/admin/keys"), 403)["code"] == "wrong_role"
+
+
+def test_unknown_route_is_404_in_the_error_shape(gateway: Any) -> None:
+    with gateway.http("agent") as client:
+        error_of(client.get("/v1/nothing-here"), 404)
