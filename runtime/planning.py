@@ -33,6 +33,7 @@ from runtime.tools import (
     ToolCall,
     ToolChoice,
     ToolSpec,
+    closed_schema,
     load_json,
     parse_envelope,
     parse_native_tool_call,
@@ -180,7 +181,7 @@ def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
                 f"'{param}' is only allowed when 'tools' are specified", param=param
             )
     if response_format is not None and response_format.schema is not None:
-        schema = response_format.schema
+        schema = closed_schema(response_format.schema)
         return Plan(
             renderer.render(history, json_answer_note(schema)),
             "json",

@@ -54,6 +54,7 @@ _SCHEMA_SINGLES = (
     "unevaluatedItems",
     "additionalItems",
 )
+_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
 # --------------------------------------------------------------------------- tools field
@@ -142,8 +143,6 @@ def parse_tools_field(tools: Any) -> tuple[ToolSpec, ...]:
                 f"'{at}.function.strict' must be a boolean", param=f"{at}.function.strict"
             )
         params = _tool_parameters(fn.get("parameters"), f"{at}.function.parameters")
-        if strict:
-            params = closed_schema(params)
         specs.append(ToolSpec(name, description, params, bool(strict)))
     return tuple(specs)
 
@@ -161,17 +160,23 @@ def _tool_parameters(params: Any, param: str) -> dict[str, Any]:
 
 
 def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI strict mode: every object schema without ``additionalProperties`` gets ``false``."""
+    """``schema`` with every object that lists ``properties`` closed to exactly those.
+
+    Constraints are built from this, strict or not (as OpenAI's strict mode and xgrammar's
+    default do): left open, a small model fills arguments with invented keys, typically
+    copied from the schema in its prompt ("type", "minLength"...). Objects that say how to
+    treat other keys keep their rule, bare ``{"type": "object"}`` stays free-form, and
+    ``allOf`` members stay open (closing each would make their intersection unsatisfiable).
+    Anything valid against the result is valid against ``schema``.
+    """
     out = copy.deepcopy(schema)
 
     def close(node: Any) -> None:
         if not isinstance(node, dict):
             return
-        if (node.get("type") == "object" or "properties" in node) and (
-            "additionalProperties" not in node
-        ):
+        if "properties" in node and not any(k in node for k in _OPEN_KEYWORDS):
             node["additionalProperties"] = False
-        for sub in _subschemas(node):
+        for sub in _subschemas(node, skip="allOf"):
             close(sub)
 
     close(out)
@@ -225,10 +230,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
         )
     schema = spec.get("schema")
     check_schema(schema, "response_format.json_schema.schema")
-    strict = bool(spec.get("strict") or False)
-    return ResponseFormat(
-        "json_schema", closed_schema(schema) if strict else copy.deepcopy(schema), name, strict
-    )
+    return ResponseFormat("json_schema", copy.deepcopy(schema), name, bool(spec.get("strict")))
 
 
 # --------------------------------------------------------------------------- tool_choice
@@ -326,7 +328,7 @@ def union_schema(
     if choice.allows_answer:
         answer: dict[str, Any] = {"type": "string"}
         if rf is not None and rf.schema is not None:
-            answer = _embed(rf.schema, "answer", defs)
+            answer = _embed(closed_schema(rf.schema), "answer", defs)
         branches.append(_closed_object({"answer": answer}))
     schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
     if defs:
@@ -335,7 +337,7 @@ def union_schema(
 
 
 def _call_branch(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
-    arguments = _embed(tool.parameters, f"tool-{tool.name}", defs)
+    arguments = _embed(closed_schema(tool.parameters), f"tool-{tool.name}", defs)
     return _closed_object({"tool": {"const": tool.name}, "arguments": arguments})
 
 
@@ -369,14 +371,14 @@ def _rewrite_refs(node: Any, base: str) -> Any:
     return node
 
 
-def _subschemas(node: dict[str, Any]) -> Iterable[Any]:
+def _subschemas(node: dict[str, Any], skip: str = "") -> Iterable[Any]:
     for key in _SCHEMA_MAPS:
         sub = node.get(key)
         if isinstance(sub, dict):
             yield from sub.values()
     for key in _SCHEMA_LISTS:
         sub = node.get(key)
-        if isinstance(sub, list):
+        if isinstance(sub, list) and key != skip:
             yield from sub
     for key in _SCHEMA_SINGLES:
         sub = node.get(key)

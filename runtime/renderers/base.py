@@ -60,9 +60,15 @@ class Renderer(ABC):
 
     name: str
 
-    @abstractmethod
     def tool_block(self, prompt: ToolPrompt) -> str:
-        """The system-prompt section announcing the tools."""
+        """The system-prompt section announcing the tools, ending with what tool_choice asks."""
+        block = self.announce(prompt)
+        hint = choice_hint(prompt)
+        return f"{block}\n\n{hint}" if hint else block
+
+    @abstractmethod
+    def announce(self, prompt: ToolPrompt) -> str:
+        """The family's own text listing the tools and how to call them."""
 
     @abstractmethod
     def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, choice_hint, dumps
+from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
 from runtime.tools import ToolCall
 
 
 class GenericRenderer(Renderer):
     name = "generic"
 
-    def tool_block(self, prompt: ToolPrompt) -> str:
+    def announce(self, prompt: ToolPrompt) -> str:
         listing = "\n".join(
             f"- {t.name}: {t.description or '(no description)'}\n"
             f"  arguments JSON schema: {dumps(t.parameters)}"
@@ -25,10 +25,11 @@ class GenericRenderer(Renderer):
         )
         forms: list[str] = []
         if prompt.choice.allows_calls:
-            forms.append('to call a tool: {"tool": "<tool name>", "arguments": {<arguments>}}')
+            tool = prompt.choice.name or "<tool name>"
+            forms.append(f'to call a tool: {{"tool": "{tool}", "arguments": {{<arguments>}}}}')
             if prompt.parallel:
                 forms.append(
-                    'to call several tools at once: {"tool_calls": [{"tool": "<tool name>", '
+                    f'to call several tools at once: {{"tool_calls": [{{"tool": "{tool}", '
                     '"arguments": {<arguments>}}, ...]}'
                 )
         if prompt.choice.allows_answer:
@@ -39,13 +40,11 @@ class GenericRenderer(Renderer):
                     'to answer the user: {"answer": <a JSON value matching this schema: '
                     f"{dumps(prompt.answer_schema)}>}}"
                 )
-        block = (
+        return (
             f"You can use these tools:\n{listing}\n\n"
             "Reply with exactly one JSON object and nothing else:\n"
             + "\n".join(f"- {form}" for form in forms)
         )
-        hint = choice_hint(prompt)
-        return f"{block}\n{hint}" if hint else block
 
     def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
         envelopes: list[dict[str, Any]] = [

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.renderers.base import HistoryMessage, ToolPrompt, choice_hint, dumps
+from runtime.renderers.base import HistoryMessage, ToolPrompt, dumps
 from runtime.renderers.qwen import QwenRenderer
 from runtime.tools import ToolCall
 
@@ -26,9 +26,9 @@ _CALL_SCHEMA = {
 class HermesRenderer(QwenRenderer):
     name = "hermes"
 
-    def tool_block(self, prompt: ToolPrompt) -> str:
+    def announce(self, prompt: ToolPrompt) -> str:
         tools = " ".join(dumps(t.to_openai()) for t in prompt.tools)
-        block = (
+        return (
             "You are a function calling AI model. You are provided with function signatures "
             "within <tools></tools> XML tags. You may call one or more functions to assist "
             "with the user query. Don't make assumptions about what values to plug into "
@@ -40,8 +40,6 @@ class HermesRenderer(QwenRenderer):
             '{"arguments": <args-dict>, "name": <function-name>}\n'
             "</tool_call>"
         )
-        hint = choice_hint(prompt)
-        return f"{block}\n{hint}" if hint else block
 
     def call_object(self, call: ToolCall) -> dict[str, Any]:
         return {"arguments": call.arguments, "name": call.name}

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, choice_hint, dumps
+from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
 from runtime.tools import ToolCall
 
 
 class LlamaRenderer(Renderer):
     name = "llama"
 
-    def tool_block(self, prompt: ToolPrompt) -> str:
+    def announce(self, prompt: ToolPrompt) -> str:
         tools = "\n\n".join(
             f"Use the function '{t.name}' to '{t.description}'\n"
             + dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
@@ -27,7 +27,7 @@ class LlamaRenderer(Renderer):
             if prompt.parallel
             else "- Only call one function at a time"
         )
-        block = (
+        return (
             "You have access to the following functions:\n\n"
             f"{tools}\n\n"
             "If you choose to call a function ONLY reply in the following format:\n"
@@ -45,8 +45,6 @@ class LlamaRenderer(Renderer):
             f"{one_at_a_time}\n"
             "- Put the entire function call reply on one line"
         )
-        hint = choice_hint(prompt)
-        return f"{block}\n\n{hint}" if hint else block
 
     def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
         parts = [content] if content else []

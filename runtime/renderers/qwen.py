@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, choice_hint, dumps
+from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
 from runtime.tools import ToolCall
 
 
 class QwenRenderer(Renderer):
     name = "qwen"
 
-    def tool_block(self, prompt: ToolPrompt) -> str:
+    def announce(self, prompt: ToolPrompt) -> str:
         lines = "\n".join(dumps(t.to_openai()) for t in prompt.tools)
-        block = (
+        return (
             "# Tools\n\n"
             "You may call one or more functions to assist with the user query.\n\n"
             "You are provided with function signatures within <tools></tools> XML tags:\n"
@@ -28,8 +28,6 @@ class QwenRenderer(Renderer):
             '{"name": <function-name>, "arguments": <args-json-object>}\n'
             "</tool_call>"
         )
-        hint = choice_hint(prompt)
-        return f"{block}\n\n{hint}" if hint else block
 
     def call_object(self, call: ToolCall) -> dict[str, Any]:
         return {"name": call.name, "arguments": call.arguments}

@@ -65,8 +65,10 @@ def test_tools_mode_binds_the_union_schema() -> None:
 
 def test_json_schema_mode() -> None:
     p = plan(response_format=RF_SCHEMA)
-    assert (p.mode, p.schema) == ("json", ANSWER_SCHEMA)
-    assert p.constraint == Constraint.json_schema(ANSWER_SCHEMA)
+    closed = {**ANSWER_SCHEMA, "additionalProperties": False}
+    assert (p.mode, p.schema) == ("json", closed)
+    assert p.constraint == Constraint.json_schema(closed)
+    assert p.response_format is not None and p.response_format.schema == ANSWER_SCHEMA
     assert '"summary"' in p.messages[0].content  # the model is told the schema
 
 
@@ -213,7 +215,7 @@ def test_bad_response_format(response_format: Any, error: type[Exception], param
     assert err.value.param == param
 
 
-def test_strict_response_format_closes_objects() -> None:
+def test_strict_response_format_is_recorded() -> None:
     rf = {
         "type": "json_schema",
         "json_schema": {"name": "r", "schema": ANSWER_SCHEMA, "strict": True},
@@ -352,7 +354,7 @@ def test_parse_json_mode() -> None:
     )
     with pytest.raises(StructuredOutputInvalid) as err:
         p.parse('{"summary": "ok", "score": "high"}')
-    assert err.value.pointer == "/score" and err.value.schema == ANSWER_SCHEMA
+    assert err.value.pointer == "/score" and err.value.schema == p.schema
     with pytest.raises(StructuredOutputInvalid):
         p.parse('{"summary": "ok", "sc')
 

@@ -215,3 +215,9 @@ def test_render_tool_prompt_picks_the_family_from_the_model() -> None:
 def test_unknown_renderer() -> None:
     with pytest.raises(ValueError, match="unknown renderer 'mistral'"):
         get_renderer("mistral")
+
+
+def test_generic_named_choice_spells_out_the_tool() -> None:
+    named = get_renderer("generic").tool_block(prompt(ToolChoice("named", "get_weather"), True))
+    assert 'to call a tool: {"tool": "get_weather", "arguments": {<arguments>}}' in named
+    assert '{"tool_calls": [{"tool": "get_weather", "arguments": {<arguments>}}, ...]}' in named

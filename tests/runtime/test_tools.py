@@ -15,6 +15,7 @@ from runtime.tools import (
     CALL_ID_RE,
     CallIds,
     ToolCall,
+    closed_schema,
     new_call_id,
     parse_envelope,
     parse_native_tool_call,
@@ -96,14 +97,33 @@ def test_invalid_parameter_schema_is_invalid_schema(parameters: dict[str, Any]) 
     assert err.value.param == "tools[1].function.parameters"
 
 
-def test_strict_tool_closes_its_objects() -> None:
+def test_strict_is_recorded_and_the_schema_kept_verbatim() -> None:
     tool = function_tool("book", BOOKING_PARAMS)
     tool["function"]["strict"] = True
     spec = parse_tools_field([tool])[0]
-    assert spec.strict
-    assert spec.parameters["additionalProperties"] is False
-    assert spec.parameters["$defs"]["Guest"]["additionalProperties"] is False
+    assert spec.strict and spec.parameters == BOOKING_PARAMS
+
+
+def test_closed_schema_closes_objects_that_list_properties() -> None:
+    closed = closed_schema(BOOKING_PARAMS)
+    assert closed["additionalProperties"] is False
+    assert closed["$defs"]["Guest"]["additionalProperties"] is False
     assert "additionalProperties" not in BOOKING_PARAMS  # the caller's dict is untouched
+    kept = {
+        "type": "object",
+        "properties": {
+            "free": {"type": "object"},
+            "tags": {
+                "type": "object",
+                "properties": {},
+                "additionalProperties": {"type": "string"},
+            },
+            "both": {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]},
+        },
+    }
+    closed = closed_schema(kept)
+    assert closed["properties"] == kept["properties"]
+    assert accepts(closed, {"free": {"x": 1}, "tags": {"k": "v"}, "both": {"a": 1, "b": 2}})
 
 
 # --------------------------------------------------------------------------- union schema
@@ -185,6 +205,15 @@ def test_response_format_becomes_the_answer_branch() -> None:
     assert not accepts(schema, ANSWER)  # a plain string no longer answers
     assert not accepts(schema, {"answer": {"summary": "ok"}})
     assert accepts(schema, WEATHER_CALL)
+
+
+def test_union_arguments_admit_no_invented_keys() -> None:
+    """A small model copies schema words into arguments unless the grammar forbids it."""
+    schema = union_schema(SPECS, "auto")
+    assert not accepts(schema, {"tool": "get_weather", "arguments": {"city": "x", "type": "s"}})
+    nested = {"tool": "book_room", "arguments": {"guest": {"name": "A", "nights": 1}, "nights": 1}}
+    assert not accepts(schema, nested)
+    assert not accepts(schema, {"tool": "list_rooms", "arguments": {"anything": 1}})
 
 
 def test_refs_keep_resolving_once_embedded() -> None:
