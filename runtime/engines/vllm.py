@@ -24,7 +24,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -168,6 +168,12 @@ class VllmEngine:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     # ------------------------------------------------------------------ request building
 
@@ -348,18 +354,14 @@ def structured_outputs(
     if enforcement.mode == "triggered":
         if constraint.kind != "tools":
             raise ValueError("triggered enforcement needs the tool union constraint")
-        tag = {
-            "type": "tag",
-            "begin": enforcement.trigger_start,
-            "content": _tag_content(Constraint.json_schema(call_schema(constraint.schema()))),
-            "end": enforcement.trigger_end,
-        }
+        union = constraint.schema()
         fmt: dict[str, Any] = {
             "type": "triggered_tags",
             "triggers": [enforcement.trigger_start],
-            "tags": [tag],
+            "tags": tool_call_tags(union, enforcement),
             "at_least_one": False,
-            "stop_after_first": False,
+            # one call unless the union admits several (parallel_tool_calls)
+            "stop_after_first": not _allows_parallel(union),
         }
     else:
         thinking: dict[str, Any] = {"type": "any_text"}
@@ -368,8 +370,13 @@ def structured_outputs(
         fmt = {
             "type": "sequence",
             "elements": [
-                # begin "": the reasoning region is open when the output starts
-                {"type": "tag", "begin": "", "content": thinking, "end": enforcement.think_end},
+                # the output opens with the thinking tag, as runtime.planning.Plan.parse expects
+                {
+                    "type": "tag",
+                    "begin": enforcement.think_start,
+                    "content": thinking,
+                    "end": enforcement.think_end,
+                },
                 _tag_content(constraint),
             ],
         }
@@ -388,17 +395,47 @@ def _tag_content(constraint: Constraint) -> dict[str, Any]:
     return {"type": "grammar", "grammar": constraint.source}
 
 
-def call_schema(union: dict[str, Any]) -> dict[str, Any]:
-    """The tool union without its answer branch: what may stand inside a tool-call tag (the
-    answer is the free text outside the tags)."""
-    branches = union.get("anyOf", [union])
-    calls = [b for b in branches if "answer" not in b.get("properties", {})]
-    if not calls:
-        raise ValueError("the tool union has no tool-call branch (tool_choice none?)")
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    if "$defs" in union:
-        schema = {**schema, "$defs": union["$defs"]}
-    return schema
+def tool_call_tags(union: dict[str, Any], enforcement: Enforcement) -> list[dict[str, Any]]:
+    """One structural tag per tool the union allows, in the family's trained call format:
+    the tag's begin fixes the tool name, its content is that tool's arguments schema (with the
+    union's ``$defs``, so embedded ``$ref``s keep resolving). Qwen/Hermes:
+    ``<tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>``; Llama:
+    ``<function=N>ARGS</function>``. Several calls are several tags, so the array form of
+    parallel calls is not needed inside a tag; the answer is the free text around them.
+    """
+    defs = union.get("$defs", {})
+    tags = []
+    for name, arguments in _tool_branches(union):
+        if defs:
+            arguments = {**arguments, "$defs": defs}
+        content = _tag_content(Constraint.json_schema(arguments))
+        if enforcement.trigger_start == "<function=":
+            begin, end = f"<function={name}>", enforcement.trigger_end
+        else:
+            begin = f'{enforcement.trigger_start}\n{{"name": {json.dumps(name)}, "arguments": '
+            end = "}\n" + enforcement.trigger_end
+        tags.append({"type": "tag", "begin": begin, "content": content, "end": end})
+    if not tags:
+        raise ValueError("the tool union allows no tool call (tool_choice none?)")
+    return tags
 
 
-__all__ = ["VllmEngine", "call_schema", "structured_outputs"]
+def _allows_parallel(union: dict[str, Any]) -> bool:
+    return any("tool_calls" in b.get("properties", {}) for b in union.get("anyOf", [union]))
+
+
+def _tool_branches(union: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(tool name, arguments schema) of each single-call branch of runtime.tools.union_schema."""
+    defs = union.get("$defs", {})
+    out = []
+    for branch in union.get("anyOf", [union]):
+        ref = branch.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            branch = defs[ref.removeprefix("#/$defs/")]
+        props = branch.get("properties", {})
+        if "tool" in props and "arguments" in props:
+            out.append((props["tool"]["const"], props["arguments"]))
+    return out
+
+
+__all__ = ["VllmEngine", "structured_outputs", "tool_call_tags"]

