@@ -106,8 +106,9 @@ class _Head:
             right = self.frontier.pop()
             self.frontier[-1] = node_hash(self.frontier[-1], right)
             level, done = level + 1, done // 2
-            self.new_nodes.append({"chain": self.chain, "level": level, "idx": done - 1,
-                                   "hash": self.frontier[-1]})
+            self.new_nodes.append(
+                {"chain": self.chain, "level": level, "idx": done - 1, "hash": self.frontier[-1]}
+            )
         self.seq += 1
         self.hash = entry_hash
 
@@ -122,9 +123,16 @@ class Ledger:
     receipts that stored checkpoints already cover).
     """
 
-    def __init__(self, url: str, signer: Signer | None, *, checkpoint_every: int = 1000,
-                 checkpoint_interval_s: float = 60.0, retain_payloads: bool = False,
-                 max_batch: int = 500) -> None:
+    def __init__(
+        self,
+        url: str,
+        signer: Signer | None,
+        *,
+        checkpoint_every: int = 1000,
+        checkpoint_interval_s: float = 60.0,
+        retain_payloads: bool = False,
+        max_batch: int = 500,
+    ) -> None:
         if checkpoint_every < 1 or checkpoint_interval_s <= 0 or max_batch < 1:
             raise ValueError("checkpoint_every, checkpoint_interval_s and max_batch must be > 0")
         self.url = url
@@ -144,13 +152,25 @@ class Ledger:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, url: str, signer: Signer | None, *, checkpoint_every: int = 1000,
-             checkpoint_interval_s: float = 60.0, retain_payloads: bool = False,
-             max_batch: int = 500) -> Ledger:
+    def open(
+        cls,
+        url: str,
+        signer: Signer | None,
+        *,
+        checkpoint_every: int = 1000,
+        checkpoint_interval_s: float = 60.0,
+        retain_payloads: bool = False,
+        max_batch: int = 500,
+    ) -> Ledger:
         """Connect to a database migrated by ``migrations.runner.upgrade`` (creates nothing)."""
-        return cls(url, signer, checkpoint_every=checkpoint_every,
-                   checkpoint_interval_s=checkpoint_interval_s,
-                   retain_payloads=retain_payloads, max_batch=max_batch)
+        return cls(
+            url,
+            signer,
+            checkpoint_every=checkpoint_every,
+            checkpoint_interval_s=checkpoint_interval_s,
+            retain_payloads=retain_payloads,
+            max_batch=max_batch,
+        )
 
     def close(self) -> None:
         """Commit what is queued, stop the writer thread and release the connections."""
@@ -193,8 +213,9 @@ class Ledger:
         if not isinstance(draft, ReceiptDraft):
             raise ReceiptFormatError(f"append takes a ReceiptDraft, not {type(draft).__name__}")
         if not self.retain_payloads and "payload" in draft.request:
-            draft = dataclasses.replace(draft, request={
-                k: v for k, v in draft.request.items() if k != "payload"})
+            draft = dataclasses.replace(
+                draft, request={k: v for k, v in draft.request.items() if k != "payload"}
+            )
         future: Future[Receipt] = Future()
         with self._lock:
             if self.signer is None:
@@ -202,8 +223,7 @@ class Ledger:
             if self._closed:
                 raise ReceiptsError("the ledger is closed")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ledger-writer",
-                                                daemon=True)
+                self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
                 self._thread.start()
             self._queue.put(_Pending(draft, future))
         return future
@@ -247,16 +267,23 @@ class Ledger:
             for pending in batch:
                 pending.future.set_exception(error)
             return
-        except BaseException as exc:  # a bug must not leave appends waiting forever
+        except Exception as exc:  # noqa: BLE001 - whatever broke, fail closed and go on
+            log.exception("ledger batch failed")
+            error = (
+                exc
+                if isinstance(exc, ReceiptsError)
+                else LedgerUnavailable(f"the ledger could not append: {type(exc).__name__}: {exc}")
+            )
             for pending in batch:
-                pending.future.set_exception(exc)
-            raise
+                pending.future.set_exception(error)
+            return
         self._key_registered = True
         self._known_schemas.update(schemas)
         for head in heads:
             if head.checkpoint_size < head.seq:
                 self._uncheckpointed.setdefault(
-                    head.chain, head.checkpoint_at + self.checkpoint_interval_s)
+                    head.chain, head.checkpoint_at + self.checkpoint_interval_s
+                )
             else:
                 self._uncheckpointed.pop(head.chain, None)
         for pending, outcome in outcomes:
@@ -265,44 +292,60 @@ class Ledger:
             else:
                 pending.future.set_result(outcome)
 
-    def _append_batch(self, conn: sa.Connection, batch: list[_Pending], *, check_calls: bool
-                      ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[_Head],
-                                 set[str]]:
+    def _append_batch(
+        self, conn: sa.Connection, batch: list[_Pending], *, check_calls: bool
+    ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[_Head], set[str]]:
         """Inside one transaction: lock each chain, seal its drafts, insert every row."""
         by_chain: dict[str, list[_Pending]] = {}
         for pending in batch:
             by_chain.setdefault(pending.draft.tenant, []).append(pending)
         if not self._key_registered:
-            _insert_ignore(conn, SigningKeyRow, [{
-                "key_id": self.signer.key_id, "public_key_pem": self.signer.public_key_pem(),
-                "created_at": utc_now()}])
+            _insert_ignore(
+                conn,
+                SigningKeyRow,
+                [
+                    {
+                        "key_id": self.signer.key_id,
+                        "public_key_pem": self.signer.public_key_pem(),
+                        "created_at": utc_now(),
+                    }
+                ],
+            )
         rows: dict[type, list[dict[str, Any]]] = {
-            SchemaRow: [], ReceiptRow: [], CallRow: [], LinkRow: [], MerkleNodeRow: []}
+            SchemaRow: [],
+            ReceiptRow: [],
+            CallRow: [],
+            LinkRow: [],
+            MerkleNodeRow: [],
+        }
         outcomes: list[tuple[_Pending, Receipt | Exception]] = []
         schemas: set[str] = set()
         heads = []
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
             head = self._lock_head(conn, chain)
-            refused = (_refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls
-                       else {})
+            refused = _refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls else {}
             first_seq = head.seq + 1
             for pending in by_chain[chain]:
                 if pending in refused:
                     outcomes.append((pending, refused[pending]))
                     continue
-                receipt = seal(pending.draft, seq=head.seq + 1, prev_hash=head.hash,
-                               signer=self.signer)
+                receipt = seal(
+                    pending.draft, seq=head.seq + 1, prev_hash=head.hash, signer=self.signer
+                )
                 head.add_leaf(receipt.entry_hash)
                 _add_receipt_rows(receipt, rows)
                 bound = receipt.manifest["schema_hash"]
                 if bound is not None and bound not in self._known_schemas | schemas:
                     schemas.add(bound)
-                    rows[SchemaRow].append({"hash": bound, "body": canonical_json(
-                        pending.draft.schema).decode()})
+                    rows[SchemaRow].append(
+                        {"hash": bound, "body": canonical_json(pending.draft.schema).decode()}
+                    )
                 outcomes.append((pending, receipt))
             if head.seq >= first_seq and head.key_id != self.signer.key_id:
-                conn.execute(sa.insert(KeyRangeRow), [{
-                    "chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}])
+                conn.execute(
+                    sa.insert(KeyRangeRow),
+                    [{"chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}],
+                )
                 head.key_id = self.signer.key_id
             rows[MerkleNodeRow].extend(head.new_nodes)
             if self._checkpoint_due(head):
@@ -321,19 +364,51 @@ class Ledger:
         stmt = sa.select(ChainRow.__table__).where(ChainRow.chain == chain).with_for_update()
         row = conn.execute(stmt).first()
         if row is None:
-            _insert_ignore(conn, ChainRow, [{
-                "chain": chain, "head_seq": 0, "head_hash": GENESIS_PREV_HASH, "frontier": "",
-                "key_id": None, "checkpoint_size": 0, "checkpoint_at": 0}])
+            _insert_ignore(
+                conn,
+                ChainRow,
+                [
+                    {
+                        "chain": chain,
+                        "head_seq": 0,
+                        "head_hash": GENESIS_PREV_HASH,
+                        "frontier": "",
+                        "key_id": None,
+                        "checkpoint_size": 0,
+                        "checkpoint_at": 0,
+                    }
+                ],
+            )
             row = conn.execute(stmt).one()
+        if row.head_seq < row.checkpoint_size:
+            raise LedgerUnavailable(
+                f"chain {chain!r} is behind its own checkpoint (head {row.head_seq}, signed"
+                f" {row.checkpoint_size}): receipts were removed; refusing to extend or sign it"
+            )
         frontier = [bytes.fromhex(h) for h in row.frontier.split(",") if h]
-        return _Head(chain, row.head_seq, row.head_hash, frontier, row.key_id,
-                     row.checkpoint_size, row.checkpoint_at)
+        return _Head(
+            chain,
+            row.head_seq,
+            row.head_hash,
+            frontier,
+            row.key_id,
+            row.checkpoint_size,
+            row.checkpoint_at,
+        )
 
     def _save_head(self, conn: sa.Connection, head: _Head) -> None:
-        conn.execute(sa.update(ChainRow).where(ChainRow.chain == head.chain).values(
-            head_seq=head.seq, head_hash=head.hash, key_id=head.key_id,
-            frontier=",".join(h.hex() for h in head.frontier),
-            checkpoint_size=head.checkpoint_size, checkpoint_at=head.checkpoint_at))
+        conn.execute(
+            sa.update(ChainRow)
+            .where(ChainRow.chain == head.chain)
+            .values(
+                head_seq=head.seq,
+                head_hash=head.hash,
+                key_id=head.key_id,
+                frontier=",".join(h.hex() for h in head.frontier),
+                checkpoint_size=head.checkpoint_size,
+                checkpoint_at=head.checkpoint_at,
+            )
+        )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -341,14 +416,24 @@ class Ledger:
         """Every ``checkpoint_every`` receipts, or ``checkpoint_interval_s`` after the last."""
         return head.seq > head.checkpoint_size and (
             head.seq - head.checkpoint_size >= self.checkpoint_every
-            or time.time() - head.checkpoint_at >= self.checkpoint_interval_s)
+            or time.time() - head.checkpoint_at >= self.checkpoint_interval_s
+        )
 
     def _store_checkpoint(self, conn: sa.Connection, head: _Head) -> dict[str, Any]:
         checkpoint = make_checkpoint(head.chain, head.seq, head.root(), self.signer)
-        conn.execute(sa.insert(CheckpointRow), [{
-            "chain": head.chain, "tree_size": head.seq, "root_hash": checkpoint["root_hash"],
-            "timestamp": checkpoint["timestamp"], "key_id": checkpoint["key_id"],
-            "body": canonical_json(checkpoint).decode()}])
+        conn.execute(
+            sa.insert(CheckpointRow),
+            [
+                {
+                    "chain": head.chain,
+                    "tree_size": head.seq,
+                    "root_hash": checkpoint["root_hash"],
+                    "timestamp": checkpoint["timestamp"],
+                    "key_id": checkpoint["key_id"],
+                    "body": canonical_json(checkpoint).decode(),
+                }
+            ],
+        )
         head.checkpoint_size, head.checkpoint_at = head.seq, int(time.time())
         return checkpoint
 
@@ -360,10 +445,14 @@ class Ledger:
             head = self._lock_head(conn, tenant)
             if head.seq == 0:
                 raise ReceiptFormatError(f"chain {tenant!r} has no receipts to checkpoint")
-            if head.checkpoint_size == head.seq:
-                latest = queries.latest_checkpoint(conn, tenant)
-                if latest is not None and latest["tree_size"] == head.seq:
-                    return latest
+            latest = queries.latest_checkpoint(conn, tenant)
+            if latest is not None and latest["tree_size"] > head.seq:
+                raise LedgerUnavailable(
+                    f"chain {tenant!r} is behind its own checkpoint (head {head.seq}, signed"
+                    f" {latest['tree_size']}): receipts were removed; refusing to sign it"
+                )
+            if latest is not None and latest["tree_size"] == head.seq:
+                return latest
             checkpoint = self._store_checkpoint(conn, head)
             self._save_head(conn, head)
         self._uncheckpointed.pop(tenant, None)
@@ -394,8 +483,7 @@ class Ledger:
             with self._reader.begin() as conn:
                 yield conn
         except SQLAlchemyError as exc:
-            raise LedgerUnavailable(f"the ledger database is unavailable: {_short(exc)}") \
-                from exc
+            raise LedgerUnavailable(f"the ledger database is unavailable: {_short(exc)}") from exc
 
     @contextmanager
     def _writing(self) -> Iterator[sa.Connection]:
@@ -403,8 +491,7 @@ class Ledger:
             with self._writer.begin() as conn:
                 yield conn
         except SQLAlchemyError as exc:
-            raise LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}") \
-                from exc
+            raise LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}") from exc
 
     def query(self, q: ReceiptQuery) -> ReceiptPage:
         with self._reading() as conn:
@@ -445,38 +532,66 @@ class Ledger:
 
     # ------------------------------------------------------------------ proofs
 
-    def inclusion_proof(self, tenant: str, seq: int, tree_size: int | None = None
-                        ) -> dict[str, Any]:
+    def inclusion_proof(
+        self, tenant: str, seq: int, tree_size: int | None = None
+    ) -> dict[str, Any]:
         """RFC 9162 inclusion proof of receipt ``seq`` in the tree of ``tree_size`` leaves
         (default: the latest checkpoint, which is included so the root is signed)."""
         with self._reading() as conn:
             checkpoint, tree_size = self._proof_target(conn, tenant, tree_size)
             if not 1 <= seq <= tree_size:
                 raise ReceiptFormatError(f"seq {seq} is outside the tree of size {tree_size}")
-            proof, root = queries.with_stored_tree(conn, tenant, lambda subtree: (
-                inclusion_proof(seq - 1, tree_size, subtree), subtree(0, tree_size)))
+            proof, root = queries.with_stored_tree(
+                conn,
+                tenant,
+                lambda subtree: (
+                    inclusion_proof(seq - 1, tree_size, subtree),
+                    subtree(0, tree_size),
+                ),
+            )
             leaf = queries.entry_hash(conn, tenant, seq)
-        return {"chain": tenant, "seq": seq, "leaf_index": seq - 1, "tree_size": tree_size,
-                "entry_hash": leaf, "proof": [h.hex() for h in proof], "root_hash": root.hex(),
-                "checkpoint": checkpoint}
+        return {
+            "chain": tenant,
+            "seq": seq,
+            "leaf_index": seq - 1,
+            "tree_size": tree_size,
+            "entry_hash": leaf,
+            "proof": [h.hex() for h in proof],
+            "root_hash": root.hex(),
+            "checkpoint": checkpoint,
+        }
 
-    def consistency_proof(self, tenant: str, size1: int, size2: int | None = None
-                          ) -> dict[str, Any]:
+    def consistency_proof(
+        self, tenant: str, size1: int, size2: int | None = None
+    ) -> dict[str, Any]:
         """RFC 9162 consistency proof that the tree of ``size1`` leaves is a prefix of the
         tree of ``size2`` (default: the latest checkpoint's size)."""
         with self._reading() as conn:
             checkpoint, size2 = self._proof_target(conn, tenant, size2)
             if not 1 <= size1 <= size2:
                 raise ReceiptFormatError(f"need 1 <= size1 <= size2, got {size1} and {size2}")
-            proof, root1, root2 = queries.with_stored_tree(conn, tenant, lambda subtree: (
-                consistency_proof(size1, size2, subtree), subtree(0, size1),
-                subtree(0, size2)))
-        return {"chain": tenant, "size1": size1, "size2": size2, "root1": root1.hex(),
-                "root2": root2.hex(), "proof": [h.hex() for h in proof],
-                "checkpoint": checkpoint}
+            proof, root1, root2 = queries.with_stored_tree(
+                conn,
+                tenant,
+                lambda subtree: (
+                    consistency_proof(size1, size2, subtree),
+                    subtree(0, size1),
+                    subtree(0, size2),
+                ),
+            )
+        return {
+            "chain": tenant,
+            "size1": size1,
+            "size2": size2,
+            "root1": root1.hex(),
+            "root2": root2.hex(),
+            "proof": [h.hex() for h in proof],
+            "checkpoint": checkpoint,
+        }
 
-    def _proof_target(self, conn: sa.Connection, tenant: str, tree_size: int | None
-                      ) -> tuple[dict[str, Any] | None, int]:
+    def _proof_target(
+        self, conn: sa.Connection, tenant: str, tree_size: int | None
+    ) -> tuple[dict[str, Any] | None, int]:
         """The tree size a proof is made against and the signed checkpoint at that size."""
         head = queries.chain_head(conn, tenant)
         head_seq = head.head_seq if head else 0
@@ -485,16 +600,25 @@ class Ledger:
             return checkpoint, checkpoint["tree_size"] if checkpoint else head_seq
         if not 1 <= tree_size <= head_seq:
             raise ReceiptFormatError(
-                f"tree size {tree_size} is outside chain {tenant!r} (1..{head_seq})")
+                f"tree size {tree_size} is outside chain {tenant!r} (1..{head_seq})"
+            )
         checkpoint = queries.latest_checkpoint(conn, tenant, max_size=tree_size)
-        return (checkpoint if checkpoint and checkpoint["tree_size"] == tree_size else None,
-                tree_size)
+        return (
+            checkpoint if checkpoint and checkpoint["tree_size"] == tree_size else None,
+            tree_size,
+        )
 
     # ------------------------------------------------------------------ verification
 
-    def verify(self, tenant: str, from_seq: int | None = None, to_seq: int | None = None, *,
-               checkpoint: Mapping[str, Any] | None = None,
-               keyring: KeyRing | None = None) -> VerificationReport:
+    def verify(
+        self,
+        tenant: str,
+        from_seq: int | None = None,
+        to_seq: int | None = None,
+        *,
+        checkpoint: Mapping[str, Any] | None = None,
+        keyring: KeyRing | None = None,
+    ) -> VerificationReport:
         """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first
         failing seq.
 
@@ -516,31 +640,42 @@ class Ledger:
             keyring = keyring or KeyRing.from_public_keys(queries.public_keys(conn, tenant))
             checkpoint = checkpoint or self._covering_checkpoint(conn, tenant, start, to_seq)
             left, right = self._range_context(conn, tenant, start, end, checkpoint, to_seq)
-            prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant,
-                                                                            start - 1)
+            prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant, start - 1)
             if prev is None:
                 return _failure(start - 1, "receipt missing from the database", tenant)
             rows = _CheckedRows(queries.stream_rows(conn, tenant, start, end))
             schema_cache: dict[str, dict[str, Any] | None] = {}
             report = verify_receipts(
-                rows, keyring, expected_prev_hash=prev, start_seq=start, checkpoint=checkpoint,
+                rows,
+                keyring,
+                expected_prev_hash=prev,
+                start_seq=start,
+                checkpoint=checkpoint,
                 schemas=lambda h: schema_cache.setdefault(h, queries.schema(conn, h)),
-                left=left, right=right)
+                left=left,
+                right=right,
+            )
         problems = [rows.problem] if rows.problem else []
         if not report.ok:
             problems.append((report.first_failure_seq, report.reason))
         if to_seq is None and last > head_seq:
             problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
         if to_seq is None and rows.seen < end - start + 1 and report.ok:
-            problems.append((start + rows.seen, f"receipt missing: the chain head is at seq"
-                             f" {head_seq} but the stored receipts end before it"))
+            problems.append(
+                (
+                    start + rows.seen,
+                    f"receipt missing: the chain head is at seq"
+                    f" {head_seq} but the stored receipts end before it",
+                )
+            )
         if not problems:
             return report
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
         return _failure(seq, reason, tenant, checked=report.checked)
 
-    def _covering_checkpoint(self, conn: sa.Connection, tenant: str, start: int,
-                             to_seq: int | None) -> dict[str, Any] | None:
+    def _covering_checkpoint(
+        self, conn: sa.Connection, tenant: str, start: int, to_seq: int | None
+    ) -> dict[str, Any] | None:
         """The stored checkpoint a verification checks the Merkle root against: the latest
         (so a truncated tail shows), or for a range the first one at or after its end."""
         if to_seq is None:
@@ -550,66 +685,135 @@ class Ledger:
             checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
         return checkpoint if checkpoint and checkpoint["tree_size"] >= start - 1 else None
 
-    def _range_context(self, conn: sa.Connection, tenant: str, start: int, end: int,
-                       checkpoint: Mapping[str, Any] | None, to_seq: int | None
-                       ) -> tuple[list[bytes] | None, list[bytes] | None]:
+    def _range_context(
+        self,
+        conn: sa.Connection,
+        tenant: str,
+        start: int,
+        end: int,
+        checkpoint: Mapping[str, Any] | None,
+        to_seq: int | None,
+    ) -> tuple[list[bytes] | None, list[bytes] | None]:
         """Compact ranges left of ``start`` and right of ``end`` up to the checkpoint, so a
         slice of the chain can be checked against the root of the whole tree."""
         size = checkpoint["tree_size"] if checkpoint else 0
         want_right = to_seq is not None and size > end
         if start == 1 and not want_right:
             return None, None
-        return queries.with_stored_tree(conn, tenant, lambda subtree: (
-            compact_range(0, start - 1, subtree),
-            compact_range(end, size, subtree) if want_right else None))
+        return queries.with_stored_tree(
+            conn,
+            tenant,
+            lambda subtree: (
+                compact_range(0, start - 1, subtree),
+                compact_range(end, size, subtree) if want_right else None,
+            ),
+        )
 
     # ------------------------------------------------------------------ export
 
-    def export(self, tenant: str, out: str | Path | IO[bytes], since: datetime | str | None = None,
-               until: datetime | str | None = None) -> None:
+    def export(
+        self,
+        tenant: str,
+        out: str | Path | IO[bytes],
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+    ) -> None:
         """Write the bundle of the tenant's receipts created in [since, until) to ``out``.
 
-        The bundle carries a signed checkpoint covering its last receipt (signed now when
-        the stored ones do not reach it and this ledger has a signer) and, for a range, the
-        previous entry hash and the compact ranges that tie it to that checkpoint's root.
+        Open-ended (no ``until``), the bundle runs to a signed checkpoint of the whole chain:
+        one signed now at the head when this ledger has a signer, else the latest stored. Any
+        receipt missing below that checkpoint then shows as a truncation in the bundle. With
+        ``until``, it ends at the last receipt in the range and carries the compact range
+        that ties it to a later checkpoint's root; a range not starting at seq 1 carries the
+        previous entry hash and the compact range to its left.
         """
         with self._reading() as conn:
-            span = queries.seq_range(conn, tenant, None if since is None else rfc3339(since),
-                                     None if until is None else rfc3339(until))
+            span = queries.seq_range(
+                conn,
+                tenant,
+                None if since is None else rfc3339(since),
+                None if until is None else rfc3339(until),
+            )
+            stored = (
+                queries.latest_checkpoint(conn, tenant)
+                if until is None or span is None
+                else queries.checkpoint_at_least(conn, tenant, span[1])
+            )
         if span is None:
             raise ReceiptFormatError(f"chain {tenant!r} has no receipts in that time range")
         first, last = span
+        checkpoint = (
+            self.checkpoint_now(tenant)
+            if self.signer is not None and (until is None or stored is None)
+            else stored
+        )
+        if checkpoint is None or checkpoint["tree_size"] < first:
+            raise ReceiptsError(
+                f"no signed checkpoint covers seq {last} of chain {tenant!r}:"
+                " export with the signing key so one can be signed"
+            )
+        if until is None:
+            last = checkpoint["tree_size"]
         with self._reading() as conn:
-            checkpoint = queries.checkpoint_at_least(conn, tenant, last)
-        if checkpoint is None:
-            if self.signer is None:
-                raise ReceiptsError(
-                    f"no signed checkpoint covers seq {last} of chain {tenant!r}: export with"
-                    " a signing key so one can be signed")
-            checkpoint = self.checkpoint_now(tenant)
-        with self._reading() as conn:
-            prev = GENESIS_PREV_HASH if first == 1 else queries.entry_hash(conn, tenant,
-                                                                            first - 1)
+            prev = GENESIS_PREV_HASH if first == 1 else queries.entry_hash(conn, tenant, first - 1)
             if prev is None:
-                raise ReceiptsError(f"receipt seq {first - 1} of chain {tenant!r} is missing:"
-                                    " the range cannot be tied to the chain")
-            left, right = queries.with_stored_tree(conn, tenant, lambda subtree: (
-                compact_range(0, first - 1, subtree),
-                compact_range(last, checkpoint["tree_size"], subtree)))
+                raise ReceiptsError(
+                    f"receipt seq {first - 1} of chain {tenant!r} is missing:"
+                    " the range cannot be tied to the chain"
+                )
+            left, right = queries.with_stored_tree(
+                conn,
+                tenant,
+                lambda subtree: (
+                    compact_range(0, first - 1, subtree),
+                    compact_range(last, checkpoint["tree_size"], subtree),
+                ),
+            )
             schemas = queries.schemas(conn, queries.schema_hashes(conn, tenant, first, last))
-            receipts = (json.loads(row.body)
-                        for row in queries.stream_rows(conn, tenant, first, last))
-            write_bundle(out, receipts, schemas, queries.public_keys(conn, tenant), checkpoint,
-                         prev_entry_hash=prev, proofs={"left": [h.hex() for h in left],
-                                                             "right": [h.hex() for h in right]})
+            receipts = _consecutive(queries.stream_rows(conn, tenant, first, last), first)
+            write_bundle(
+                out,
+                receipts,
+                schemas,
+                queries.public_keys(conn, tenant),
+                checkpoint,
+                prev_entry_hash=prev,
+                proofs={"left": [h.hex() for h in left], "right": [h.hex() for h in right]},
+            )
+
+
+def _consecutive(rows: Iterator[sa.Row], first: int) -> Iterator[dict[str, Any]]:
+    """Receipt objects for a bundle, ending before the first gap or out-of-order row.
+
+    A bundle holds consecutive receipts; a database that lost or reordered rows yields the
+    verifiable prefix, and the offline verifier then names the first missing seq (the
+    checkpoint covers more than the bundle holds)."""
+    expected = first
+    for row in rows:
+        obj = json.loads(row.body)
+        if row.seq != expected or not isinstance(obj, dict) or obj.get("seq") != expected:
+            log.warning("export stops before seq %d: the stored chain is broken there", expected)
+            return
+        yield obj
+        expected += 1
 
 
 class _CheckedRows:
     """Receipt rows -> JSON objects for the chain verifier, stopping at the first row whose
     indexed columns disagree with its signed body (a query could be steered by such a row)."""
 
-    COLUMNS = ("id", "chain", "seq", "created_at", "tenant", "key_id", "manifest_hash",
-               "prev_hash", "entry_hash", "finish_reason")
+    COLUMNS = (
+        "id",
+        "chain",
+        "seq",
+        "created_at",
+        "tenant",
+        "key_id",
+        "manifest_hash",
+        "prev_hash",
+        "entry_hash",
+        "finish_reason",
+    )
 
     def __init__(self, rows: Iterator[sa.Row]) -> None:
         self._rows = rows
@@ -625,8 +829,10 @@ class _CheckedRows:
                 return
             mismatch = self._mismatch(row, obj) if isinstance(obj, dict) else "body"
             if mismatch:
-                self.problem = (row.seq, f"row column {mismatch!r} disagrees with the signed"
-                                         " receipt body")
+                self.problem = (
+                    row.seq,
+                    f"row column {mismatch!r} disagrees with the signed receipt body",
+                )
                 return
             self.seen += 1
             yield obj
@@ -650,37 +856,66 @@ def receipt_text(receipt: Receipt) -> str:
     Not re-canonicalized here (RFC 8785 costs a third of an append); every reader parses it
     and the verifier recomputes the entry hash over its RFC 8785 form, so any edit shows.
     """
-    return json.dumps(receipt.to_json_obj(), sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False, allow_nan=False)
+    return json.dumps(
+        receipt.to_json_obj(),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
 
 
 def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:
     """The receipts row (canonical body + indexed copies) and its call and link index rows."""
     chain, seq = receipt.chain, receipt.seq
-    rows[ReceiptRow].append({
-        "chain": chain, "seq": seq, "id": receipt.id, "created_at": receipt.created_at,
-        "tenant": receipt.tenant, "key_id": receipt.key_id,
-        "manifest_hash": receipt.manifest_hash, "schema_hash": receipt.manifest["schema_hash"],
-        "model": receipt.manifest["model"], "output_kind": receipt.output["kind"],
-        "finish_reason": receipt.finish_reason, "prev_hash": receipt.prev_hash,
-        "entry_hash": receipt.entry_hash, "body": receipt_text(receipt)})
-    rows[CallRow].extend({"chain": chain, "call_id": call["id"], "seq": seq,
-                          "tool_name": call["name"]} for call in receipt.tool_calls)
-    rows[LinkRow].extend({"chain": chain, "seq": seq, "position": i,
-                          "tool_call_id": link["tool_call_id"], "receipt_id": link["receipt_id"]}
-                         for i, link in enumerate(receipt.links))
+    rows[ReceiptRow].append(
+        {
+            "chain": chain,
+            "seq": seq,
+            "id": receipt.id,
+            "created_at": receipt.created_at,
+            "tenant": receipt.tenant,
+            "key_id": receipt.key_id,
+            "manifest_hash": receipt.manifest_hash,
+            "schema_hash": receipt.manifest["schema_hash"],
+            "model": receipt.manifest["model"],
+            "output_kind": receipt.output["kind"],
+            "finish_reason": receipt.finish_reason,
+            "prev_hash": receipt.prev_hash,
+            "entry_hash": receipt.entry_hash,
+            "body": receipt_text(receipt),
+        }
+    )
+    rows[CallRow].extend(
+        {"chain": chain, "call_id": call["id"], "seq": seq, "tool_name": call["name"]}
+        for call in receipt.tool_calls
+    )
+    rows[LinkRow].extend(
+        {
+            "chain": chain,
+            "seq": seq,
+            "position": i,
+            "tool_call_id": link["tool_call_id"],
+            "receipt_id": link["receipt_id"],
+        }
+        for i, link in enumerate(receipt.links)
+    )
 
 
-def _refuse_duplicate_calls(conn: sa.Connection, chain: str, batch: list[_Pending]
-                            ) -> dict[_Pending, Exception]:
+def _refuse_duplicate_calls(
+    conn: sa.Connection, chain: str, batch: list[_Pending]
+) -> dict[_Pending, Exception]:
     """Drafts whose call ids the chain already holds (or an earlier draft of the batch
     does): a call id names one call forever, so these appends fail alone."""
     ids = [call["id"] for p in batch for call in p.draft.output["tool_calls"]]
     if not ids:
         return {}
     c = CallRow.__table__.c
-    taken: dict[str, int | None] = dict(conn.execute(sa.select(c.call_id, c.seq).where(
-        c.chain == chain, c.call_id.in_(sorted(set(ids))))).all())
+    taken: dict[str, int | None] = dict(
+        conn.execute(
+            sa.select(c.call_id, c.seq).where(c.chain == chain, c.call_id.in_(sorted(set(ids))))
+        ).all()
+    )
     refused: dict[_Pending, Exception] = {}
     for pending in batch:
         calls = [call["id"] for call in pending.draft.output["tool_calls"]]
@@ -688,7 +923,8 @@ def _refuse_duplicate_calls(conn: sa.Connection, chain: str, batch: list[_Pendin
         if clash:
             where = f" (seq {taken[clash[0]]})" if clash[0] in taken else ""
             refused[pending] = ReceiptFormatError(
-                f"tool call id {clash[0]} is already recorded in chain {chain!r}{where}")
+                f"tool call id {clash[0]} is already recorded in chain {chain!r}{where}"
+            )
         else:
             taken.update((i, None) for i in calls)
     return refused
@@ -701,8 +937,9 @@ def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]
 
 
 def _failure(seq: int | None, reason: str, chain: str, checked: int = 0) -> VerificationReport:
-    return VerificationReport(ok=False, checked=checked, first_failure_seq=seq, reason=reason,
-                              chain=chain)
+    return VerificationReport(
+        ok=False, checked=checked, first_failure_seq=seq, reason=reason, chain=chain
+    )
 
 
 def _short(exc: BaseException) -> str:
