@@ -273,7 +273,7 @@ def test_worked_example_in_the_spec_verifies() -> None:
     from receipts.merkle import leaf_hash, node_hash
 
     spec = (Path(__file__).resolve().parents[2] / "docs" / "receipt-format.md").read_text()
-    blocks = dict(re.findall(r"<!-- example:(\w+) -->\n```\w+\n(.*?)\n```", spec, re.S))
+    blocks = dict(re.findall(r"<!-- example:(\w+) -->\n```\w+\n(.*?)\n```", spec, re.DOTALL))
     schema = json.loads(blocks["schema"])
     r1, r2 = json.loads(blocks["receipt1"]), json.loads(blocks["receipt2"])
     checkpoint = json.loads(blocks["checkpoint"])
