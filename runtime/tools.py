@@ -580,7 +580,7 @@ def parse_native_tool_call(
     """Calls written in a family's own tags (unconstrained or trigger-constrained output).
 
     Inside Qwen/Hermes tags both ``{"name", "arguments"}`` (the trained format) and the
-    envelope ``{"tool", "arguments"}`` are accepted; text outside the tags is kept as
+    envelope (``{"tool", "arguments"}`` or ``{"tool_calls": [...]}``) are accepted; text outside the tags is kept as
     content. Output without any call is returned as kind "text". The generic family has no
     tags: its output is the envelope itself.
     """
@@ -590,17 +590,29 @@ def parse_native_tool_call(
     pattern = _NATIVE_PATTERNS.get(family)
     if pattern is None:
         raise ValueError(f"unknown tool-call family {family!r}")
-    by_name = {t.name: t for t in tools}
-    calls: list[ToolCall] = []
-    for i, match in enumerate(pattern.finditer(text)):
-        at = f"/tool_calls/{i}"
+    items: list[Any] = []
+    for match in pattern.finditer(text):
+        at = f"/tool_calls/{len(items)}"
         if family == "llama":
             arguments = load_json(match["body"].strip() or "{}", {}, pointer=f"{at}/arguments")
-            item: Any = {"name": match["name"], "arguments": arguments}
-        else:
-            item = load_json(match["body"], {}, pointer=at)
-        key = "tool" if isinstance(item, dict) and "tool" in item else "name"
-        calls.append(_call_from(item, at, by_name, text, {}, ids.for_index(i), name_key=key))
+            items.append({"name": match["name"], "arguments": arguments})
+            continue
+        body = load_json(match["body"], {}, pointer=at)
+        several = body.get("tool_calls") if isinstance(body, dict) else None
+        items.extend(several if isinstance(several, list) else [body])
+    by_name = {t.name: t for t in tools}
+    calls = [
+        _call_from(
+            item,
+            f"/tool_calls/{i}",
+            by_name,
+            text,
+            {},
+            ids.for_index(i),
+            name_key="tool" if isinstance(item, dict) and "tool" in item else "name",
+        )
+        for i, item in enumerate(items)
+    ]
     rest = pattern.sub("", text).strip()
     if not calls:
         return ParsedResponse("text", content=text)

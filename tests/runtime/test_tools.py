@@ -392,6 +392,10 @@ def test_llama_native_calls() -> None:
 def test_envelope_inside_native_tags_is_understood() -> None:
     text = f"<tool_call>{json.dumps(WEATHER_CALL)}</tool_call>"
     assert parse_native_tool_call(text, "qwen", SPECS).tool_calls[0].name == "get_weather"
+    several = {"tool_calls": [BOOK_CALL, WEATHER_CALL]}
+    text = f"<tool_call>{json.dumps(several)}</tool_call><tool_call>{json.dumps(WEATHER_CALL)}</tool_call>"
+    calls = parse_native_tool_call(text, "qwen", SPECS).tool_calls
+    assert [c.name for c in calls] == ["book_room", "get_weather", "get_weather"]
 
 
 def test_generic_native_is_the_envelope() -> None:
