@@ -37,7 +37,7 @@ from receipts.chain import ChainLinker, ReceiptChecker, VerificationReport
 from receipts.checkpoint import check_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
 from receipts.manifest import is_hex64
-from receipts.record import GENESIS_PREV_HASH, Receipt
+from receipts.record import GENESIS_PREV_HASH, KEY_ID, Receipt
 from receipts.signing import KeyRing, key_id_for, load_public_key_pem
 
 BUNDLE_FORMAT = "callproof-bundle"
@@ -83,13 +83,12 @@ def write_bundle(
     """
     check_checkpoint(checkpoint)
     with tempfile.SpooledTemporaryFile(max_size=32 << 20) as lines:
-        digest, span = _write_receipts(lines, receipts)
-        first_seq, last_seq, chain = span
+        digest, (first_seq, last_seq, chain) = _write_receipts(lines, receipts)
         if checkpoint["chain"] != chain or checkpoint["tree_size"] < last_seq:
             raise ReceiptFormatError(
                 "the checkpoint must be of the same chain and cover the last receipt"
             )
-        files: dict[str, bytes] = {
+        files = {
             "checkpoint.json": canonical_json(dict(checkpoint)),
             "proofs.json": canonical_json(
                 {
@@ -99,20 +98,9 @@ def write_bundle(
                     "right": list((proofs or {}).get("right", [])),
                 }
             ),
+            **_key_files(public_keys),
+            **_schema_files(schemas),
         }
-        keys = []
-        for entry in public_keys:
-            ranges = [
-                {"chain": r["chain"], "first_seq": r["first_seq"], "last_seq": r.get("last_seq")}
-                for r in entry.get("ranges", ())
-            ]
-            keys.append(
-                {"key_id": entry["key_id"], "file": key_file(entry["key_id"]), "ranges": ranges}
-            )
-            files[key_file(entry["key_id"])] = entry["public_key_pem"].encode("ascii")
-        files["keys.json"] = canonical_json({"keys": keys})
-        for bound, schema in sorted(schemas.items()):
-            files[f"schemas/{bound}.json"] = canonical_json(schema)
         manifest = {
             "format": BUNDLE_FORMAT,
             "v": BUNDLE_VERSION,
@@ -125,7 +113,6 @@ def write_bundle(
                 RECEIPTS: digest,
             },
         }
-        files[MANIFEST] = canonical_json(manifest)
         size = lines.seek(0, io.SEEK_END)
         lines.seek(0)
         with (
@@ -134,9 +121,35 @@ def write_bundle(
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             # the manifest and small files first, so a reader meets them before receipts
-            for name in [MANIFEST, *sorted(set(files) - {MANIFEST})]:
-                _add(tar, name, io.BytesIO(files[name]), len(files[name]))
+            _add(tar, MANIFEST, canonical_json(manifest))
+            for name in sorted(files):
+                _add(tar, name, files[name])
             _add(tar, RECEIPTS, lines, size)
+
+
+def _key_files(public_keys: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
+    """keys/<id>.pem for every key, and keys.json listing ids, files and seq ranges."""
+    files, listing = {}, []
+    for entry in public_keys:
+        key_id = entry["key_id"]
+        if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
+            raise ReceiptFormatError(f"not a key id: {key_id!r}")
+        ranges = [
+            {"chain": r["chain"], "first_seq": r["first_seq"], "last_seq": r.get("last_seq")}
+            for r in entry.get("ranges", ())
+        ]
+        listing.append({"key_id": key_id, "file": key_file(key_id), "ranges": ranges})
+        files[key_file(key_id)] = entry["public_key_pem"].encode("ascii")
+    files["keys.json"] = canonical_json({"keys": listing})
+    return files
+
+
+def _schema_files(schemas: Mapping[str, Mapping[str, Any]]) -> dict[str, bytes]:
+    """schemas/<hash>.json, written under the hash given (an edited schema shows as such)."""
+    for bound in schemas:
+        if not is_hex64(bound):
+            raise ReceiptFormatError(f"not a schema hash: {bound!r}")
+    return {f"schemas/{bound}.json": canonical_json(schema) for bound, schema in schemas.items()}
 
 
 def _write_receipts(
@@ -172,11 +185,11 @@ def _open_out(out: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
         yield out
 
 
-def _add(tar: tarfile.TarFile, name: str, data: IO[bytes], size: int) -> None:
+def _add(tar: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int = 0) -> None:
     info = tarfile.TarInfo(name)
-    info.size = size
+    info.size = len(data) if isinstance(data, bytes) else size
     info.mode = 0o644
-    tar.addfile(info, data)
+    tar.addfile(info, io.BytesIO(data) if isinstance(data, bytes) else data)
 
 
 # ------------------------------------------------------------------------------- reading
