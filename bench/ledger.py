@@ -34,55 +34,107 @@ WINDOW = 256  # appends in flight per writer process
 
 TOOLSETS: dict[str, list[dict[str, Any]]] = {
     "travel": [
-        {"name": "get_weather", "parameters": {
-            "type": "object", "required": ["city"], "additionalProperties": False,
-            "properties": {"city": {"type": "string"},
-                           "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                           "days": {"type": "integer", "minimum": 1, "maximum": 14}}}},
-        {"name": "book_flight", "parameters": {
-            "type": "object", "required": ["origin", "destination", "date"],
-            "properties": {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                           "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                           "date": {"type": "string", "format": "date"},
-                           "passengers": {"type": "integer", "minimum": 1}}}},
+        {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "required": ["city"],
+                "additionalProperties": False,
+                "properties": {
+                    "city": {"type": "string"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                },
+            },
+        },
+        {
+            "name": "book_flight",
+            "parameters": {
+                "type": "object",
+                "required": ["origin", "destination", "date"],
+                "properties": {
+                    "origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                    "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
+                    "date": {"type": "string", "format": "date"},
+                    "passengers": {"type": "integer", "minimum": 1},
+                },
+            },
+        },
     ],
     "support": [
-        {"name": "search_docs", "parameters": {
-            "type": "object", "required": ["query"],
-            "properties": {"query": {"type": "string"},
-                           "limit": {"type": "integer", "minimum": 1, "maximum": 50}}}},
-        {"name": "create_ticket", "parameters": {
-            "type": "object", "required": ["title", "priority"],
-            "properties": {"title": {"type": "string"},
-                           "priority": {"type": "string", "enum": ["low", "normal", "high"]},
-                           "tags": {"type": "array", "items": {"type": "string"}}}}},
-        {"name": "lookup_order", "parameters": {
-            "type": "object", "required": ["order_id"],
-            "properties": {"order_id": {"type": "string", "pattern": "^ord_[0-9]{6}$"}}}},
+        {
+            "name": "search_docs",
+            "parameters": {
+                "type": "object",
+                "required": ["query"],
+                "properties": {
+                    "query": {"type": "string"},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 50},
+                },
+            },
+        },
+        {
+            "name": "create_ticket",
+            "parameters": {
+                "type": "object",
+                "required": ["title", "priority"],
+                "properties": {
+                    "title": {"type": "string"},
+                    "priority": {"type": "string", "enum": ["low", "normal", "high"]},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+        {
+            "name": "lookup_order",
+            "parameters": {
+                "type": "object",
+                "required": ["order_id"],
+                "properties": {"order_id": {"type": "string", "pattern": "^ord_[0-9]{6}$"}},
+            },
+        },
     ],
     "data": [
-        {"name": "run_sql", "parameters": {
-            "type": "object", "required": ["statement"],
-            "properties": {"statement": {"type": "string"},
-                           "timeout_s": {"type": "number", "minimum": 0}}}},
+        {
+            "name": "run_sql",
+            "parameters": {
+                "type": "object",
+                "required": ["statement"],
+                "properties": {
+                    "statement": {"type": "string"},
+                    "timeout_s": {"type": "number", "minimum": 0},
+                },
+            },
+        },
     ],
 }
 
 ARGUMENTS = {
-    "get_weather": lambda r: {"city": r.choice(["Paris", "Lagos", "Osaka", "Lima"]),
-                              "unit": r.choice(["celsius", "fahrenheit"]),
-                              "days": r.randint(1, 14)},
-    "book_flight": lambda r: {"origin": r.choice(["CDG", "LOS", "KIX"]),
-                              "destination": r.choice(["LIM", "JFK", "NRT"]),
-                              "date": f"2026-12-{r.randint(10, 28)}",
-                              "passengers": r.randint(1, 4)},
-    "search_docs": lambda r: {"query": r.choice(["refund policy", "reset password", "api limits"]),
-                              "limit": r.randint(1, 20)},
-    "create_ticket": lambda r: {"title": "Customer cannot log in", "priority": "high",
-                                "tags": ["auth", "web"][: r.randint(0, 2)]},
+    "get_weather": lambda r: {
+        "city": r.choice(["Paris", "Lagos", "Osaka", "Lima"]),
+        "unit": r.choice(["celsius", "fahrenheit"]),
+        "days": r.randint(1, 14),
+    },
+    "book_flight": lambda r: {
+        "origin": r.choice(["CDG", "LOS", "KIX"]),
+        "destination": r.choice(["LIM", "JFK", "NRT"]),
+        "date": f"2026-12-{r.randint(10, 28)}",
+        "passengers": r.randint(1, 4),
+    },
+    "search_docs": lambda r: {
+        "query": r.choice(["refund policy", "reset password", "api limits"]),
+        "limit": r.randint(1, 20),
+    },
+    "create_ticket": lambda r: {
+        "title": "Customer cannot log in",
+        "priority": "high",
+        "tags": ["auth", "web"][: r.randint(0, 2)],
+    },
     "lookup_order": lambda r: {"order_id": f"ord_{r.randint(0, 999999):06d}"},
-    "run_sql": lambda r: {"statement": "SELECT count(*) FROM orders WHERE status = 'open'",
-                          "timeout_s": r.choice([1.5, 5, 30])},
+    "run_sql": lambda r: {
+        "statement": "SELECT count(*) FROM orders WHERE status = 'open'",
+        "timeout_s": r.choice([1.5, 5, 30]),
+    },
 }
 
 
@@ -103,11 +155,16 @@ class DraftFactory:
             for parallel in (False, True):
                 schema = union_schema(specs, "auto", parallel_tool_calls=parallel)
                 manifest = build_manifest(
-                    schema_hash=schema_hash(schema), model="SmolLM2-135M-Instruct",
-                    weights_digest=_sha(f"weights-{name}"), tokenizer_digest=_sha("tokenizer"),
-                    engine="embedded", backend="llguidance", renderer="generic",
+                    schema_hash=schema_hash(schema),
+                    model="SmolLM2-135M-Instruct",
+                    weights_digest=_sha(f"weights-{name}"),
+                    tokenizer_digest=_sha("tokenizer"),
+                    engine="embedded",
+                    backend="llguidance",
+                    renderer="generic",
                     sampling={"temperature": 0.0, "top_p": 1.0, "seed": 7, "max_tokens": 256},
-                    constraint_kind="tools")
+                    constraint_kind="tools",
+                )
                 self.sets.append((manifest, schema, [t["name"] for t in tools]))
 
     def draft(self) -> Any:
@@ -119,30 +176,48 @@ class DraftFactory:
         if self.pending_calls and r.random() < 0.5:
             links = [{"tool_call_id": self.pending_calls.popleft(), "receipt_id": None}]
         if r.random() < 0.7:
-            calls = [{"id": "call_" + secrets.token_hex(12), "name": name,
-                      "arguments": ARGUMENTS[name](r)} for name in [r.choice(names)]]
+            calls = [
+                {
+                    "id": "call_" + secrets.token_hex(12),
+                    "name": name,
+                    "arguments": ARGUMENTS[name](r),
+                }
+                for name in [r.choice(names)]
+            ]
             self.pending_calls.extend(c["id"] for c in calls)
             output = {"kind": "tool_calls", "tool_calls": calls, "content_sha256": None}
             finish = "tool_calls"
         else:
-            output = {"kind": "answer", "tool_calls": [],
-                      "content_sha256": _sha(secrets.token_hex(16))}
+            output = {
+                "kind": "answer",
+                "tool_calls": [],
+                "content_sha256": _sha(secrets.token_hex(16)),
+            }
             finish = "stop"
         return ReceiptDraft(
-            tenant=self.tenant, manifest=manifest, schema=schema,
-            request={"messages_sha256": _sha(secrets.token_hex(16)),
-                     "params_sha256": _sha("params")},
-            output=output, finish_reason=finish,
+            tenant=self.tenant,
+            manifest=manifest,
+            schema=schema,
+            request={
+                "messages_sha256": _sha(secrets.token_hex(16)),
+                "params_sha256": _sha("params"),
+            },
+            output=output,
+            finish_reason=finish,
             usage={"prompt_tokens": r.randint(150, 900), "completion_tokens": r.randint(8, 90)},
-            validation={"valid": True, "errors": []}, fallback=None, links=links)
+            validation={"valid": True, "errors": []},
+            fallback=None,
+            links=links,
+        )
 
 
 def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _writer(url: str, tenant: str, count: int, seed: int, ready: Any, start: Any,
-            results: Any) -> None:
+def _writer(
+    url: str, tenant: str, count: int, seed: int, ready: Any, start: Any, results: Any
+) -> None:
     """One writer process: build its drafts, wait for the start, append with WINDOW in flight."""
     from receipts.ledger import Ledger
     from receipts.signing import Signer
@@ -170,8 +245,10 @@ def throughput(url: str, tenant: str, count: int, writers: int) -> float:
     ctx = mp.get_context("spawn")
     ready, start, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
     shares = [count // writers + (i < count % writers) for i in range(writers)]
-    procs = [ctx.Process(target=_writer, args=(url, tenant, n, i, ready, start, results))
-             for i, n in enumerate(shares)]
+    procs = [
+        ctx.Process(target=_writer, args=(url, tenant, n, i, ready, start, results))
+        for i, n in enumerate(shares)
+    ]
     for p in procs:
         p.start()
     for _ in procs:
@@ -219,8 +296,11 @@ def database(url: str | None) -> Iterator[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ledger", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ledger",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--db", help="database URL (default: a throwaway Postgres)")
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--writers", type=int, default=2)
@@ -234,8 +314,10 @@ def main(argv: list[str] | None = None) -> int:
 
     with database(args.db) as url:
         rate = throughput(url, args.tenant, args.count, args.writers)
-        print(f"append throughput: {rate:,.0f} receipts/s ({args.count} receipts,"
-              f" {args.writers} writer processes, one chain)")
+        print(
+            f"append throughput: {rate:,.0f} receipts/s ({args.count} receipts,"
+            f" {args.writers} writer processes, one chain)"
+        )
         times = latency(url, args.tenant, args.latency_samples)
         p50, p99 = statistics.quantiles(times, n=100)[49], statistics.quantiles(times, n=100)[98]
         print(f"single append latency (concurrency 1): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
@@ -243,14 +325,21 @@ def main(argv: list[str] | None = None) -> int:
             began = time.perf_counter()
             report = ledger.verify(args.tenant)
             verify_s = time.perf_counter() - began
-        print(f"database verify: ok={report.ok} over {report.checked} receipts in {verify_s:.1f} s"
-              f" ({report.checked / verify_s:,.0f} receipts/s)")
+        print(
+            f"database verify: ok={report.ok} over {report.checked} receipts in {verify_s:.1f} s"
+            f" ({report.checked / verify_s:,.0f} receipts/s)"
+        )
         figures = {
-            "db": url.split(":", 1)[0].split("+")[0], "receipts": args.count,
-            "writers": args.writers, "receipts_per_s": round(rate, 1),
-            "append_p50_ms": round(p50, 3), "append_p99_ms": round(p99, 3),
-            "latency_samples": len(times), "verify_ok": report.ok,
-            "verified": report.checked, "verify_receipts_per_s": round(report.checked / verify_s, 1),
+            "db": url.split(":", 1)[0].split("+")[0],
+            "receipts": args.count,
+            "writers": args.writers,
+            "receipts_per_s": round(rate, 1),
+            "append_p50_ms": round(p50, 3),
+            "append_p99_ms": round(p99, 3),
+            "latency_samples": len(times),
+            "verify_ok": report.ok,
+            "verified": report.checked,
+            "verify_receipts_per_s": round(report.checked / verify_s, 1),
         }
     print(json.dumps(figures))
     return 0 if report.ok else 1

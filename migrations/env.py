@@ -15,17 +15,22 @@ config = context.config
 
 
 def _url() -> str:
-    url = (context.get_x_argument(as_dictionary=True).get("db")
-           or os.environ.get("CALLPROOF_DB_URL")
-           or config.get_main_option("sqlalchemy.url"))
+    url = (
+        context.get_x_argument(as_dictionary=True).get("db")
+        or os.environ.get("CALLPROOF_DB_URL")
+        or config.get_main_option("sqlalchemy.url")
+    )
     if not url:
         raise SystemExit("no database URL: pass -x db=URL or set CALLPROOF_DB_URL")
     return url
 
 
 def _run(connection: sa.Connection) -> None:
-    context.configure(connection=connection, target_metadata=None,
-                      render_as_batch=connection.dialect.name == "sqlite")
+    context.configure(
+        connection=connection,
+        target_metadata=None,
+        render_as_batch=connection.dialect.name == "sqlite",
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -183,7 +183,7 @@ class Ledger:
         self._reader.dispose()
         self._writer.dispose()
 
-    def __enter__(self) -> Ledger:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -267,7 +267,7 @@ class Ledger:
             for pending in batch:
                 pending.future.set_exception(error)
             return
-        except Exception as exc:  # noqa: BLE001 - whatever broke, fail closed and go on
+        except Exception as exc:  # whatever broke: fail closed and go on
             log.exception("ledger batch failed")
             error = (
                 exc
@@ -661,13 +661,8 @@ class Ledger:
         if to_seq is None and last > head_seq:
             problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
         if to_seq is None and rows.seen < end - start + 1 and report.ok:
-            problems.append(
-                (
-                    start + rows.seen,
-                    f"receipt missing: the chain head is at seq"
-                    f" {head_seq} but the stored receipts end before it",
-                )
-            )
+            missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
+            problems.append((start + rows.seen, missing))
         if not problems:
             return report
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])

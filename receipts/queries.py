@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from receipts.errors import ReceiptFormatError, ReceiptsError
 from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
-from receipts.record import Receipt
+from receipts.record import Receipt, format_timestamp
 from receipts.store import (
     CallRow,
     ChainRow,
@@ -60,12 +60,10 @@ def rfc3339(value: datetime | str) -> str:
     comparison in SQL is a time comparison. Naive datetimes are taken as UTC."""
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            value = datetime.fromisoformat(value)
         except ValueError as exc:
             raise ReceiptFormatError(f"not an RFC 3339 time: {value!r}") from exc
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_timestamp(value if value.tzinfo else value.replace(tzinfo=UTC))
 
 
 def receipt_from_body(body: str) -> Receipt:
@@ -91,8 +89,9 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     calls = CallRow.__table__.c
     for column, value in ((calls.tool_name, q.tool_name), (calls.call_id, q.call_id)):
         if value is not None:
-            stmt = stmt.where(sa.exists().where(
-                calls.chain == r.chain, calls.seq == r.seq, column == value))
+            stmt = stmt.where(
+                sa.exists().where(calls.chain == r.chain, calls.seq == r.seq, column == value)
+            )
     rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
     items = [receipt_from_body(row.body) for row in rows[: q.limit]]
     more = len(rows) > q.limit
@@ -114,17 +113,25 @@ def get_by_seq(conn: sa.Connection, tenant: str, seq: int) -> Receipt | None:
 def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
     """The receipt whose output issued tool call ``call_id``."""
     r, c = ReceiptRow.__table__.c, CallRow.__table__.c
-    body = conn.scalar(sa.select(r.body).join_from(
-        ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq)
-    ).where(c.chain == tenant, c.call_id == call_id))
+    body = conn.scalar(
+        sa.select(r.body)
+        .join_from(ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq))
+        .where(c.chain == tenant, c.call_id == call_id)
+    )
     return receipt_from_body(body) if body is not None else None
 
 
 def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
     """Receipts whose request carried a tool result for ``call_id`` (their links name it)."""
     r, lk = ReceiptRow.__table__.c, LinkRow.__table__.c
-    stmt = sa.select(r.body).where(r.chain == tenant, sa.exists().where(
-        lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == call_id)).order_by(r.seq)
+    stmt = (
+        sa.select(r.body)
+        .where(
+            r.chain == tenant,
+            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == call_id),
+        )
+        .order_by(r.seq)
+    )
     return [receipt_from_body(body) for body in conn.scalars(stmt)]
 
 
@@ -136,16 +143,20 @@ def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
 def schema_hashes(conn: sa.Connection, tenant: str, first: int, last: int) -> list[str]:
     """The schemas bound by the chain's receipts first..last (for an export)."""
     r = ReceiptRow.__table__.c
-    return list(conn.scalars(sa.select(r.schema_hash).distinct().where(
-        r.chain == tenant, r.seq.between(first, last), r.schema_hash.is_not(None))))
+    return list(
+        conn.scalars(
+            sa.select(r.schema_hash)
+            .distinct()
+            .where(r.chain == tenant, r.seq.between(first, last), r.schema_hash.is_not(None))
+        )
+    )
 
 
 def schemas(conn: sa.Connection, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
     wanted = sorted(set(hashes))
     if not wanted:
         return {}
-    rows = conn.execute(sa.select(SchemaRow.hash, SchemaRow.body).where(
-        SchemaRow.hash.in_(wanted)))
+    rows = conn.execute(sa.select(SchemaRow.hash, SchemaRow.body).where(SchemaRow.hash.in_(wanted)))
     return {row.hash: json.loads(row.body) for row in rows}
 
 
@@ -155,9 +166,15 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[dict[str
     A range ends where the chain's next range starts, or is open (last_seq None) at the head.
     With ``tenant``, only that chain's ranges are listed (and only keys that signed it).
     """
-    keys = {row.key_id: {"key_id": row.key_id, "public_key_pem": row.public_key_pem,
-                         "created_at": row.created_at, "ranges": []}
-            for row in conn.execute(sa.select(SigningKeyRow).order_by(SigningKeyRow.created_at))}
+    keys = {
+        row.key_id: {
+            "key_id": row.key_id,
+            "public_key_pem": row.public_key_pem,
+            "created_at": row.created_at,
+            "ranges": [],
+        }
+        for row in conn.execute(sa.select(SigningKeyRow).order_by(SigningKeyRow.created_at))
+    }
     k = KeyRangeRow.__table__.c
     stmt = sa.select(k.chain, k.first_seq, k.key_id).order_by(k.chain, k.first_seq)
     if tenant is not None:
@@ -167,7 +184,8 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[dict[str
         same_chain = following is not None and following.chain == row.chain
         last = following.first_seq - 1 if same_chain else None
         keys[row.key_id]["ranges"].append(
-            {"chain": row.chain, "first_seq": row.first_seq, "last_seq": last})
+            {"chain": row.chain, "first_seq": row.first_seq, "last_seq": last}
+        )
     if tenant is not None:
         return [key for key in keys.values() if key["ranges"]]
     return list(keys.values())
@@ -181,8 +199,9 @@ def chains(conn: sa.Connection) -> list[str]:
     return list(conn.scalars(sa.select(ChainRow.chain).order_by(ChainRow.chain)))
 
 
-def latest_checkpoint(conn: sa.Connection, tenant: str,
-                      max_size: int | None = None) -> dict[str, Any] | None:
+def latest_checkpoint(
+    conn: sa.Connection, tenant: str, max_size: int | None = None
+) -> dict[str, Any] | None:
     """The newest stored checkpoint of the chain (of size <= ``max_size`` when given)."""
     c = CheckpointRow.__table__.c
     stmt = sa.select(c.body).where(c.chain == tenant)
@@ -195,14 +214,23 @@ def latest_checkpoint(conn: sa.Connection, tenant: str,
 def checkpoint_at_least(conn: sa.Connection, tenant: str, size: int) -> dict[str, Any] | None:
     """The smallest stored checkpoint covering at least ``size`` receipts."""
     c = CheckpointRow.__table__.c
-    body = conn.scalar(sa.select(c.body).where(c.chain == tenant, c.tree_size >= size)
-                       .order_by(c.tree_size).limit(1))
+    body = conn.scalar(
+        sa.select(c.body)
+        .where(c.chain == tenant, c.tree_size >= size)
+        .order_by(c.tree_size)
+        .limit(1)
+    )
     return json.loads(body) if body is not None else None
 
 
-def stream_rows(conn: sa.Connection, tenant: str, from_seq: int = 1,
-                to_seq: int | None = None, since: str | None = None,
-                until: str | None = None) -> Iterator[sa.Row]:
+def stream_rows(
+    conn: sa.Connection,
+    tenant: str,
+    from_seq: int = 1,
+    to_seq: int | None = None,
+    since: str | None = None,
+    until: str | None = None,
+) -> Iterator[sa.Row]:
     """Receipt rows of one chain in seq order, fetched in keyset-paginated chunks so a
     million-row chain streams in constant memory on both databases."""
     r = ReceiptRow.__table__.c
@@ -233,8 +261,9 @@ def entry_hash(conn: sa.Connection, tenant: str, seq: int) -> str | None:
     return conn.scalar(sa.select(r.entry_hash).where(r.chain == tenant, r.seq == seq))
 
 
-def seq_range(conn: sa.Connection, tenant: str, since: str | None,
-              until: str | None) -> tuple[int, int] | None:
+def seq_range(
+    conn: sa.Connection, tenant: str, since: str | None, until: str | None
+) -> tuple[int, int] | None:
     """First and last seq of the chain's receipts created in [since, until), or None."""
     r = ReceiptRow.__table__.c
     stmt = sa.select(sa.func.min(r.seq), sa.func.max(r.seq)).where(r.chain == tenant)
@@ -249,8 +278,7 @@ def seq_range(conn: sa.Connection, tenant: str, since: str | None,
 T = TypeVar("T")
 
 
-def with_stored_tree(conn: sa.Connection, tenant: str,
-                     build: Callable[[SubtreeHasher], T]) -> T:
+def with_stored_tree(conn: sa.Connection, tenant: str, build: Callable[[SubtreeHasher], T]) -> T:
     """Run a receipts.merkle proof builder (``build(subtree) -> result``) on the stored tree.
 
     A dry run records which subtrees the builder asks for; their perfect pieces (level 0:
@@ -265,8 +293,10 @@ def with_stored_tree(conn: sa.Connection, tenant: str,
     missing = wanted - hashes.keys()
     if missing:
         level, idx = min(missing)
-        raise ReceiptsError(f"chain {tenant!r}: stored Merkle tree lacks the subtree at level"
-                            f" {level}, index {idx} (seq {idx * 2 ** level + 1} onwards)")
+        raise ReceiptsError(
+            f"chain {tenant!r}: stored Merkle tree lacks the subtree at level"
+            f" {level}, index {idx} (seq {idx * 2**level + 1} onwards)"
+        )
 
     def subtree(start: int, end: int) -> bytes:
         n = end - start
@@ -290,28 +320,36 @@ def _pieces(start: int, end: int) -> list[tuple[int, int]]:
     return _pieces(start, start + k) + _pieces(start + k, end)
 
 
-def _leaf_pieces(conn: sa.Connection, tenant: str,
-                 indexes: list[int]) -> dict[tuple[int, int], bytes]:
+def _leaf_pieces(
+    conn: sa.Connection, tenant: str, indexes: list[int]
+) -> dict[tuple[int, int], bytes]:
     r = ReceiptRow.__table__.c
     found: dict[tuple[int, int], bytes] = {}
     for chunk in _chunks(sorted(indexes)):
-        rows = conn.execute(sa.select(r.seq, r.entry_hash).where(
-            r.chain == tenant, r.seq.in_([i + 1 for i in chunk])))
+        rows = conn.execute(
+            sa.select(r.seq, r.entry_hash).where(
+                r.chain == tenant, r.seq.in_([i + 1 for i in chunk])
+            )
+        )
         found |= {(0, row.seq - 1): leaf_hash(bytes.fromhex(row.entry_hash)) for row in rows}
     return found
 
 
-def _node_pieces(conn: sa.Connection, tenant: str,
-                 nodes: list[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
+def _node_pieces(
+    conn: sa.Connection, tenant: str, nodes: list[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
     m = MerkleNodeRow.__table__.c
     found: dict[tuple[int, int], bytes] = {}
     for chunk in _chunks(sorted(nodes)):
-        rows = conn.execute(sa.select(m.level, m.idx, m.hash).where(
-            m.chain == tenant, sa.tuple_(m.level, m.idx).in_(chunk)))
+        rows = conn.execute(
+            sa.select(m.level, m.idx, m.hash).where(
+                m.chain == tenant, sa.tuple_(m.level, m.idx).in_(chunk)
+            )
+        )
         found |= {(row.level, row.idx): bytes(row.hash) for row in rows}
     return found
 
 
 def _chunks(items: list[Any], size: int = 400) -> Iterator[list[Any]]:
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]

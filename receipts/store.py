@@ -161,8 +161,14 @@ class MerkleNodeRow(Base):
 
 
 APPEND_ONLY_TABLES: tuple[str, ...] = (
-    "receipts", "receipt_calls", "receipt_links", "schemas", "signing_keys", "key_ranges",
-    "checkpoints", "merkle_nodes",
+    "receipts",
+    "receipt_calls",
+    "receipt_links",
+    "schemas",
+    "signing_keys",
+    "key_ranges",
+    "checkpoints",
+    "merkle_nodes",
 )
 """Tables whose rows the database refuses to UPDATE or DELETE (migration triggers)."""
 
@@ -182,11 +188,15 @@ def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
     begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
 
     @event.listens_for(engine, "connect")
-    def _connect(dbapi_conn, _record) -> None:  # noqa: ANN001 (DB-API connection)
+    def _connect(dbapi_conn, _record) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves (see below)
         cursor = dbapi_conn.cursor()
-        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON",
-                       "busy_timeout=30000"):
+        for pragma in (
+            "journal_mode=WAL",
+            "synchronous=FULL",
+            "foreign_keys=ON",
+            "busy_timeout=30000",
+        ):
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
 

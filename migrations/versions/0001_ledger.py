@@ -19,8 +19,14 @@ HASH = sa.String(64)
 CHAIN = sa.String(128)
 
 APPEND_ONLY = (
-    "receipts", "receipt_calls", "receipt_links", "schemas", "signing_keys", "key_ranges",
-    "checkpoints", "merkle_nodes",
+    "receipts",
+    "receipt_calls",
+    "receipt_links",
+    "schemas",
+    "signing_keys",
+    "key_ranges",
+    "checkpoints",
+    "merkle_nodes",
 )
 
 
@@ -54,8 +60,9 @@ def upgrade() -> None:
     )
     op.create_index("ix_receipts_chain_created_at", "receipts", ["chain", "created_at"])
     op.create_index("ix_receipts_chain_model_seq", "receipts", ["chain", "model", "seq"])
-    op.create_index("ix_receipts_chain_schema_hash_seq", "receipts",
-                    ["chain", "schema_hash", "seq"])
+    op.create_index(
+        "ix_receipts_chain_schema_hash_seq", "receipts", ["chain", "schema_hash", "seq"]
+    )
     op.create_table(
         "receipt_calls",
         sa.Column("chain", CHAIN, primary_key=True),
@@ -63,8 +70,9 @@ def upgrade() -> None:
         sa.Column("seq", sa.BigInteger, nullable=False),
         sa.Column("tool_name", sa.String(256), nullable=False),
     )
-    op.create_index("ix_receipt_calls_chain_tool_seq", "receipt_calls",
-                    ["chain", "tool_name", "seq"])
+    op.create_index(
+        "ix_receipt_calls_chain_tool_seq", "receipt_calls", ["chain", "tool_name", "seq"]
+    )
     op.create_table(
         "receipt_links",
         sa.Column("chain", CHAIN, primary_key=True),
@@ -89,8 +97,7 @@ def upgrade() -> None:
         "key_ranges",
         sa.Column("chain", CHAIN, primary_key=True),
         sa.Column("first_seq", sa.BigInteger, primary_key=True),
-        sa.Column("key_id", sa.String(64), sa.ForeignKey("signing_keys.key_id"),
-                  nullable=False),
+        sa.Column("key_id", sa.String(64), sa.ForeignKey("signing_keys.key_id"), nullable=False),
     )
     op.create_table(
         "checkpoints",
@@ -124,10 +131,14 @@ def _postgres_triggers() -> None:
         $$
     """)
     for table in APPEND_ONLY:
-        op.execute(f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
-                   "FOR EACH ROW EXECUTE FUNCTION callproof_append_only()")
-        op.execute(f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} "
-                   "FOR EACH STATEMENT EXECUTE FUNCTION callproof_append_only()")
+        op.execute(
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} "
+            "FOR EACH ROW EXECUTE FUNCTION callproof_append_only()"
+        )
+        op.execute(
+            f"CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION callproof_append_only()"
+        )
 
 
 def _sqlite_triggers() -> None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -34,11 +36,23 @@ SEARCH_PARAMS = {
 
 def tool_union(**tools: dict[str, Any]) -> dict[str, Any]:
     """A tool union in the shape runtime.tools.union_schema builds (what binding.py reads)."""
-    branches = [{"type": "object", "properties": {"tool": {"const": name}, "arguments": params},
-                 "required": ["tool", "arguments"], "additionalProperties": False}
-                for name, params in tools.items()]
-    branches.append({"type": "object", "properties": {"answer": {"type": "string"}},
-                     "required": ["answer"], "additionalProperties": False})
+    branches = [
+        {
+            "type": "object",
+            "properties": {"tool": {"const": name}, "arguments": params},
+            "required": ["tool", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, params in tools.items()
+    ]
+    branches.append(
+        {
+            "type": "object",
+            "properties": {"answer": {"type": "string"}},
+            "required": ["answer"],
+            "additionalProperties": False,
+        }
+    )
     return {"anyOf": branches}
 
 
@@ -53,26 +67,56 @@ def call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def draft(tenant: str = "acme", *, tool: str = "get_weather",
-          arguments: dict[str, Any] | None = None, call: str | None = None,
-          links: list[dict[str, Any]] | None = None, model: str = "SmolLM2-135M-Instruct",
-          schema: dict[str, Any] = UNION, payload: Any = None) -> ReceiptDraft:
+def draft(
+    tenant: str = "acme",
+    *,
+    tool: str = "get_weather",
+    arguments: dict[str, Any] | None = None,
+    call: str | None = None,
+    links: list[dict[str, Any]] | None = None,
+    model: str = "SmolLM2-135M-Instruct",
+    schema: dict[str, Any] = UNION,
+    payload: Any = None,
+) -> ReceiptDraft:
     """A tool-call draft as the gateway would build it."""
     manifest = build_manifest(
-        schema_hash=schema_hash(schema), model=model, weights_digest=digest("weights"),
-        tokenizer_digest=digest("tokenizer"), engine="embedded", backend="llguidance",
-        renderer="generic", sampling={"temperature": 0.0, "seed": 7, "max_tokens": 128},
-        constraint_kind="tools")
+        schema_hash=schema_hash(schema),
+        model=model,
+        weights_digest=digest("weights"),
+        tokenizer_digest=digest("tokenizer"),
+        engine="embedded",
+        backend="llguidance",
+        renderer="generic",
+        sampling={"temperature": 0.0, "seed": 7, "max_tokens": 128},
+        constraint_kind="tools",
+    )
     request = {"messages_sha256": digest(secrets.token_hex(8)), "params_sha256": digest("p")}
     if payload is not None:
         request["payload"] = payload
     return ReceiptDraft(
-        tenant=tenant, manifest=manifest, schema=schema, request=request,
-        output={"kind": "tool_calls", "content_sha256": None, "tool_calls": [{
-            "id": call or call_id(), "name": tool,
-            "arguments": arguments if arguments is not None else {"city": "Paris", "days": 2}}]},
-        finish_reason="tool_calls", usage={"prompt_tokens": 120, "completion_tokens": 18},
-        validation={"valid": True, "errors": []}, fallback=None, links=links or [])
+        tenant=tenant,
+        manifest=manifest,
+        schema=schema,
+        request=request,
+        output={
+            "kind": "tool_calls",
+            "content_sha256": None,
+            "tool_calls": [
+                {
+                    "id": call or call_id(),
+                    "name": tool,
+                    "arguments": arguments
+                    if arguments is not None
+                    else {"city": "Paris", "days": 2},
+                }
+            ],
+        },
+        finish_reason="tool_calls",
+        usage={"prompt_tokens": 120, "completion_tokens": 18},
+        validation={"valid": True, "errors": []},
+        fallback=None,
+        links=links or [],
+    )
 
 
 def migrated(url: str) -> str:
@@ -104,8 +148,11 @@ def attacker(url: str) -> Iterator[sa.Connection]:
             if conn.dialect.name == "postgresql":
                 conn.exec_driver_sql("SET session_replication_role = replica")
             else:
-                names = conn.exec_driver_sql(
-                    "SELECT name FROM sqlite_master WHERE type = 'trigger'").scalars().all()
+                names = (
+                    conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+                    .scalars()
+                    .all()
+                )
                 for name in names:
                     conn.exec_driver_sql(f'DROP TRIGGER "{name}"')
             yield conn
@@ -113,7 +160,27 @@ def attacker(url: str) -> Iterator[sa.Connection]:
         engine.dispose()
 
 
+def clone(url: str, name: str, template: str | None = None) -> str:
+    """A copy of the (idle) database at ``url`` (or of Postgres' ``template``, e.g. the empty
+    template1) named ``name``: tests tamper with copies of one chain."""
+    if url.startswith("sqlite"):
+        source = Path(url.split("///", 1)[1])
+        target = source.with_name(name + ".db")
+        shutil.copyfile(source, target)
+        return f"sqlite:///{target}"
+    server, source_db = url.rsplit("/", 1)
+    template = template or source_db
+    admin = sa.create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    finally:
+        admin.dispose()
+    return f"{server}/{name}"
+
+
 def body_of(conn: sa.Connection, tenant: str, seq: int) -> dict[str, Any]:
-    text = conn.execute(sa.text("SELECT body FROM receipts WHERE chain = :c AND seq = :s"),
-                        {"c": tenant, "s": seq}).scalar_one()
+    text = conn.execute(
+        sa.text("SELECT body FROM receipts WHERE chain = :c AND seq = :s"), {"c": tenant, "s": seq}
+    ).scalar_one()
     return json.loads(text)

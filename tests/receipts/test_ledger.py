@@ -4,6 +4,7 @@ pagination, checkpoints, proofs, keys and rotation, failure and recovery."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -60,13 +61,20 @@ def test_query_filters_and_cursor_pagination(db_url: str) -> None:
     weather_only = tool_union(get_weather=WEATHER_PARAMS)
     with ledger(db_url) as led:
         before = datetime.now(UTC)
-        searches = [led.append(draft(tool="search", arguments={"query": f"q{i}"}))
-                    for i in range(5)]
+        searches = [
+            led.append(draft(tool="search", arguments={"query": f"q{i}"})) for i in range(5)
+        ]
         small = [led.append(draft(model="tiny", schema=weather_only)) for _ in range(3)]
         fill(led, 12)
         issued = searches[2].tool_calls[0]["id"]
-        answer = led.append(draft(links=[{"tool_call_id": issued, "receipt_id": searches[2].id},
-                                         {"tool_call_id": "call_" + "f" * 24, "receipt_id": None}]))
+        answer = led.append(
+            draft(
+                links=[
+                    {"tool_call_id": issued, "receipt_id": searches[2].id},
+                    {"tool_call_id": "call_" + "f" * 24, "receipt_id": None},
+                ]
+            )
+        )
 
         def all_pages(**filters: object) -> list[int]:
             seqs, cursor = [], None
@@ -108,7 +116,7 @@ def test_checkpoints_every_n_and_every_t(db_url: str) -> None:
         sizes = _checkpoint_sizes(db_url, "acme")
         # the first batch is checkpointed (T has passed since "never"), then every >= 50
         assert len(sizes) >= 2 and sizes[-1] <= 120
-        assert all(b - a >= 50 for a, b in zip(sizes, sizes[1:]))
+        assert all(b - a >= 50 for a, b in itertools.pairwise(sizes))
         deadline = time.monotonic() + 10
         while led.latest_checkpoint("acme")["tree_size"] != 120:  # T elapses while idle
             assert time.monotonic() < deadline, "no checkpoint after the interval"
@@ -125,9 +133,14 @@ def _checkpoint_sizes(url: str, chain: str) -> list[int]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return list(conn.execute(sa.text(
-                "SELECT tree_size FROM checkpoints WHERE chain = :c ORDER BY tree_size"),
-                {"c": chain}).scalars())
+            return list(
+                conn.execute(
+                    sa.text(
+                        "SELECT tree_size FROM checkpoints WHERE chain = :c ORDER BY tree_size"
+                    ),
+                    {"c": chain},
+                ).scalars()
+            )
     finally:
         engine.dispose()
 
@@ -140,13 +153,22 @@ def test_inclusion_and_consistency_proofs_from_the_store(db_url: str) -> None:
         for seq in (1, 2, 33, 64, 77):
             p = led.inclusion_proof("acme", seq)
             assert p["tree_size"] == 77 and p["checkpoint"]["root_hash"] == p["root_hash"]
-            verify_inclusion(leaf_hash(bytes.fromhex(receipts[seq - 1].entry_hash)), seq - 1,
-                             77, [bytes.fromhex(h) for h in p["proof"]],
-                             bytes.fromhex(p["root_hash"]))
+            verify_inclusion(
+                leaf_hash(bytes.fromhex(receipts[seq - 1].entry_hash)),
+                seq - 1,
+                77,
+                [bytes.fromhex(h) for h in p["proof"]],
+                bytes.fromhex(p["root_hash"]),
+            )
         for size1, size2 in ((1, 77), (32, 77), (33, 64), (50, 51), (77, 77)):
             c = led.consistency_proof("acme", size1, size2)
-            verify_consistency(size1, size2, [bytes.fromhex(h) for h in c["proof"]],
-                               bytes.fromhex(c["root1"]), bytes.fromhex(c["root2"]))
+            verify_consistency(
+                size1,
+                size2,
+                [bytes.fromhex(h) for h in c["proof"]],
+                bytes.fromhex(c["root1"]),
+                bytes.fromhex(c["root2"]),
+            )
         assert led.inclusion_proof("acme", 5, tree_size=10)["tree_size"] == 10
         with pytest.raises(ReceiptFormatError):
             led.inclusion_proof("acme", 78)
@@ -163,8 +185,10 @@ def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
         rotated = fill(led, 5)
         assert {r.key_id for r in rotated} == {new.key_id}
         keys = {k["key_id"]: k["ranges"] for k in led.public_keys("acme")}
-        assert keys == {old.key_id: [{"chain": "acme", "first_seq": 1, "last_seq": 10}],
-                        new.key_id: [{"chain": "acme", "first_seq": 11, "last_seq": None}]}
+        assert keys == {
+            old.key_id: [{"chain": "acme", "first_seq": 1, "last_seq": 10}],
+            new.key_id: [{"chain": "acme", "first_seq": 11, "last_seq": None}],
+        }
         assert led.verify("acme").ok
         # pinned to the new key only, the old receipts are signed by an unknown key
         pinned = KeyRing()
@@ -202,9 +226,12 @@ def test_payloads_are_dropped_unless_retained(fresh_sqlite_url: str) -> None:
 def test_append_async_and_bad_input(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
+
         async def many() -> list[int]:
-            return [r.seq for r in await asyncio.gather(*(led.append_async(draft())
-                                                          for _ in range(20)))]
+            return [
+                r.seq for r in await asyncio.gather(*(led.append_async(draft()) for _ in range(20)))
+            ]
+
         assert sorted(asyncio.run(many())) == list(range(1, 21))
         with pytest.raises(ReceiptFormatError, match="ReceiptDraft"):
             led.append({"tenant": "acme"})  # type: ignore[arg-type]
@@ -229,15 +256,18 @@ def test_database_outage_fails_closed_then_recovers(fresh_postgres_url: str) -> 
     connections; nothing is half-written; appends succeed again once it is back."""
     migrated(fresh_postgres_url)
     name = fresh_postgres_url.rsplit("/", 1)[1]
-    admin = sa.create_engine(fresh_postgres_url.rsplit("/", 1)[0] + "/postgres",
-                             isolation_level="AUTOCOMMIT")
+    admin = sa.create_engine(
+        fresh_postgres_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT"
+    )
     try:
         with ledger(fresh_postgres_url) as led:
             fill(led, 10)
             with admin.connect() as conn:
                 conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-                conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                     f"WHERE datname = '{name}'")
+                conn.exec_driver_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    f"WHERE datname = '{name}'"
+                )
             futures = [led.submit(draft()) for _ in range(20)]
             for future in futures:
                 with pytest.raises(LedgerUnavailable):

@@ -20,11 +20,15 @@ def test_migration_creates_exactly_the_models(db_url: str) -> None:
     engine = sa.create_engine(db_url)
     try:
         with engine.connect() as conn:
-            ctx = MigrationContext.configure(conn, opts={
-                "compare_type": True,
-                "include_name": lambda name, kind, _parent: kind != "table"
-                or name in Base.metadata.tables,
-            })
+            ctx = MigrationContext.configure(
+                conn,
+                opts={
+                    "compare_type": True,
+                    "include_name": lambda name, kind, _parent: (
+                        kind != "table" or name in Base.metadata.tables
+                    ),
+                },
+            )
             assert compare_metadata(ctx, Base.metadata) == []
             assert set(Base.metadata.tables) <= set(sa.inspect(conn).get_table_names())
     finally:

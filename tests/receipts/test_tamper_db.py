@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from ledger_kit import attacker, body_of, draft, fill, ledger, migrated
+from ledger_kit import attacker, body_of, clone, draft, fill, ledger, migrated
 
 from receipts.bundle import verify_bundle
 from receipts.chain import entry_hash_of
@@ -27,20 +27,35 @@ N = 30
 T = "acme"
 
 
-@pytest.fixture
-def chain(db_url: str) -> Iterator[tuple[str, Signer, dict[str, Any]]]:
-    """A chain of N receipts with a signed checkpoint at N (the one an auditor saves)."""
-    migrated(db_url)
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def pristine(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Signer, dict[str, Any]]:
+    """A chain of N receipts with a signed checkpoint at N (the one an auditor saves),
+    built once per database kind; each test tampers with its own copy."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('pristine') / 'ledger.db'}"
+    else:
+        server = request.getfixturevalue("postgres_server_url")
+        url = clone(server, "pristine_" + uuid.uuid4().hex[:8], template="template1")
+    migrated(url)
     signer = Signer.generate()
-    with ledger(db_url, signer, checkpoint_every=10_000) as led:
+    with ledger(url, signer, checkpoint_every=10_000) as led:
         fill(led, N)
         saved = led.checkpoint_now(T)
         assert led.verify(T).ok
-    yield db_url, signer, saved
+    return url, signer, saved
 
 
-def detected(url: str, signer: Signer, tmp_path: Path, seq: int, reason: str,
-             **verify: Any) -> None:
+@pytest.fixture
+def chain(pristine: tuple[str, Signer, dict[str, Any]]) -> tuple[str, Signer, dict[str, Any]]:
+    url, signer, saved = pristine
+    return clone(url, "t_" + uuid.uuid4().hex[:12]), signer, saved
+
+
+def detected(
+    url: str, signer: Signer, tmp_path: Path, seq: int, reason: str, **verify: Any
+) -> None:
     """Both verifiers fail at ``seq`` with ``reason``: the database one, and the offline one
     on a bundle exported by a read-only ledger (an auditor's export) pinned to the key."""
     with Ledger.open(url, None) as led:
@@ -56,12 +71,22 @@ def detected(url: str, signer: Signer, tmp_path: Path, seq: int, reason: str,
 
 def rewrite(conn: sa.Connection, seq: int, obj: dict[str, Any]) -> None:
     """Replace receipt ``seq`` by ``obj``, keeping the row's indexed columns consistent."""
-    conn.execute(sa.text(
-        "UPDATE receipts SET body = :b, entry_hash = :e, prev_hash = :p, key_id = :k, id = :i,"
-        " created_at = :t WHERE chain = :c AND seq = :s"),
-        {"b": receipt_text(Receipt.from_json_obj(obj)), "e": obj["entry_hash"],
-         "p": obj["prev_hash"], "k": obj["key_id"], "i": obj["id"], "t": obj["created_at"],
-         "c": T, "s": seq})
+    conn.execute(
+        sa.text(
+            "UPDATE receipts SET body = :b, entry_hash = :e, prev_hash = :p, key_id = :k, id = :i,"
+            " created_at = :t WHERE chain = :c AND seq = :s"
+        ),
+        {
+            "b": receipt_text(Receipt.from_json_obj(obj)),
+            "e": obj["entry_hash"],
+            "p": obj["prev_hash"],
+            "k": obj["key_id"],
+            "i": obj["id"],
+            "t": obj["created_at"],
+            "c": T,
+            "s": seq,
+        },
+    )
 
 
 def resign(obj: dict[str, Any], signer: Signer) -> dict[str, Any]:
@@ -86,8 +111,9 @@ def test_edited_index_column_only(chain) -> None:
     """A row whose query columns lie (steering audits away from it) is named too."""
     url, _, _ = chain
     with attacker(url) as conn:
-        conn.execute(sa.text("UPDATE receipts SET model = 'other' WHERE chain = :c AND seq = 12"),
-                     {"c": T})
+        conn.execute(
+            sa.text("UPDATE receipts SET model = 'other' WHERE chain = :c AND seq = 12"), {"c": T}
+        )
     with Ledger.open(url, None) as led:
         report = led.verify(T)
     assert report.first_failure_seq == 12 and "'model'" in report.reason
@@ -107,8 +133,9 @@ def test_swapped_rows(chain, tmp_path: Path) -> None:
         a, b = body_of(conn, T, 5), body_of(conn, T, 6)
         a_moved = {**a, "seq": 6, "prev_hash": b["entry_hash"]}
         b_moved = {**b, "seq": 5, "prev_hash": a["prev_hash"]}
-        conn.execute(sa.text("UPDATE receipts SET id = 'moving' WHERE chain = :c AND seq = 6"),
-                     {"c": T})  # receipt ids are unique: free one while they trade places
+        conn.execute(
+            sa.text("UPDATE receipts SET id = 'moving' WHERE chain = :c AND seq = 6"), {"c": T}
+        )  # receipt ids are unique: free one while they trade places
         rewrite(conn, 5, b_moved)
         rewrite(conn, 6, a_moved)
     detected(url, signer, tmp_path, 5, "entry_hash does not match")
@@ -120,8 +147,10 @@ def test_swapped_rows_naively(chain) -> None:
     with attacker(url) as conn:
         a, b = body_of(conn, T, 5), body_of(conn, T, 6)
         for seq, obj in ((5, b), (6, a)):
-            conn.execute(sa.text("UPDATE receipts SET body = :b WHERE chain = :c AND seq = :s"),
-                         {"b": json.dumps(obj), "c": T, "s": seq})
+            conn.execute(
+                sa.text("UPDATE receipts SET body = :b WHERE chain = :c AND seq = :s"),
+                {"b": json.dumps(obj), "c": T, "s": seq},
+            )
     with Ledger.open(url, None) as led:
         report = led.verify(T)
     assert report.first_failure_seq == 5 and "'id'" in report.reason
@@ -134,27 +163,51 @@ def test_forged_receipt_inserted(chain, tmp_path: Path) -> None:
     mallory = Signer.generate()
     with attacker(url) as conn:
         last = body_of(conn, T, N)
-        forged = resign({**last, "seq": N + 1, "prev_hash": last["entry_hash"],
-                         "id": "rcpt_" + "e" * 24}, mallory)
-        row = conn.execute(sa.text("SELECT * FROM receipts WHERE chain = :c AND seq = :s"),
-                           {"c": T, "s": N}).mappings().one()
-        conn.execute(sa.text(
-            "INSERT INTO receipts (chain, seq, id, created_at, tenant, key_id, manifest_hash,"
-            " schema_hash, model, output_kind, finish_reason, prev_hash, entry_hash, body)"
-            " VALUES (:chain, :seq, :id, :created_at, :tenant, :key_id, :manifest_hash,"
-            " :schema_hash, :model, :output_kind, :finish_reason, :prev_hash, :entry_hash,"
-            " :body)"),
-            {**row, "seq": N + 1, "id": forged["id"], "key_id": mallory.key_id,
-             "prev_hash": forged["prev_hash"], "entry_hash": forged["entry_hash"],
-             "body": receipt_text(Receipt.from_json_obj(forged))})
-        head = conn.execute(sa.text("SELECT frontier FROM chains WHERE chain = :c"),
-                            {"c": T}).scalar_one()
+        forged = resign(
+            {**last, "seq": N + 1, "prev_hash": last["entry_hash"], "id": "rcpt_" + "e" * 24},
+            mallory,
+        )
+        row = (
+            conn.execute(
+                sa.text("SELECT * FROM receipts WHERE chain = :c AND seq = :s"), {"c": T, "s": N}
+            )
+            .mappings()
+            .one()
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO receipts (chain, seq, id, created_at, tenant, key_id, manifest_hash,"
+                " schema_hash, model, output_kind, finish_reason, prev_hash, entry_hash, body)"
+                " VALUES (:chain, :seq, :id, :created_at, :tenant, :key_id, :manifest_hash,"
+                " :schema_hash, :model, :output_kind, :finish_reason, :prev_hash, :entry_hash,"
+                " :body)"
+            ),
+            {
+                **row,
+                "seq": N + 1,
+                "id": forged["id"],
+                "key_id": mallory.key_id,
+                "prev_hash": forged["prev_hash"],
+                "entry_hash": forged["entry_hash"],
+                "body": receipt_text(Receipt.from_json_obj(forged)),
+            },
+        )
+        head = conn.execute(
+            sa.text("SELECT frontier FROM chains WHERE chain = :c"), {"c": T}
+        ).scalar_one()
         tree = CompactRange(N, [bytes.fromhex(h) for h in head.split(",")])
         tree.append(leaf_hash(bytes.fromhex(forged["entry_hash"])))
-        conn.execute(sa.text("UPDATE chains SET head_seq = :s, head_hash = :h, frontier = :f"
-                             " WHERE chain = :c"),
-                     {"s": N + 1, "h": forged["entry_hash"], "c": T,
-                      "f": ",".join(h.hex() for h in tree.hashes)})
+        conn.execute(
+            sa.text(
+                "UPDATE chains SET head_seq = :s, head_hash = :h, frontier = :f WHERE chain = :c"
+            ),
+            {
+                "s": N + 1,
+                "h": forged["entry_hash"],
+                "c": T,
+                "f": ",".join(h.hex() for h in tree.hashes),
+            },
+        )
     with Ledger.open(url, signer) as led:  # the operator's export signs a fresh checkpoint
         assert led.verify(T).first_failure_seq == N + 1
         led.export(T, tmp_path / "forged.tar.gz")
@@ -180,8 +233,10 @@ def test_resigned_with_a_key_registered_by_the_attacker(chain) -> None:
         obj = body_of(conn, T, 11)
         obj["output"]["tool_calls"][0]["arguments"]["days"] = 9
         rewrite(conn, 11, resign(obj, mallory))
-        conn.execute(sa.text("INSERT INTO signing_keys VALUES (:k, :p, '2026-01-01T00:00:00Z')"),
-                     {"k": mallory.key_id, "p": mallory.public_key_pem()})
+        conn.execute(
+            sa.text("INSERT INTO signing_keys VALUES (:k, :p, '2026-01-01T00:00:00Z')"),
+            {"k": mallory.key_id, "p": mallory.public_key_pem()},
+        )
     pinned = KeyRing()
     pinned.add(signer.public_key)
     with Ledger.open(url, None) as led:
@@ -197,8 +252,10 @@ def test_truncated_tail(chain, tmp_path: Path) -> None:
     with attacker(url) as conn:
         conn.execute(sa.text("DELETE FROM receipts WHERE chain = :c AND seq > 20"), {"c": T})
         tip = body_of(conn, T, 20)["entry_hash"]
-        conn.execute(sa.text("UPDATE chains SET head_seq = 20, head_hash = :h WHERE chain = :c"),
-                     {"h": tip, "c": T})
+        conn.execute(
+            sa.text("UPDATE chains SET head_seq = 20, head_hash = :h WHERE chain = :c"),
+            {"h": tip, "c": T},
+        )
     offline = detected(url, signer, tmp_path, 21, "truncated")
     assert "truncated" in offline.reason
     with Ledger.open(url, signer) as led:  # the operator's own ledger refuses to go on
@@ -218,10 +275,15 @@ def test_edited_schema(chain, tmp_path: Path) -> None:
     url, signer, _ = chain
     with attacker(url) as conn:
         bound = body_of(conn, T, 1)["manifest"]["schema_hash"]
-        schema = json.loads(conn.execute(sa.text("SELECT body FROM schemas WHERE hash = :h"),
-                                         {"h": bound}).scalar_one())
+        schema = json.loads(
+            conn.execute(
+                sa.text("SELECT body FROM schemas WHERE hash = :h"), {"h": bound}
+            ).scalar_one()
+        )
         schema["anyOf"][0]["properties"]["arguments"]["additionalProperties"] = True
         assert schema_hash(schema) != bound
-        conn.execute(sa.text("UPDATE schemas SET body = :b WHERE hash = :h"),
-                     {"b": json.dumps(schema), "h": bound})
+        conn.execute(
+            sa.text("UPDATE schemas SET body = :b WHERE hash = :h"),
+            {"b": json.dumps(schema), "h": bound},
+        )
     detected(url, signer, tmp_path, 1, "edited")
