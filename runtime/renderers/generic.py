@@ -19,32 +19,30 @@ class GenericRenderer(Renderer):
 
     def announce(self, prompt: ToolPrompt) -> str:
         listing = "\n".join(
-            f"- {t.name}: {t.description or '(no description)'}\n"
-            f"  arguments JSON schema: {dumps(t.parameters)}"
+            dumps({"name": t.name, "description": t.description, "parameters": t.parameters})
             for t in prompt.tools
         )
         forms: list[str] = []
         if prompt.choice.allows_calls:
             tool = prompt.choice.name or "<tool name>"
-            forms.append(f'to call a tool: {{"tool": "{tool}", "arguments": {{<arguments>}}}}')
+            forms.append(
+                "When a tool matches the request, call it with JSON: "
+                f'{{"tool": "{tool}", "arguments": {{<arguments>}}}}'
+            )
             if prompt.parallel:
                 forms.append(
-                    f'to call several tools at once: {{"tool_calls": [{{"tool": "{tool}", '
-                    '"arguments": {<arguments>}}, ...]}'
+                    "To call several tools at once: "
+                    f'{{"tool_calls": [{{"tool": "{tool}", "arguments": {{<arguments>}}}}, ...]}}'
                 )
         if prompt.choice.allows_answer:
-            if prompt.answer_schema is None:
-                forms.append('to answer the user: {"answer": "<your answer>"}')
-            else:
-                forms.append(
-                    'to answer the user: {"answer": <a JSON value matching this schema: '
-                    f"{dumps(prompt.answer_schema)}>}}"
-                )
-        return (
-            f"You can use these tools:\n{listing}\n\n"
-            "Reply with exactly one JSON object and nothing else:\n"
-            + "\n".join(f"- {form}" for form in forms)
-        )
+            value = (
+                '"<text>"'
+                if prompt.answer_schema is None
+                else f"<JSON matching this schema: {dumps(prompt.answer_schema)}>"
+            )
+            lead = "When no tool matches, answer" if prompt.choice.allows_calls else "Answer"
+            forms.append(f'{lead} with JSON: {{"answer": {value}}}')
+        return f"You have access to these tools:\n{listing}\n\n" + "\n".join(forms)
 
     def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
         envelopes: list[dict[str, Any]] = [

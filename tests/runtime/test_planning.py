@@ -304,7 +304,7 @@ def test_agent_loop_history_is_rendered_and_answered_ids_exposed() -> None:
     assert p.tool_call_ids_answered == (CALL_ID,)
     roles = [m.role for m in p.messages]
     assert roles == ["system", "user", "assistant", "user"]
-    assert p.messages[0].content.startswith("You are terse.\n\nYou can use these tools:")
+    assert p.messages[0].content.startswith("You are terse.\n\nYou have access to these tools:")
     assert json.loads(p.messages[2].content) == {
         "tool": "get_weather",
         "arguments": {"city": "Paris"},

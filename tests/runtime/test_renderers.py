@@ -166,20 +166,29 @@ def test_generic_history_shows_the_envelope_and_the_call_ids() -> None:
 def test_generic_instructions_follow_tool_choice() -> None:
     generic = get_renderer("generic")
     auto = generic.tool_block(prompt())
-    assert '{"tool": "<tool name>", "arguments": {<arguments>}}' in auto
-    assert '{"answer": "<your answer>"}' in auto
-    assert "tool_calls" not in auto
+    assert auto == (
+        "You have access to these tools:\n"
+        + json.dumps(
+            {
+                "name": "get_weather",
+                "description": "Current weather for a city",
+                "parameters": WEATHER_PARAMS,
+            }
+        )
+        + "\n\nWhen a tool matches the request, call it with JSON: "
+        '{"tool": "<tool name>", "arguments": {<arguments>}}\n'
+        'When no tool matches, answer with JSON: {"answer": "<text>"}'
+    )
     assert '{"tool_calls": [' in generic.tool_block(prompt(parallel=True))
     none = generic.tool_block(prompt(ToolChoice("none")))
-    assert '"tool"' not in none.split("Reply with")[1] and "answer the user directly" in none
+    assert '"tool"' not in none and "answer the user directly" in none
+    assert 'Answer with JSON: {"answer": "<text>"}' in none
     required = generic.tool_block(prompt(ToolChoice("required")))
     assert '"answer"' not in required and "must call at least one" in required
-    named = generic.tool_block(prompt(ToolChoice("named", "get_weather")))
-    assert "You must call the function get_weather." in named
     structured = generic.tool_block(
         ToolPrompt(WEATHER, ToolChoice("auto"), False, {"type": "integer"})
     )
-    assert 'matching this schema: {"type": "integer"}' in structured
+    assert '{"answer": <JSON matching this schema: {"type": "integer"}>}' in structured
 
 
 def test_tool_block_becomes_the_system_prompt_when_there_is_none() -> None:
@@ -205,7 +214,7 @@ def test_render_tool_prompt_picks_the_family_from_the_model() -> None:
     assert render_tool_prompt(WEATHER, "Qwen/Qwen2.5-1.5B-Instruct") == get_renderer(
         "qwen"
     ).tool_block(prompt())
-    assert render_tool_prompt(WEATHER, "SmolLM2-135M").startswith("You can use these tools:")
+    assert render_tool_prompt(WEATHER, "SmolLM2-135M").startswith("You have access to these tools:")
     named = {"type": "function", "function": {"name": "get_weather"}}
     assert "You must call the function get_weather." in render_tool_prompt(
         WEATHER, "llama-3.1", tool_choice=named
@@ -219,5 +228,6 @@ def test_unknown_renderer() -> None:
 
 def test_generic_named_choice_spells_out_the_tool() -> None:
     named = get_renderer("generic").tool_block(prompt(ToolChoice("named", "get_weather"), True))
-    assert 'to call a tool: {"tool": "get_weather", "arguments": {<arguments>}}' in named
+    assert 'call it with JSON: {"tool": "get_weather", "arguments": {<arguments>}}' in named
+    assert "You must call the function get_weather." in named
     assert '{"tool_calls": [{"tool": "get_weather", "arguments": {<arguments>}}, ...]}' in named
