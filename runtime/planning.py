@@ -152,12 +152,6 @@ def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
     _check_one_constraint(chat, response_format)
     renderer = get_renderer(family or detect_family(chat.model))
     answered = tuple(dict.fromkeys(m.tool_call_id for m in history if m.tool_call_id))
-    common = {
-        "renderer": renderer.name,
-        "response_format": response_format,
-        "tool_call_ids_answered": answered,
-    }
-
     if chat.tools is not None:
         tools = parse_tools_field(chat.tools)
         choice = parse_tool_choice(chat.tool_choice, tools)
@@ -170,30 +164,42 @@ def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
             "tools",
             Constraint.json_schema(schema, kind="tools"),
             schema,
-            tools=tools,
-            tool_choice=choice,
-            parallel_tool_calls=parallel,
-            **common,
+            renderer.name,
+            tools,
+            choice,
+            parallel,
+            response_format,
+            answered,
         )
     for param in ("tool_choice", "parallel_tool_calls"):
         if getattr(chat, param) is not None:
             raise RuntimeInputError(
                 f"'{param}' is only allowed when 'tools' are specified", param=param
             )
+    mode, constraint, schema, system_block = _single_constraint(chat, response_format)
+    return Plan(
+        renderer.render(history, system_block),
+        mode,
+        constraint,
+        schema,
+        renderer.name,
+        response_format=response_format,
+        tool_call_ids_answered=answered,
+    )
+
+
+def _single_constraint(
+    chat: ChatInput, response_format: ResponseFormat | None
+) -> tuple[Mode, Constraint | None, dict[str, Any] | None, str]:
+    """Mode, constraint, bound schema and system note of a request without tools."""
     if response_format is not None and response_format.schema is not None:
         schema = closed_schema(response_format.schema)
-        return Plan(
-            renderer.render(history, json_answer_note(schema)),
-            "json",
-            Constraint.json_schema(schema),
-            schema,
-            **common,
-        )
+        return "json", Constraint.json_schema(schema), schema, json_answer_note(schema)
     if chat.regex is not None:
-        return Plan(renderer.render(history), "regex", _regex(chat.regex), None, **common)
+        return "regex", _regex(chat.regex), None, ""
     if chat.grammar is not None:
-        return Plan(renderer.render(history), "ebnf", _grammar(chat.grammar), None, **common)
-    return Plan(renderer.render(history), "text", None, None, **common)
+        return "ebnf", _grammar(chat.grammar), None, ""
+    return "text", None, None, ""
 
 
 def _check_one_constraint(chat: ChatInput, response_format: ResponseFormat | None) -> None:
