@@ -25,6 +25,7 @@ import os
 import re
 import tarfile
 import tempfile
+import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -530,6 +531,9 @@ def _checked(
         checker = LineChecker(keys, schemas)
         yield from map(checker.check, _chunks(source))
         return
-    ctx = multiprocessing.get_context("spawn")  # no fork: callers may have threads
+    # fork is fast and imports nothing again, but is only safe without other threads; a
+    # threaded caller (a server) gets spawn, which needs its __main__ guarded as usual
+    method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
+    ctx = multiprocessing.get_context(method)
     with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
         yield from pool.imap(_check_in_worker, _chunks(source))
