@@ -180,6 +180,7 @@ class Ledger:
         if thread is not None:
             self._queue.put(_STOP)
             thread.join()
+            self._checkpoint_quiet_chains(closing=True)
         self._reader.dispose()
         self._writer.dispose()
 
@@ -458,20 +459,21 @@ class Ledger:
         self._uncheckpointed.pop(tenant, None)
         return checkpoint
 
-    def _checkpoint_quiet_chains(self) -> None:
-        """The timer half of "every N receipts or T seconds", for chains that went quiet."""
+    def _checkpoint_quiet_chains(self, *, closing: bool = False) -> None:
+        """The timer half of "every N receipts or T seconds", for chains that went quiet;
+        on close, every chain this ledger extended, so its last receipts are covered."""
         now = time.time()
         for chain, due in list(self._uncheckpointed.items()):
-            if due > now:
+            if due > now and not closing:
                 continue
             try:
                 with self._writer.begin() as conn:
                     head = self._lock_head(conn, chain)
-                    if self._checkpoint_due(head):
+                    if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
                         self._store_checkpoint(conn, head)
                         self._save_head(conn, head)
                 self._uncheckpointed.pop(chain, None)
-            except SQLAlchemyError as exc:  # retried on the next tick
+            except (SQLAlchemyError, ReceiptsError) as exc:  # retried on the next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, _short(exc))
 
     # ------------------------------------------------------------------ reads

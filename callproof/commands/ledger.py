@@ -1,0 +1,212 @@
+"""`callproof export`, `callproof verify` and `callproof ledger verify|migrate`.
+
+Exit codes: 0 everything holds; 1 verification failed (the first failing seq and the reason
+are printed); 2 bad input (arguments, a missing file, a malformed key); 3 the database is
+unavailable. `verify` needs only receipts/ (no database, no server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+OK, FAILED, BAD_INPUT, UNAVAILABLE = 0, 1, 2, 3
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    export = subparsers.add_parser(
+        "export", help="write a tenant's receipts to a bundle that verifies offline"
+    )
+    _add_db(export)
+    export.add_argument("--tenant", help="the chain to export (default: the only one)")
+    export.add_argument("--from", dest="since", metavar="TIME", help="RFC 3339, inclusive")
+    export.add_argument("--to", dest="until", metavar="TIME", help="RFC 3339, exclusive")
+    export.add_argument("-o", "--output", required=True, type=Path, metavar="BUNDLE")
+    export.add_argument(
+        "--signing-key",
+        type=Path,
+        metavar="PEM",
+        help="private key to sign a checkpoint at the head (default: $CALLPROOF_SIGNING_KEY;"
+        " without one, the bundle ends at the latest stored checkpoint)",
+    )
+    export.set_defaults(handler=_export)
+
+    verify = subparsers.add_parser("verify", help="verify an export bundle offline")
+    verify.add_argument("bundle", type=Path)
+    _add_report_options(verify)
+    verify.set_defaults(handler=_verify_bundle)
+
+    ledger = subparsers.add_parser("ledger", help="verify or migrate the ledger database")
+    actions = ledger.add_subparsers(dest="ledger_action", required=True, metavar="ACTION")
+    db_verify = actions.add_parser("verify", help="verify the chains stored in the database")
+    _add_db(db_verify)
+    db_verify.add_argument("--tenant", help="one chain (default: every chain)")
+    db_verify.add_argument("--from-seq", type=int, metavar="N")
+    db_verify.add_argument("--to-seq", type=int, metavar="M")
+    db_verify.add_argument(
+        "--checkpoint", type=Path, metavar="JSON", help="a signed checkpoint saved earlier"
+    )
+    _add_report_options(db_verify)
+    db_verify.set_defaults(handler=_verify_db)
+    migrate = actions.add_parser("migrate", help="create or upgrade the ledger tables")
+    _add_db(migrate)
+    migrate.set_defaults(handler=_migrate)
+
+
+def _add_db(parser: argparse.ArgumentParser) -> None:
+    default = os.environ.get("CALLPROOF_DB_URL")
+    parser.add_argument(
+        "--db",
+        default=default,
+        required=default is None,
+        metavar="URL",
+        help="SQLAlchemy URL, e.g. postgresql+psycopg://u@host/db or sqlite:///ledger.db"
+        " (default: $CALLPROOF_DB_URL)",
+    )
+
+
+def _add_report_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--public-key",
+        type=Path,
+        metavar="PEM",
+        help="trust only the public key(s) in this PEM file",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON report")
+
+
+def _export(args: argparse.Namespace) -> int:
+    from receipts.errors import LedgerUnavailable, ReceiptsError
+    from receipts.ledger import Ledger
+    from receipts.signing import Signer, signer_from_env
+
+    try:
+        signer = (
+            Signer.from_pem(args.signing_key.read_bytes())
+            if args.signing_key
+            else signer_from_env()
+        )
+        with Ledger.open(args.db, signer) as ledger:
+            tenant = args.tenant or _only_chain(ledger.chains())
+            ledger.export(tenant, args.output, since=args.since, until=args.until)
+    except LedgerUnavailable as exc:
+        return _fail(UNAVAILABLE, exc)
+    except (ReceiptsError, OSError) as exc:
+        return _fail(BAD_INPUT, exc)
+    print(f"wrote {args.output} (chain {tenant!r})")
+    return OK
+
+
+def _only_chain(chains: list[str]) -> str:
+    from receipts.errors import ReceiptFormatError
+
+    if len(chains) != 1:
+        listed = ", ".join(chains) or "none"
+        raise ReceiptFormatError(f"pass --tenant: the database holds chains {listed}")
+    return chains[0]
+
+
+def _verify_bundle(args: argparse.Namespace) -> int:
+    from receipts.bundle import verify_bundle
+    from receipts.errors import ReceiptsError
+
+    try:
+        pem = args.public_key.read_bytes() if args.public_key else None
+        with _progress(args.json) as progress:
+            report = verify_bundle(args.bundle, pem, progress)
+    except (ReceiptsError, OSError) as exc:
+        return _fail(BAD_INPUT, exc)
+    return _report([report.to_json_obj()], args.json)
+
+
+def _verify_db(args: argparse.Namespace) -> int:
+    from receipts.errors import LedgerUnavailable, ReceiptsError
+    from receipts.ledger import Ledger
+    from receipts.signing import KeyRing
+
+    try:
+        keyring = None
+        if args.public_key:
+            from receipts.bundle import split_pems
+
+            keyring = KeyRing()
+            for block in split_pems(args.public_key.read_bytes()):
+                keyring.add_pem(block)
+        checkpoint = json.loads(args.checkpoint.read_text()) if args.checkpoint else None
+        with Ledger.open(args.db, None) as ledger:
+            tenants = [args.tenant] if args.tenant else ledger.chains()
+            reports = [
+                ledger.verify(
+                    tenant, args.from_seq, args.to_seq, checkpoint=checkpoint, keyring=keyring
+                ).to_json_obj()
+                for tenant in tenants
+            ]
+    except LedgerUnavailable as exc:
+        return _fail(UNAVAILABLE, exc)
+    except (ReceiptsError, OSError, ValueError) as exc:
+        return _fail(BAD_INPUT, exc)
+    return _report(reports, args.json)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    import sqlalchemy as sa
+
+    from migrations.runner import current, upgrade
+
+    try:
+        upgrade(args.db)
+        print(f"database at revision {current(args.db)}")
+    except sa.exc.SQLAlchemyError as exc:
+        return _fail(UNAVAILABLE, exc)
+    return OK
+
+
+def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
+    ok = all(r["ok"] for r in reports)
+    if as_json:
+        print(json.dumps(reports[0] if len(reports) == 1 else {"ok": ok, "chains": reports}))
+        return OK if ok else FAILED
+    for r in reports:
+        chain = r.get("chain") or "?"
+        if r["ok"]:
+            size = f", Merkle root at tree size {r['tree_size']}" if r.get("tree_size") else ""
+            print(f"OK: chain {chain!r}, {r['checked']} receipts verified{size}")
+        else:
+            where = f"seq {r['first_failure_seq']}" if r["first_failure_seq"] else "bundle"
+            print(f"FAILED: chain {chain!r} at {where}: {r['reason']}")
+        for note in r.get("notes") or ():
+            print(f"note: {note}")
+    if not reports:
+        print("no chains in the database")
+    return OK if ok else FAILED
+
+
+def _fail(code: int, exc: BaseException) -> int:
+    print(f"callproof: {exc}", file=sys.stderr)
+    return code
+
+
+class _progress:
+    """A rich progress bar over ``progress(done, total)`` calls, only on a terminal."""
+
+    def __init__(self, quiet: bool) -> None:
+        self._bar: Any = None
+        if not quiet and sys.stdout.isatty():
+            from rich.progress import Progress
+
+            self._bar = Progress(transient=True)
+
+    def __enter__(self) -> Any:
+        if self._bar is None:
+            return None
+        self._bar.start()
+        task = self._bar.add_task("verifying receipts", total=None)
+        return lambda done, total: self._bar.update(task, completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()

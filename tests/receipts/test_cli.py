@@ -1,0 +1,152 @@
+"""`callproof export`, `callproof verify`, `callproof ledger verify|migrate`: exit codes,
+human and --json reports, against a real database and real bundles."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from ledger_kit import attacker, body_of, fill, ledger
+
+from callproof.cli import main
+from receipts.ledger import receipt_text
+from receipts.record import Receipt
+from receipts.signing import Signer
+
+
+@pytest.fixture
+def filled(db_url: str, tmp_path: Path) -> tuple[str, Signer, Path]:
+    assert main(["ledger", "migrate", "--db", db_url]) == 0
+    signer = Signer.generate()
+    with ledger(db_url, signer) as led:
+        fill(led, 40)
+        fill(led, 5, tenant="globex")
+    key = tmp_path / "signing.pem"
+    key.write_bytes(signer.private_key_pem())
+    return db_url, signer, key
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_export_then_verify(filled, tmp_path: Path, capsys) -> None:
+    url, signer, key = filled
+    bundle = tmp_path / "acme.tar.gz"
+    code, out, _ = run(capsys, "export", "--db", url, "--tenant", "acme", "-o", str(bundle),
+                       "--signing-key", str(key))  # fmt: skip
+    assert code == 0 and bundle.is_file() and "acme" in out
+
+    pem = tmp_path / "operator.pem"
+    pem.write_text(signer.public_key_pem())
+    code, out, _ = run(capsys, "verify", str(bundle), "--public-key", str(pem), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and report["checked"] == 40 and report["tree_size"] == 40
+
+    code, out, _ = run(capsys, "verify", str(bundle))
+    assert code == 0 and out.startswith("OK: chain 'acme', 40 receipts verified")
+
+    other = tmp_path / "other.pem"
+    other.write_text(Signer.generate().public_key_pem())
+    code, out, _ = run(capsys, "verify", str(bundle), "--public-key", str(other), "--json")
+    report = json.loads(out)
+    assert code == 1 and report["first_failure_seq"] == 1 and "unknown key" in report["reason"]
+
+
+def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
+    url, _, key = filled
+    with ledger(url) as led:
+        fill(led, 1, tenant="acme")  # a receipt newer than the range
+        first = led.get_by_seq("acme", 10).created_at
+        until = led.get_by_seq("acme", 30).created_at
+    bundle = tmp_path / "range.tar.gz"
+    argv = ["export", "--db", url, "--tenant", "acme", "--from", first, "--to", until]
+    assert run(capsys, *argv, "-o", str(bundle), "--signing-key", str(key))[0] == 0
+    code, out, _ = run(capsys, "verify", str(bundle), "--json")
+    report = json.loads(out)
+    assert code == 0 and report["checked"] == 20  # seqs 10..29
+    assert report["tree_size"] > 29  # tied to a later checkpoint by the right compact range
+
+
+def test_export_needs_a_tenant_when_there_are_several(filled, tmp_path: Path, capsys) -> None:
+    url, _, _ = filled
+    code, _, err = run(capsys, "export", "--db", url, "-o", str(tmp_path / "x.tar.gz"))
+    assert code == 2 and "--tenant" in err and "acme, globex" in err
+
+
+def test_tampered_bundle_fails_with_the_seq(filled, tmp_path: Path, capsys) -> None:
+    url, _, key = filled
+    with attacker(url) as conn:
+        obj = body_of(conn, "acme", 17)
+        obj["usage"]["completion_tokens"] += 1
+        conn.execute(
+            sa.text("UPDATE receipts SET body = :b WHERE chain = 'acme' AND seq = 17"),
+            {"b": receipt_text(Receipt.from_json_obj(obj))},
+        )
+    code, out, _ = run(capsys, "ledger", "verify", "--db", url)
+    assert code == 1
+    assert "FAILED: chain 'acme' at seq 17: entry_hash does not match" in out
+    assert "OK: chain 'globex', 5 receipts verified" in out
+
+    bundle = tmp_path / "tampered.tar.gz"
+    assert run(capsys, "export", "--db", url, "--tenant", "acme", "-o", str(bundle))[0] == 0
+    # the console script, as an auditor runs it: a separate process, no database
+    done = subprocess.run(
+        [sys.executable, "-m", "callproof", "verify", str(bundle)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "FAILED: chain 'acme' at seq 17" in done.stdout
+
+
+def test_ledger_verify_json_and_ranges(filled, tmp_path: Path, capsys) -> None:
+    url, signer, _ = filled
+    code, out, _ = run(capsys, "ledger", "verify", "--db", url, "--tenant", "acme",
+                       "--from-seq", "5", "--to-seq", "25", "--json")  # fmt: skip
+    report = json.loads(out)
+    assert code == 0 and report["ok"] and report["checked"] == 21
+    code, out, _ = run(capsys, "ledger", "verify", "--db", url, "--json")
+    both = json.loads(out)
+    assert code == 0 and both["ok"] and [c["chain"] for c in both["chains"]] == ["acme", "globex"]
+
+    with ledger(url, signer) as led:
+        saved = led.checkpoint_now("acme")
+    with attacker(url) as conn:  # the tail and every stored checkpoint go
+        conn.execute(sa.text("DELETE FROM receipts WHERE chain = 'acme' AND seq > 35"))
+        conn.execute(sa.text("DELETE FROM checkpoints WHERE chain = 'acme'"))
+        tip = body_of(conn, "acme", 35)["entry_hash"]
+        conn.execute(
+            sa.text(
+                "UPDATE chains SET head_seq = 35, head_hash = :h, checkpoint_size = 0"
+                " WHERE chain = 'acme'"
+            ),
+            {"h": tip},
+        )
+    saved_file = tmp_path / "checkpoint.json"
+    saved_file.write_text(json.dumps(saved))
+    argv = ["ledger", "verify", "--db", url, "--tenant", "acme", "--json"]
+    assert run(capsys, *argv)[0] == 0  # nothing left in the database to notice
+    code, out, _ = run(capsys, *argv, "--checkpoint", str(saved_file))
+    report = json.loads(out)
+    assert code == 1 and report["first_failure_seq"] == 36 and "truncated" in report["reason"]
+
+
+def test_bad_input_and_unavailable_database(tmp_path: Path, capsys) -> None:
+    code, _, err = run(capsys, "verify", str(tmp_path / "missing.tar.gz"))
+    assert code == 2 and "no bundle" in err
+    not_a_bundle = tmp_path / "junk.tar.gz"
+    not_a_bundle.write_bytes(b"not gzip")
+    code, out, _ = run(capsys, "verify", str(not_a_bundle), "--json")
+    assert code == 1 and "not a readable" in json.loads(out)["reason"]
+    down = "postgresql+psycopg://nobody@127.0.0.1:9/none"
+    code, _, err = run(capsys, "ledger", "verify", "--db", down)
+    assert code == 3 and "unavailable" in err
+    with pytest.raises(SystemExit) as exited:
+        main(["ledger", "verify"] + ([] if "CALLPROOF_DB_URL" in __import__("os").environ else []))
+    assert exited.value.code == 2
