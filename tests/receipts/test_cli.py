@@ -81,7 +81,7 @@ def test_export_needs_a_tenant_when_there_are_several(filled, tmp_path: Path, ca
 
 
 def test_tampered_bundle_fails_with_the_seq(filled, tmp_path: Path, capsys) -> None:
-    url, _, key = filled
+    url, _, _ = filled
     with attacker(url) as conn:
         obj = body_of(conn, "acme", 17)
         obj["usage"]["completion_tokens"] += 1
@@ -99,7 +99,7 @@ def test_tampered_bundle_fails_with_the_seq(filled, tmp_path: Path, capsys) -> N
     # the console script, as an auditor runs it: a separate process, no database
     done = subprocess.run(
         [sys.executable, "-m", "callproof", "verify", str(bundle)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 1
     assert "FAILED: chain 'acme' at seq 17" in done.stdout
@@ -137,7 +137,9 @@ def test_ledger_verify_json_and_ranges(filled, tmp_path: Path, capsys) -> None:
     assert code == 1 and report["first_failure_seq"] == 36 and "truncated" in report["reason"]
 
 
-def test_bad_input_and_unavailable_database(tmp_path: Path, capsys) -> None:
+def test_bad_input_and_unavailable_database(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     code, _, err = run(capsys, "verify", str(tmp_path / "missing.tar.gz"))
     assert code == 2 and "no bundle" in err
     not_a_bundle = tmp_path / "junk.tar.gz"
@@ -147,6 +149,7 @@ def test_bad_input_and_unavailable_database(tmp_path: Path, capsys) -> None:
     down = "postgresql+psycopg://nobody@127.0.0.1:9/none"
     code, _, err = run(capsys, "ledger", "verify", "--db", down)
     assert code == 3 and "unavailable" in err
-    with pytest.raises(SystemExit) as exited:
-        main(["ledger", "verify"] + ([] if "CALLPROOF_DB_URL" in __import__("os").environ else []))
+    monkeypatch.delenv("CALLPROOF_DB_URL", raising=False)
+    with pytest.raises(SystemExit) as exited:  # argparse: --db is required
+        main(["ledger", "verify"])
     assert exited.value.code == 2
