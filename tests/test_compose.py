@@ -1,0 +1,93 @@
+"""compose.yaml holds the production shape: Postgres, vLLM on a GPU, a one-shot migration and
+the gateway, started in dependency order with health checks. No Docker engine runs on this
+machine (nor in CI), so the file is checked as data: what `docker compose` would act on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]
+
+
+def healthcheck_text(service: dict[str, Any]) -> str:
+    test = service["healthcheck"]["test"]
+    return test if isinstance(test, str) else " ".join(test)
+
+
+def test_the_four_services_exist(services: dict[str, Any]) -> None:
+    assert set(services) == {"postgres", "vllm", "migrate", "gateway"}
+
+
+def test_postgres_keeps_its_data_in_a_volume_and_reports_ready(services: dict[str, Any]) -> None:
+    pg = services["postgres"]
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in pg["volumes"])
+    assert "pg_isready" in healthcheck_text(pg)
+
+
+def test_vllm_runs_a_real_model_on_a_gpu_with_structured_outputs(services: dict[str, Any]) -> None:
+    vllm = services["vllm"]
+    assert vllm["image"].startswith("vllm/vllm-openai:")
+    args = dict(a.removeprefix("--").split("=", 1) for a in vllm["command"] if "=" in a)
+    assert "/" in args["model"]  # a hub model id, e.g. Qwen/Qwen2.5-7B-Instruct
+    structured = json.loads(args["structured-outputs-config"])
+    assert structured == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert "--enable-auto-tool-choice" in vllm["command"] and "tool-call-parser" in args
+    devices = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] for d in devices)
+    assert "/health" in healthcheck_text(vllm)
+    assert "ports" not in vllm  # reachable only through the gateway
+
+
+def test_migrate_runs_once_after_postgres_is_healthy(services: dict[str, Any]) -> None:
+    migrate = services["migrate"]
+    assert migrate["command"] == ["ledger", "migrate"]  # alembic upgrade head
+    assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert migrate.get("restart") == "no"
+    assert migrate["environment"]["CALLPROOF_DB_URL"].startswith("postgresql+psycopg://")
+
+
+def test_gateway_waits_for_the_three_and_serves_vllm(services: dict[str, Any]) -> None:
+    gateway = services["gateway"]
+    assert gateway["depends_on"] == {
+        "postgres": {"condition": "service_healthy"},
+        "migrate": {"condition": "service_completed_successfully"},
+        "vllm": {"condition": "service_healthy"},
+    }
+    env = gateway["environment"]
+    assert env["CALLPROOF_ENGINE"] == "vllm" and env["CALLPROOF_VLLM_URL"] == "http://vllm:8000"
+    served = next(a for a in services["vllm"]["command"] if a.startswith("--served-model-name="))
+    assert env["CALLPROOF_MODEL"] == served.split("=", 1)[1]
+    assert env["CALLPROOF_DB"] == services["migrate"]["environment"]["CALLPROOF_DB_URL"]
+    assert gateway["ports"] == ["8000:8000"]
+    assert "/readyz" in healthcheck_text(gateway)
+
+
+def test_signing_key_comes_from_a_mounted_secret(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    gateway = services["gateway"]
+    assert gateway["secrets"] == ["signing_key"]
+    assert gateway["environment"]["CALLPROOF_SIGNING_KEY_FILE"] == "/run/secrets/signing_key"
+    assert "file" in compose["secrets"]["signing_key"]
+    assert "CALLPROOF_SIGNING_KEY" not in gateway["environment"]  # never inline key material
+
+
+def test_gateway_image_builds_from_the_root_dockerfile(services: dict[str, Any]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert services["gateway"]["build"] == services["migrate"]["build"] == "."
+    assert 'ENTRYPOINT ["callproof"]' in dockerfile and "torch==2.13.0" in dockerfile
