@@ -119,6 +119,27 @@ def draft(
     )
 
 
+def append_worker(
+    url: str, signer_pem: bytes, count: int, report: Any, tenant: str = "acme", window: int = 64
+) -> None:
+    """A writer process (spawned): append ``count`` drafts with ``window`` in flight and send
+    (receipt id, seq) through ``report`` (a Connection) as each append returns."""
+    from collections import deque
+
+    led = Ledger.open(url, Signer.from_pem(signer_pem))
+    in_flight: deque[Any] = deque()
+    for i in range(count):
+        if len(in_flight) >= window:
+            receipt = in_flight.popleft().result()
+            report.send((receipt.id, receipt.seq))
+        in_flight.append(led.submit(draft(tenant)))
+    for future in in_flight:
+        receipt = future.result()
+        report.send((receipt.id, receipt.seq))
+    led.close()
+    report.send(None)
+
+
 def migrated(url: str) -> str:
     upgrade(url)
     return url
