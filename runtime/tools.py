@@ -336,6 +336,25 @@ def union_schema(
     return schema
 
 
+def union_calls(union: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(tool name, arguments schema) of each single-call branch of a :func:`union_schema`.
+
+    For engines that constrain per tool (vLLM structural tags) and only see the constraint:
+    the union's layout stays this module's business. An arguments schema may ``$ref`` into
+    the union's ``$defs``; carry those along.
+    """
+    defs = union.get("$defs", {})
+    calls = []
+    for branch in union.get("anyOf", [union]):
+        ref = branch.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            branch = defs[ref.removeprefix("#/$defs/")]
+        props = branch.get("properties", {})
+        if "tool" in props and "arguments" in props:
+            calls.append((props["tool"]["const"], props["arguments"]))
+    return tuple(calls)
+
+
 def _call_branch(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
     arguments = _embed(closed_schema(tool.parameters), f"tool-{tool.name}", defs)
     return _closed_object({"tool": {"const": tool.name}, "arguments": arguments})
@@ -687,6 +706,7 @@ __all__ = [
     "parse_response_format",
     "parse_tool_choice",
     "parse_tools_field",
+    "union_calls",
     "union_schema",
     "validate",
 ]

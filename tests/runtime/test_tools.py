@@ -21,6 +21,7 @@ from runtime.tools import (
     parse_native_tool_call,
     parse_response_format,
     parse_tools_field,
+    union_calls,
     union_schema,
 )
 
@@ -223,6 +224,21 @@ def test_refs_keep_resolving_once_embedded() -> None:
     bad_guest = {"tool": "book_room", "arguments": {"guest": {"age": 3}, "nights": 1}}
     assert not accepts(schema, bad_guest)
     assert not accepts(schema, {"tool_calls": [bad_guest]})
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_union_calls_lists_the_allowed_tools(parallel: bool) -> None:
+    auto = union_schema(SPECS, "auto", parallel_tool_calls=parallel)
+    calls = dict(union_calls(auto))
+    assert list(calls) == ["get_weather", "book_room", "list_rooms"]
+    resolvable = {**calls["book_room"], "$defs": auto["$defs"]}
+    assert accepts(resolvable, BOOK_CALL["arguments"])
+    assert not accepts(resolvable, {"guest": {"name": "Ada"}, "nights": 0})
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    assert [n for n, _ in union_calls(union_schema(SPECS, named, None, parallel))] == [
+        "get_weather"
+    ]
+    assert union_calls(union_schema(SPECS, "none")) == ()
 
 
 def union_variants() -> list[dict[str, Any]]:
