@@ -287,9 +287,9 @@ def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
                 raise RuntimeInputError(
                     f"'{at}.tool_call_id' is required for role 'tool'", param=f"{at}.tool_call_id"
                 )
-            out.append(
-                HistoryMessage("tool", content, tool_call_id=call_id, name=names.get(call_id))
-            )
+            legacy_name = msg.get("name") if isinstance(msg.get("name"), str) else None
+            name = names.get(call_id, legacy_name)
+            out.append(HistoryMessage("tool", content, tool_call_id=call_id, name=name))
         else:
             out.append(HistoryMessage("system" if role == "developer" else role, content))
     return tuple(out)

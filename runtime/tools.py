@@ -131,7 +131,8 @@ def parse_tools_field(tools: Any) -> tuple[ToolSpec, ...]:
                 param=f"{at}.function.name",
             )
         seen.add(name)
-        description = fn.get("description", "")
+        description = fn.get("description")
+        description = "" if description is None else description
         if not isinstance(description, str):
             raise InvalidTools(
                 f"'{at}.function.description' must be a string",

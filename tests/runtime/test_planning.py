@@ -393,3 +393,10 @@ def test_every_parsed_call_validates_against_its_tool() -> None:
     with pytest.raises(StructuredOutputInvalid) as err:
         p.parse('{"tool": "book_room", "arguments": {"guest": {"name": "Ada"}, "nights": 99}}')
     assert err.value.pointer == "/arguments/nights"
+
+
+def test_a_tool_message_may_name_its_function() -> None:
+    """Older clients send the function name on the tool message instead of a prior call."""
+    legacy = {"role": "tool", "tool_call_id": "call_y", "name": "get_weather", "content": "9C"}
+    p = plan(messages=[*USER, legacy])
+    assert p.messages[-1].content == "Tool result for call_y (get_weather): 9C"

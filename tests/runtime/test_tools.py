@@ -432,3 +432,13 @@ def test_native_arguments_are_validated_again() -> None:
 def test_native_unknown_family() -> None:
     with pytest.raises(ValueError, match="unknown tool-call family"):
         parse_native_tool_call("x", "mistral", SPECS)
+
+
+def test_null_description_is_no_description() -> None:
+    tool = function_tool("f")
+    tool["function"]["description"] = None
+    assert parse_tools_field([tool])[0].description == ""
+    tool["function"]["description"] = 3
+    with pytest.raises(InvalidTools) as err:
+        parse_tools_field([tool])
+    assert err.value.param == "tools[0].function.description"
