@@ -10,6 +10,16 @@ The model never answers free-form when tools are given: it is constrained to one
 
 Everything the constrained decoder produced is validated again here with jsonschema (defence
 in depth: a backend bug must not turn into a receipt for arguments that fail their schema).
+
+Decisions a reader may look for:
+
+* with response_format the answer is ``{"answer": <value>}``, never the bare value, so a
+  response schema that accepts objects cannot be mistaken for a call;
+* objects that list properties are closed in the constraint (:func:`closed_schema`), strict
+  or not; the client's schema itself is kept verbatim on the ToolSpec;
+* branches are joined with ``anyOf`` (they are disjoint, so it means ``oneOf``);
+* call ids are minted per call *index* by a request's :class:`CallIds`, so re-parsing the
+  same output (retry, stream then final parse) keeps every id.
 """
 
 from __future__ import annotations
