@@ -330,13 +330,17 @@ class Ledger:
                 if pending in refused:
                     outcomes.append((pending, refused[pending]))
                     continue
-                receipt = seal(
-                    pending.draft, seq=head.seq + 1, prev_hash=head.hash, signer=self.signer
-                )
+                try:
+                    receipt = seal(
+                        pending.draft, seq=head.seq + 1, prev_hash=head.hash, signer=self.signer
+                    )
+                except ReceiptFormatError as exc:  # e.g. a NaN in tool arguments: this one only
+                    outcomes.append((pending, exc))
+                    continue
                 head.add_leaf(receipt.entry_hash)
                 _add_receipt_rows(receipt, rows)
                 bound = receipt.manifest["schema_hash"]
-                if bound is not None and bound not in self._known_schemas | schemas:
+                if bound is not None and bound not in self._known_schemas and bound not in schemas:
                     schemas.add(bound)
                     rows[SchemaRow].append(
                         {"hash": bound, "body": canonical_json(pending.draft.schema).decode()}

@@ -213,6 +213,18 @@ def test_duplicate_call_id_fails_alone(db_url: str) -> None:
         assert led.verify("acme").ok
 
 
+def test_unsealable_draft_fails_alone(fresh_sqlite_url: str) -> None:
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        good = [led.submit(draft()) for _ in range(3)]
+        bad = led.submit(draft(arguments={"city": "Paris", "days": float("nan")}))
+        good += [led.submit(draft()) for _ in range(3)]
+        with pytest.raises(ReceiptFormatError, match="canonical"):
+            bad.result()
+        assert sorted(f.result().seq for f in good) == list(range(1, 7))
+        assert led.verify("acme").ok
+
+
 def test_payloads_are_dropped_unless_retained(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
