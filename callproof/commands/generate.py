@@ -44,11 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    from runtime.errors import RuntimeInputError, StructuredOutputInvalid
+    from runtime.errors import EngineError, RuntimeInputError, StructuredOutputInvalid
 
     try:
         chat = _chat_input(args)
         return _run(args, chat)
+    except EngineError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
     except StructuredOutputInvalid as exc:
         print(f"{PROG}: {exc.message} (at {exc.pointer or '/'}); raw output: {exc.raw_output!r}",
               file=sys.stderr)
@@ -87,11 +90,14 @@ def _run(args: argparse.Namespace, chat: Any) -> int:
     import asyncio
     import dataclasses
 
+    from runtime.constraint import validate_constraint
     from runtime.engines.base import Sampling
     from runtime.engines.embedded import EmbeddedEngine
     from runtime.planning import plan_chat
 
     plan = plan_chat(chat)  # before loading the model: bad input fails in milliseconds
+    if plan.constraint is not None:
+        validate_constraint(plan.constraint)
     sampling = Sampling(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
     )

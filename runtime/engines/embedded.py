@@ -109,8 +109,11 @@ class EmbeddedEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from transformers.utils import logging as hf_logging
+
         source = resolve_model(model_path, gguf_file)
         torch.set_num_threads(threads or default_threads())
+        hf_logging.disable_progress_bar()  # bars on stderr would garble CLI and JSON logs
         kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
