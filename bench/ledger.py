@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import random
 import secrets
 import statistics
@@ -28,6 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 WINDOW = 256  # appends in flight per writer process
@@ -216,19 +218,27 @@ def _sha(text: str) -> str:
 
 
 def _writer(
-    url: str, tenant: str, count: int, seed: int, ready: Any, start: Any, results: Any
+    url: str,
+    key_pem: bytes,
+    tenant: str,
+    count: int,
+    seed: int,
+    ready: Any,
+    start: Any,
+    results: Any,
 ) -> None:
-    """One writer process: build its drafts, wait for the start, append with WINDOW in flight."""
+    """One writer process: build its drafts, wait for the start, append with WINDOW in flight;
+    report its CPU seconds spent appending (all threads: sealing, SQL, the driver)."""
     from receipts.ledger import Ledger
     from receipts.signing import Signer
 
     factory = DraftFactory(tenant, seed)
     drafts = [factory.draft() for _ in range(count)]
-    ledger = Ledger.open(url, Signer.generate())
+    ledger = Ledger.open(url, Signer.from_pem(key_pem))  # replicas share the operator's key
     ledger.ping()
     ready.release()
     start.wait()
-    began = time.perf_counter()
+    cpu = time.process_time()
     in_flight: deque[Any] = deque()
     for draft in drafts:
         if len(in_flight) >= WINDOW:
@@ -236,33 +246,68 @@ def _writer(
         in_flight.append(ledger.submit(draft))
     for future in in_flight:
         future.result()
-    results.put(time.perf_counter() - began)
+    results.put(time.process_time() - cpu)
     ledger.close()
 
 
-def throughput(url: str, tenant: str, count: int, writers: int) -> float:
-    """Receipts per second, K processes appending to one chain, start to last commit."""
+def throughput(url: str, tenant: str, count: int, writers: int) -> tuple[float, float, float]:
+    """Receipts per second with K processes appending to one chain (start to last commit),
+    and the CPU seconds the writers and the Postgres server spent on it."""
+    from receipts.signing import Signer
+
+    key_pem = Signer.generate().private_key_pem()
     ctx = mp.get_context("spawn")
     ready, start, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
     shares = [count // writers + (i < count % writers) for i in range(writers)]
     procs = [
-        ctx.Process(target=_writer, args=(url, tenant, n, i, ready, start, results))
+        ctx.Process(target=_writer, args=(url, key_pem, tenant, n, i, ready, start, results))
         for i, n in enumerate(shares)
     ]
     for p in procs:
         p.start()
     for _ in procs:
         ready.acquire()
+    server = server_cpu_seconds(url)
     began = time.perf_counter()
     start.set()
-    for _ in procs:
-        results.get()
+    client = sum(results.get() for _ in procs)
     elapsed = time.perf_counter() - began
+    server = server_cpu_seconds(url) - server
     for p in procs:
         p.join()
         if p.exitcode:
             raise SystemExit(f"writer process failed with exit code {p.exitcode}")
-    return count / elapsed
+    return count / elapsed, client, server
+
+
+def server_cpu_seconds(url: str) -> float:
+    """CPU seconds used so far by the local Postgres cluster serving ``url``: its postmaster
+    (with reaped children) and live backends, read from /proc. NaN when it is not local."""
+    from sqlalchemy.engine import make_url
+
+    port = make_url(url).port
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        stats[int(proc.name)] = (int(stat[1]), [int(v) for v in stat[11:15]], cmdline)
+    postmaster = next(
+        (
+            pid
+            for pid, (_, _, cmd) in stats.items()
+            if f"port={port}".encode() in cmd and b"postgres" in cmd
+        ),
+        None,
+    )
+    if postmaster is None:
+        return float("nan")
+    total = sum(stats[postmaster][1])  # utime, stime, cutime, cstime
+    total += sum(sum(times[:2]) for ppid, times, _ in stats.values() if ppid == postmaster)
+    return total / tick
 
 
 def latency(url: str, tenant: str, samples: int) -> list[float]:
@@ -313,10 +358,18 @@ def main(argv: list[str] | None = None) -> int:
     from receipts.ledger import Ledger
 
     with database(args.db) as url:
-        rate = throughput(url, args.tenant, args.count, args.writers)
+        load = os.getloadavg()[0]
+        rate, client_s, server_s = throughput(url, args.tenant, args.count, args.writers)
+        client_us, server_us = client_s / args.count * 1e6, server_s / args.count * 1e6
         print(
             f"append throughput: {rate:,.0f} receipts/s ({args.count} receipts,"
-            f" {args.writers} writer processes, one chain)"
+            f" {args.writers} writer processes, one chain; load average {load:.1f} on"
+            f" {os.cpu_count()} CPUs)"
+        )
+        print(
+            f"CPU per receipt: {client_us:.0f} us in the writers (seal, SQL, driver),"
+            f" {server_us:.0f} us in Postgres -> {1e6 / (client_us + server_us):,.0f}"
+            " receipts per CPU-second"
         )
         times = latency(url, args.tenant, args.latency_samples)
         p50, p99 = statistics.quantiles(times, n=100)[49], statistics.quantiles(times, n=100)[98]
@@ -334,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
             "receipts": args.count,
             "writers": args.writers,
             "receipts_per_s": round(rate, 1),
+            "writer_cpu_us_per_receipt": round(client_us, 1),
+            "postgres_cpu_us_per_receipt": round(server_us, 1),
+            "receipts_per_cpu_s": round(1e6 / (client_us + server_us), 1),
+            "load_average": round(load, 2),
             "append_p50_ms": round(p50, 3),
             "append_p99_ms": round(p99, 3),
             "latency_samples": len(times),
