@@ -152,25 +152,10 @@ class Ledger:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(
-        cls,
-        url: str,
-        signer: Signer | None,
-        *,
-        checkpoint_every: int = 1000,
-        checkpoint_interval_s: float = 60.0,
-        retain_payloads: bool = False,
-        max_batch: int = 500,
-    ) -> Ledger:
-        """Connect to a database migrated by ``migrations.runner.upgrade`` (creates nothing)."""
-        return cls(
-            url,
-            signer,
-            checkpoint_every=checkpoint_every,
-            checkpoint_interval_s=checkpoint_interval_s,
-            retain_payloads=retain_payloads,
-            max_batch=max_batch,
-        )
+    def open(cls, url: str, signer: Signer | None, **options: Any) -> Ledger:
+        """Connect to a database migrated by ``migrations.runner.upgrade`` (creates nothing).
+        ``options`` are the keyword arguments of the constructor."""
+        return cls(url, signer, **options)
 
     def close(self) -> None:
         """Commit what is queued, stop the writer thread and release the connections."""

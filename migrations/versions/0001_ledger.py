@@ -18,6 +18,8 @@ depends_on = None
 HASH = sa.String(64)
 CHAIN = sa.String(128)
 
+# A frozen copy of receipts.store.APPEND_ONLY_TABLES: a revision must not change when the
+# application code does (test_store checks the two agree).
 APPEND_ONLY = (
     "receipts",
     "receipt_calls",

@@ -6,9 +6,10 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from ledger_kit import draft, ledger, migrated
 
-from migrations.runner import current, upgrade
+from migrations.runner import alembic_config, current, upgrade
 from receipts.store import APPEND_ONLY_TABLES, Base
 
 
@@ -38,6 +39,8 @@ def test_migration_creates_exactly_the_models(db_url: str) -> None:
 def test_migration_0001_is_the_ledger_revision(fresh_sqlite_url: str) -> None:
     upgrade(fresh_sqlite_url, "0001_ledger")
     assert current(fresh_sqlite_url) == "0001_ledger"
+    revision = ScriptDirectory.from_config(alembic_config()).get_revision("0001_ledger")
+    assert revision.module.APPEND_ONLY == APPEND_ONLY_TABLES
 
 
 def test_database_refuses_update_and_delete(db_url: str) -> None:
