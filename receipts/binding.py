@@ -16,6 +16,7 @@ from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import best_match
+from referencing.exceptions import Unresolvable
 
 from receipts.canonical import hash_json
 from receipts.errors import CanonicalizationError
@@ -76,7 +77,11 @@ class SchemaBinding:
             validator = self._validator(bound, call["name"])
             if validator is None:
                 return f"tool {call['name']!r} is not in the bound schema {bound}"
-            if not validator.is_valid(call["arguments"]):
+            try:
+                valid = validator.is_valid(call["arguments"])
+            except Unresolvable as exc:  # a $ref the bound schema cannot resolve
+                return f"the bound schema {bound} has an unresolvable $ref: {exc}"
+            if not valid:
                 err = best_match(validator.iter_errors(call["arguments"]))
                 where = "/" + "/".join(str(p) for p in err.absolute_path)
                 return (

@@ -287,3 +287,45 @@ def test_worked_example_in_the_spec_verifies() -> None:
     )
     assert checkpoint["root_hash"] == root.hex()
     assert f"root   = H(0x01 || leaf 0 || leaf 1)\n       = {root.hex()}" in spec
+
+
+def test_binding_finds_tools_under_defs_and_refuses_unknown_tools(signer, ring) -> None:
+    """The parallel-calls union keeps each call branch in $defs and refers to it; arguments
+    are validated against the branch with the union as the root, so refs resolve."""
+    from receipts.manifest import build_manifest, schema_hash
+
+    weather = UNION["oneOf"][0]
+    union = {
+        "anyOf": [
+            {"$ref": "#/$defs/call-get_weather"},
+            {
+                "type": "object",
+                "properties": {
+                    "tool_calls": {"type": "array", "items": {"$ref": "#/$defs/call-get_weather"}}
+                },
+            },
+        ],
+        "$defs": {"call-get_weather": weather},
+    }
+    good = draft(city="Oslo")
+    manifest = build_manifest(**{**good.manifest, "schema_hash": schema_hash(union)})
+    base = {**good.__dict__, "manifest": manifest, "schema": union}
+    ok = seal(type(good)(**base), seq=1, prev_hash=GENESIS_PREV_HASH, signer=signer)
+    schemas = {schema_hash(union): union}
+    assert verify_receipts([ok], ring, schemas=schemas).ok
+    bad_call = {**good.output["tool_calls"][0], "arguments": {"city": "Oslo", "unit": "kelvin"}}
+    bad = seal(
+        type(good)(**{**base, "output": {**good.output, "tool_calls": [bad_call]}}),
+        seq=1,
+        prev_hash=GENESIS_PREV_HASH,
+        signer=signer,
+    )
+    assert "unit" in verify_receipts([bad], ring, schemas=schemas).reason
+    unknown = {**good.output["tool_calls"][0], "name": "delete_everything"}
+    stray = seal(
+        type(good)(**{**base, "output": {**good.output, "tool_calls": [unknown]}}),
+        seq=1,
+        prev_hash=GENESIS_PREV_HASH,
+        signer=signer,
+    )
+    assert "not in the bound schema" in verify_receipts([stray], ring, schemas=schemas).reason
