@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from runtime.backends.schema_keywords import refuse_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 
@@ -65,6 +66,8 @@ class GrammarBackend(ABC):
 
     name: ClassVar[str]
     kinds: ClassVar[frozenset[str]] = frozenset({"json", "tools", "regex", "ebnf"})
+    # JSON-schema keywords the library would ignore; schemas using them are refused
+    unenforced: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -74,6 +77,8 @@ class GrammarBackend(ABC):
         """Compile or raise BackendCannotCompile (unsupported feature, not bad input)."""
         if constraint.kind not in self.kinds:
             raise BackendCannotCompile(f"{self.name}: no {constraint.kind} support")
+        if constraint.is_json and self.unenforced:
+            refuse_keywords(self.name, constraint.schema(), self.unenforced)
         return self._compile(constraint)
 
     @abstractmethod

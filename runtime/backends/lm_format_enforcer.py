@@ -19,7 +19,7 @@ from lmformatenforcer import (
 )
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, MaskReadingMatcher
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, refuse_keywords
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 
@@ -73,6 +73,7 @@ class LMFEGrammar(CompiledGrammar):
 class LMFormatEnforcerBackend(GrammarBackend):
     name = "lm-format-enforcer"
     kinds = frozenset({"json", "tools", "regex"})
+    unenforced = UNENFORCED
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
@@ -81,12 +82,9 @@ class LMFormatEnforcerBackend(GrammarBackend):
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         try:
             if constraint.is_json:
-                refuse_keywords(self.name, constraint.schema(), UNENFORCED)
                 parser: CharacterLevelParser = JsonSchemaParser(constraint.schema())
             else:
                 parser = RegexParser(constraint.source)
-        except BackendCannotCompile:
-            raise
         except Exception as exc:  # parsers raise assorted exceptions on unsupported input
             raise BackendCannotCompile(f"lm-format-enforcer: {str(exc)[:500]}") from None
         return LMFEGrammar(constraint, parser, self._data, self.vocab_size,

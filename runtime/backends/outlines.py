@@ -15,7 +15,7 @@ from outlines_core import Guide, Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, MaskReadingMatcher
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, refuse_keywords
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 
@@ -69,6 +69,7 @@ class OutlinesGrammar(CompiledGrammar):
 class OutlinesBackend(GrammarBackend):
     name = "outlines"
     kinds = frozenset({"json", "tools", "regex"})
+    unenforced = UNENFORCED
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
@@ -77,7 +78,6 @@ class OutlinesBackend(GrammarBackend):
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         if constraint.is_json:
-            refuse_keywords(self.name, constraint.schema(), UNENFORCED)
             try:
                 regex = build_regex_from_schema(constraint.source, _WHITESPACE)
             except (ValueError, TypeError) as exc:

@@ -1,9 +1,10 @@
 """xgrammar: pushdown automaton with a precomputed adaptive token mask cache.
 
-Lark grammars compile with ``compile_lark``, GBNF with ``compile_grammar`` (its own dialect). Its JSON-schema converter silently ignores keywords it does not implement
-(``not``, ``uniqueItems``, ...), which would let through output that breaks the schema; such
-schemas are refused here (BackendCannotCompile) so the chain moves on rather than enforce
-less than was asked.
+Lark grammars compile with ``compile_lark``, GBNF with ``compile_grammar`` (its own dialect).
+Its JSON-schema converter silently ignores keywords it does not implement (``not``,
+``uniqueItems``, ...), which would let through output that breaks the schema; such schemas
+are refused (``unenforced``, checked by GrammarBackend.compile) so the chain moves on rather
+than enforce less than was asked.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from runtime.backends.base import (
     GrammarMatcher,
     MaskReadingMatcher,
 )
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, refuse_keywords
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
 
@@ -65,6 +66,7 @@ class XGrammarGrammar(CompiledGrammar):
 
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
+    unenforced = UNENFORCED
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
@@ -76,8 +78,6 @@ class XGrammarBackend(GrammarBackend):
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
-        if constraint.is_json:
-            refuse_keywords(self.name, constraint.schema(), UNENFORCED)
         try:
             compiled = self._xgr_compile(constraint)
         except (RuntimeError, ValueError) as exc:

@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench.NAME``; each prints one JSON object of figures last."""
