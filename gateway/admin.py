@@ -9,8 +9,8 @@ from litestar.di import NamedDependency, Provide
 from litestar.params import FromPath, JSONBody
 
 from gateway.apikeys import ApiKey, KeyNotFound, KeyStore
-from gateway.auth import require_role
-from gateway.errors import APIError
+from gateway.auth import BEARER, require_role
+from gateway.errors import APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
 
 
@@ -22,14 +22,15 @@ class AdminKeysController(Controller):
     path = "/admin/keys"
     tags = ["admin"]
     dependencies = {"principal": Provide(require_role("admin"))}
+    security = BEARER
 
-    @get("", summary="List API keys (never their secrets)")
+    @get("", summary="List API keys (never their secrets)", responses=documented())
     async def list_keys(
         self, principal: NamedDependency[ApiKey], keys: NamedDependency[KeyStore]
     ) -> list[KeyInfo]:
         return [_info(key) for key in await asyncio.to_thread(keys.list)]
 
-    @post("", summary="Create an API key; the secret is returned once")
+    @post("", summary="Create an API key; the secret is returned once", responses=documented())
     async def create_key(
         self,
         principal: NamedDependency[ApiKey],
@@ -39,7 +40,7 @@ class AdminKeysController(Controller):
         key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
         return CreatedKey(key=_info(key), secret=secret)
 
-    @delete("/{key_id:str}", status_code=200, summary="Revoke an API key")
+    @delete("/{key_id:str}", status_code=200, summary="Revoke an API key", responses=documented())
     async def revoke_key(
         self,
         principal: NamedDependency[ApiKey],

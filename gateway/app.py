@@ -25,6 +25,7 @@ from gateway.errors import handle_exception
 from gateway.health import HealthController
 from gateway.metrics import Metrics
 from gateway.models import ModelsController
+from gateway.openapi import StrictStructSchemaPlugin
 from gateway.settings import Settings
 from receipts.ledger import Ledger
 from runtime.engines.base import Engine
@@ -58,6 +59,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         exception_handlers={Exception: handle_exception},
         middleware=[DefineMiddleware(metrics.middleware)],
         request_max_body_size=settings.max_body_bytes,
+        plugins=[StrictStructSchemaPlugin()],
         openapi_config=OpenAPIConfig(
             title="callproof",
             version="1",
@@ -71,7 +73,6 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
                     "apiKey": SecurityScheme(type="http", scheme="bearer", bearer_format="cp_...")
                 }
             ),
-            security=[{"apiKey": []}],
         ),
         debug=False,
     )

@@ -8,12 +8,11 @@ blocking database calls and run in a worker thread.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency, Provide
@@ -21,22 +20,28 @@ from litestar.params import FromPath, FromQuery, JSONBody, Parameter
 from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
-from gateway.auth import require_role
+from gateway.auth import BEARER, require_role
 from gateway.completion import Completions
-from gateway.errors import APIError
+from gateway.errors import APIError, documented
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from gateway.settings import Settings
+from receipts.errors import ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.record import Receipt
 from runtime.limits import Limits
 
 T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
+MAX_SEQ = 2**53  # sequence numbers stay exact in every JSON reader
 
 
 async def _read(fn: Callable[..., T], *args: Any) -> T:
-    return await asyncio.to_thread(fn, *args)
+    """Run a ledger read in a thread; a request the ledger refuses (bad seq range) is a 400."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except ReceiptFormatError as exc:
+        raise APIError(400, str(exc), code="invalid_value") from None
 
 
 def _found(value: T | None, what: str) -> T:
@@ -45,16 +50,17 @@ def _found(value: T | None, what: str) -> T:
     return value
 
 
-def _report(report: Any) -> dict[str, Any]:
-    return dataclasses.asdict(report) if dataclasses.is_dataclass(report) else dict(report)
-
-
 class AuditController(Controller):
     path = "/audit"
     tags = ["audit"]
     dependencies = {"principal": Provide(require_role("auditor"))}
+    security = BEARER
 
-    @get("/receipts", summary="List receipts (filters, cursor pagination by seq)")
+    @get(
+        "/receipts",
+        summary="List receipts (filters, cursor pagination by seq)",
+        responses=documented(),
+    )
     async def list_receipts(
         self,
         principal: NamedDependency[ApiKey],
@@ -65,7 +71,9 @@ class AuditController(Controller):
         model: FromQuery[str | None] = None,
         schema_hash: FromQuery[str | None] = None,
         call_id: FromQuery[str | None] = None,
-        cursor: int | None = Parameter(default=None, ge=0, description="next_cursor of a page"),
+        cursor: int | None = Parameter(
+            default=None, ge=0, le=MAX_SEQ, description="next_cursor of a page"
+        ),
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> ReceiptPage:
         page = await _read(
@@ -84,7 +92,7 @@ class AuditController(Controller):
         )
         return ReceiptPage([r.to_json_obj() for r in page.items], page.next_cursor)
 
-    @get("/receipts/{receipt_id:str}", summary="One receipt")
+    @get("/receipts/{receipt_id:str}", summary="One receipt", responses=documented())
     async def get_receipt(
         self,
         principal: NamedDependency[ApiKey],
@@ -94,7 +102,11 @@ class AuditController(Controller):
         receipt = await _read(ledger.get, principal.tenant, receipt_id)
         return _found(receipt, f"receipt {receipt_id}").to_json_obj()
 
-    @get("/calls/{call_id:str}", summary="A tool call, its receipt and the receipts answering it")
+    @get(
+        "/calls/{call_id:str}",
+        summary="A tool call, its receipt and the receipts answering it",
+        responses=documented(),
+    )
     async def get_call(
         self,
         principal: NamedDependency[ApiKey],
@@ -105,7 +117,11 @@ class AuditController(Controller):
         answers: list[Receipt] = await _read(ledger.answers_to, principal.tenant, call_id)
         return CallRecord(call_id, issuer.to_json_obj(), [r.to_json_obj() for r in answers])
 
-    @get("/schemas/{schema_hash:str}", summary="A schema by its hash (bound by this chain)")
+    @get(
+        "/schemas/{schema_hash:str}",
+        summary="A schema by its hash (bound by this chain)",
+        responses=documented(),
+    )
     async def get_schema(
         self,
         principal: NamedDependency[ApiKey],
@@ -119,40 +135,72 @@ class AuditController(Controller):
         _found(bound.items or None, what)
         return _found(await _read(ledger.schema, schema_hash), what)
 
-    @get("/keys", summary="Public keys that signed this chain, with their seq ranges")
+    @get(
+        "/keys",
+        summary="Public keys that signed this chain, with their seq ranges",
+        responses=documented(),
+    )
     async def public_keys(
         self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
     ) -> list[dict[str, Any]]:
         return await _read(ledger.public_keys, principal.tenant)
 
-    @get("/checkpoints/latest", summary="The latest signed checkpoint of this chain")
+    @get(
+        "/checkpoints/latest",
+        summary="The latest signed checkpoint of this chain",
+        responses=documented(),
+    )
     async def latest_checkpoint(
         self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
     ) -> dict[str, Any]:
         checkpoint = await _read(ledger.latest_checkpoint, principal.tenant)
         return _found(checkpoint, "checkpoint")
 
-    @get("/proofs/inclusion/{seq:int}", summary="Merkle inclusion proof of a receipt (RFC 9162)")
+    @post(
+        "/checkpoints",
+        status_code=200,
+        summary="Sign a checkpoint at the chain's head now",
+        responses=documented(),
+    )
+    async def checkpoint_now(
+        self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
+    ) -> dict[str, Any]:
+        return await _read(ledger.checkpoint_now, principal.tenant)
+
+    @get(
+        "/proofs/inclusion/{seq:int}",
+        summary="Merkle inclusion proof of a receipt (RFC 9162)",
+        responses=documented(),
+    )
     async def inclusion_proof(
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
-        seq: FromPath[int],
-        tree_size: int | None = Parameter(default=None, ge=1),
+        seq: Annotated[int, Parameter(ge=1, le=MAX_SEQ)],
+        tree_size: int | None = Parameter(default=None, ge=1, le=MAX_SEQ),
     ) -> dict[str, Any]:
         return await _read(ledger.inclusion_proof, principal.tenant, seq, tree_size)
 
-    @get("/proofs/consistency", summary="Merkle consistency proof between two tree sizes")
+    @get(
+        "/proofs/consistency",
+        summary="Merkle consistency proof between two tree sizes",
+        responses=documented(),
+    )
     async def consistency_proof(
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
-        first: int = Parameter(ge=1),
-        second: int = Parameter(ge=1),
+        first: int = Parameter(ge=1, le=MAX_SEQ),
+        second: int = Parameter(ge=1, le=MAX_SEQ),
     ) -> dict[str, Any]:
         return await _read(ledger.consistency_proof, principal.tenant, first, second)
 
-    @post("/verify", status_code=200, summary="Verify a seq range of this chain")
+    @post(
+        "/verify",
+        status_code=200,
+        summary="Verify a seq range of this chain",
+        responses=documented(),
+    )
     async def verify(
         self,
         principal: NamedDependency[ApiKey],
@@ -160,10 +208,21 @@ class AuditController(Controller):
         data: JSONBody[VerifyRequest | None] = None,
     ) -> dict[str, Any]:
         data = data or VerifyRequest()
+        for name in ("from_seq", "to_seq"):  # a range must lie inside the chain
+            seq = getattr(data, name)
+            if seq is not None and await _read(ledger.get_by_seq, principal.tenant, seq) is None:
+                raise APIError(400, f"{name} {seq} is beyond this chain's head", param=name)
+        if data.from_seq and data.to_seq and data.from_seq > data.to_seq:
+            raise APIError(400, "from_seq must not be after to_seq", param="from_seq")
         report = await _read(ledger.verify, principal.tenant, data.from_seq, data.to_seq)
-        return _report(report)
+        return report.to_json_obj()
 
-    @post("/replay/{receipt_id:str}", status_code=200, summary="Re-run a receipt's request")
+    @post(
+        "/replay/{receipt_id:str}",
+        status_code=200,
+        summary="Re-run a receipt's request",
+        responses=documented(409, 422),
+    )
     async def replay_receipt(
         self,
         principal: NamedDependency[ApiKey],
@@ -184,6 +243,7 @@ class AuditController(Controller):
         "/export",
         summary="Export this chain as a bundle that `callproof verify` checks offline",
         media_type="application/gzip",
+        responses=documented(),
     )
     async def export(
         self,

@@ -19,6 +19,9 @@ from gateway.apikeys import ApiKey, KeyStore, Role, hash_secret
 from gateway.errors import APIError
 
 
+BEARER = [{"apiKey": []}]  # OpenAPI security requirement of every authenticated controller
+
+
 class Authenticator:
     def __init__(self, store: KeyStore, ttl_s: float):
         self._store = store

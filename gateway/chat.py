@@ -11,8 +11,9 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
-from gateway.auth import require_role
+from gateway.auth import BEARER, require_role
 from gateway.completion import Completions, prepare, receipt_ref, usage_of
+from gateway.errors import documented
 from gateway.recording import finish_reason
 from gateway.schemas import (
     AssistantMessage,
@@ -33,6 +34,7 @@ class ChatController(Controller):
     path = "/v1/chat/completions"
     tags = ["chat"]
     dependencies = {"principal": Provide(require_role("agent"))}
+    security = BEARER
 
     @post(
         "",
@@ -44,6 +46,7 @@ class ChatController(Controller):
             "receipt is committed before any tool call leaves. With `stream: true` the body is "
             "`text/event-stream` of chat.completion.chunk objects ending in `data: [DONE]`."
         ),
+        responses=documented(422),
     )
     async def create(
         self,

@@ -13,8 +13,10 @@ from typing import Any
 
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.apikeys import KeyStoreUnavailable
+from gateway.schemas import ErrorBody
 from receipts.errors import LedgerUnavailable
 from runtime.errors import EngineError, RuntimeInputError, StructuredOutputInvalid
 
@@ -31,6 +33,17 @@ _TYPES = {
     422: "invalid_request_error",
     503: "service_unavailable_error",
 }
+
+
+def documented(*extra: int) -> dict[int, ResponseSpec]:
+    """OpenAPI entries for the error statuses an authenticated route can answer with."""
+    statuses = sorted({400, 401, 403, 404, 413, 503, *extra})
+    return {
+        status: ResponseSpec(
+            data_container=ErrorBody, description=HTTPStatus(status).phrase, generate_examples=False
+        )
+        for status in statuses
+    }
 
 
 class APIError(Exception):

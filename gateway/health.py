@@ -6,9 +6,11 @@ import asyncio
 
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
+from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.completion import Completions
 from gateway.metrics import Metrics
+from gateway.schemas import Readiness
 from receipts.errors import LedgerUnavailable
 
 
@@ -20,10 +22,12 @@ class HealthController(Controller):
     async def healthz(self) -> dict[str, str]:
         return {"status": "ok"}
 
-    @get("/readyz", summary="Readiness: engine loaded and database reachable (else 503)")
-    async def readyz(
-        self, completions: NamedDependency[Completions]
-    ) -> Response[dict[str, object]]:
+    @get(
+        "/readyz",
+        summary="Readiness: engine loaded and database reachable (else 503)",
+        responses={503: ResponseSpec(data_container=Readiness, description="Not ready")},
+    )
+    async def readyz(self, completions: NamedDependency[Completions]) -> Response[Readiness]:
         try:
             engine_ready = await completions.engine.ready()
         except Exception:  # noqa: BLE001 - an engine that cannot answer is not ready
@@ -34,11 +38,7 @@ class HealthController(Controller):
         except LedgerUnavailable:
             database = False
         ready = engine_ready and database
-        body = {
-            "status": "ready" if ready else "not ready",
-            "engine": engine_ready,
-            "database": database,
-        }
+        body = Readiness("ready" if ready else "not ready", engine_ready, database)
         return Response(body, status_code=200 if ready else 503)
 
     @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")

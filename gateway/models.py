@@ -6,8 +6,9 @@ from litestar import Controller, get
 from litestar.di import NamedDependency, Provide
 
 from gateway.apikeys import ApiKey
-from gateway.auth import require_role
+from gateway.auth import BEARER, require_role
 from gateway.completion import Completions
+from gateway.errors import documented
 from gateway.schemas import ModelCard, ModelList
 
 
@@ -15,8 +16,9 @@ class ModelsController(Controller):
     path = "/v1/models"
     tags = ["models"]
     dependencies = {"principal": Provide(require_role("agent"))}
+    security = BEARER
 
-    @get("", summary="List the served models")
+    @get("", summary="List the served models", responses=documented())
     async def list_models(
         self, principal: NamedDependency[ApiKey], completions: NamedDependency[Completions]
     ) -> ModelList:

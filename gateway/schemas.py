@@ -12,6 +12,22 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+# --- errors ---------------------------------------------------------------------------------
+
+
+class ErrorDetail(Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(Struct):
+    """OpenAI's error shape; structured_output_invalid adds schema, raw_output and pointer."""
+
+    error: ErrorDetail
+
+
 # --- chat completion request --------------------------------------------------------------
 
 
@@ -102,7 +118,7 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
     n: PositiveInt | None = None
     stream: bool = False
@@ -227,9 +243,12 @@ class CallRecord(Struct):
     answered_by: list[dict[str, Any]]
 
 
+Seq = Annotated[int, Meta(ge=1, le=2**53)]
+
+
 class VerifyRequest(Struct, forbid_unknown_fields=True):
-    from_seq: PositiveInt | None = None
-    to_seq: PositiveInt | None = None
+    from_seq: Seq | None = None
+    to_seq: Seq | None = None
 
 
 class ReplayRequest(Struct, forbid_unknown_fields=True):
@@ -244,6 +263,12 @@ class ReplayReport(Struct):
     recorded: dict[str, Any]
     replayed: dict[str, Any]
     diff: list[str]
+
+
+class Readiness(Struct):
+    status: Literal["ready", "not ready"]
+    engine: bool
+    database: bool
 
 
 class KeyCreate(Struct, forbid_unknown_fields=True):

@@ -1,0 +1,162 @@
+"""The audit API: tenant-scoped reads, proofs, verification, replay and the offline bundle."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from receipts.canonical import hash_json
+from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
+from receipts.signing import KeyRing
+
+pytestmark = pytest.mark.model
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "set_alarm",
+        "description": "Set an alarm",
+        "parameters": {
+            "type": "object",
+            "properties": {"hour": {"type": "integer", "enum": [6, 7, 8]}},
+            "required": ["hour"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def audited(gateway: Any) -> dict[str, Any]:
+    """A greedy tool call and a later call of the same tenant, receipted by the gateway."""
+    client = gateway.openai()
+    first = client.chat.completions.create(
+        model=gateway.model, temperature=0, tools=[TOOL], tool_choice="required",
+        parallel_tool_calls=False, messages=[{"role": "user", "content": "Wake me at 7."}],
+    )
+    second = client.chat.completions.create(
+        model=gateway.model, temperature=0, max_tokens=6, extra_body={"regex": "(ok|no)"},
+        messages=[{"role": "user", "content": "Reply ok."}],
+    )
+    return {
+        "receipt": first.model_extra["receipt"],
+        "call": first.choices[0].message.tool_calls[0],
+        "later": second.model_extra["receipt"],
+    }
+
+
+def get_json(gateway: Any, path: str, role: str = "auditor", **params: Any) -> Any:
+    with gateway.http(role) as client:
+        response = client.get(path, params=params)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_list_filter_and_paginate(gateway: Any, audited: dict[str, Any]) -> None:
+    rid = audited["receipt"]["id"]
+    by_tool = get_json(gateway, "/audit/receipts", tool_name="set_alarm")
+    assert rid in [r["id"] for r in by_tool["items"]]
+    assert all(
+        any(c["name"] == "set_alarm" for c in r["output"]["tool_calls"]) for r in by_tool["items"]
+    )
+    by_call = get_json(gateway, "/audit/receipts", call_id=audited["call"].id)
+    assert [r["id"] for r in by_call["items"]] == [rid]
+    assert get_json(gateway, "/audit/receipts", model=gateway.model)["items"]
+    schema_hash = get_json(gateway, f"/audit/receipts/{rid}")["manifest"]["schema_hash"]
+    assert rid in [
+        r["id"] for r in get_json(gateway, "/audit/receipts", schema_hash=schema_hash)["items"]
+    ]
+    seqs, cursor = [], None
+    while True:
+        page = get_json(gateway, "/audit/receipts", limit=2, **({"cursor": cursor} if cursor else {}))
+        seqs += [r["seq"] for r in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 2
+
+
+def test_receipt_call_and_schema(gateway: Any, audited: dict[str, Any]) -> None:
+    receipt = get_json(gateway, f"/audit/receipts/{audited['receipt']['id']}")
+    assert receipt["entry_hash"] == audited["receipt"]["entry_hash"]
+    assert receipt["tenant"] == gateway.tenant
+    call = get_json(gateway, f"/audit/calls/{audited['call'].id}")
+    assert call["receipt"]["id"] == receipt["id"]
+    schema = get_json(gateway, f"/audit/schemas/{receipt['manifest']['schema_hash']}")
+    assert hash_json(schema) == receipt["manifest"]["schema_hash"]
+
+
+def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> None:
+    keys = get_json(gateway, "/audit/keys")
+    ring = KeyRing.from_public_keys(keys)
+    assert gateway.signer.key_id in ring
+    with gateway.http("auditor") as client:
+        checkpoint = client.post("/audit/checkpoints").json()
+    assert checkpoint == get_json(gateway, "/audit/checkpoints/latest")
+    size = checkpoint["tree_size"]
+    seq = audited["receipt"]["seq"]
+    inclusion = get_json(gateway, f"/audit/proofs/inclusion/{seq}", tree_size=size)
+    verify_inclusion(  # raises ProofError unless the proof leads to the signed root
+        leaf_hash(bytes.fromhex(audited["receipt"]["entry_hash"])), seq - 1, size,
+        [bytes.fromhex(h) for h in inclusion["proof"]], bytes.fromhex(checkpoint["root_hash"]),
+    )
+    consistency = get_json(gateway, "/audit/proofs/consistency", first=seq, second=size)
+    verify_consistency(
+        seq, size, [bytes.fromhex(h) for h in consistency["proof"]],
+        bytes.fromhex(consistency["root1"]), bytes.fromhex(checkpoint["root_hash"]),
+    )
+    with gateway.http("auditor") as client:
+        bad = client.get("/audit/proofs/consistency", params={"first": size + 5, "second": size})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_value"
+
+
+def test_verify_a_range(gateway: Any, audited: dict[str, Any]) -> None:
+    with gateway.http("auditor") as client:
+        report = client.post("/audit/verify", json={"from_seq": 1}).json()
+    assert report["ok"] is True and report["checked"] >= 2, report
+
+
+def test_replay_of_a_greedy_receipt_matches(gateway: Any, audited: dict[str, Any]) -> None:
+    with gateway.http("auditor") as client:
+        response = client.post(f"/audit/replay/{audited['receipt']['id']}", json={})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["match"] is True, report["diff"]
+    assert report["replayed"]["tool_calls"] == report["recorded"]["tool_calls"]
+
+
+def test_exported_bundle_verifies_offline(
+    gateway: Any, audited: dict[str, Any], tmp_path: Path
+) -> None:
+    bundle = tmp_path / "bundle.tar.gz"
+    with gateway.http("auditor") as client, client.stream("GET", "/audit/export") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("application/gzip")
+        with bundle.open("wb") as out:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+    pem = tmp_path / "key.pem"
+    pem.write_text(gateway.signer.public_key_pem())
+    verified = subprocess.run(
+        [sys.executable, "-m", "callproof", "verify", str(bundle), "--public-key", str(pem)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+def test_other_tenants_and_other_roles_see_nothing(gateway: Any, audited: dict[str, Any]) -> None:
+    rid, call_id = audited["receipt"]["id"], audited["call"].id
+    with gateway.http("other_auditor") as other:
+        assert other.get(f"/audit/receipts/{rid}").status_code == 404
+        assert other.get(f"/audit/calls/{call_id}").status_code == 404
+        assert other.get("/audit/receipts").json()["items"] == []
+        assert other.post(f"/audit/replay/{rid}", json={}).status_code == 404
+    with gateway.http("agent") as agent:
+        for path in (f"/audit/receipts/{rid}", "/audit/receipts", "/audit/export"):
+            response = agent.get(path)
+            assert response.status_code == 403, path
+            assert response.json()["error"]["code"] == "wrong_role"
