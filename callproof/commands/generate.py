@@ -53,8 +53,10 @@ def _handle(args: argparse.Namespace) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     except StructuredOutputInvalid as exc:
-        print(f"{PROG}: {exc.message} (at {exc.pointer or '/'}); raw output: {exc.raw_output!r}",
-              file=sys.stderr)
+        print(
+            f"{PROG}: {exc.message} (at {exc.pointer or '/'}); raw output: {exc.raw_output!r}",
+            file=sys.stderr,
+        )
         return 1
     except RuntimeInputError as exc:
         where = f" ({exc.param})" if exc.param else ""
@@ -98,9 +100,7 @@ def _run(args: argparse.Namespace, chat: Any) -> int:
     plan = plan_chat(chat)  # before loading the model: bad input fails in milliseconds
     if plan.constraint is not None:
         validate_constraint(plan.constraint)
-    sampling = Sampling(
-        temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed
-    )
+    sampling = Sampling(temperature=args.temperature, max_tokens=args.max_tokens, seed=args.seed)
     engine = EmbeddedEngine.load(args.model)
     plan = plan_chat(dataclasses.replace(chat, model=engine.identity.model))
 
@@ -115,17 +115,23 @@ def _run(args: argparse.Namespace, chat: Any) -> int:
     if not args.json:
         print(parsed.content if parsed.kind != "tool_calls" else generation.text)
         return 0
-    print(json.dumps({
-        "text": generation.text,
-        "answer": parsed.answer,
-        "parsed": parsed.parsed,
-        "tool_calls": [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in parsed.tool_calls
-        ],
-        "backend": generation.backend,
-        "finish_reason": generation.finish_reason,
-        "fallback": generation.fallback,
-    }, ensure_ascii=False))
+    print(
+        json.dumps(
+            {
+                "text": generation.text,
+                "answer": parsed.answer,
+                "parsed": parsed.parsed,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments}
+                    for c in parsed.tool_calls
+                ],
+                "backend": generation.backend,
+                "finish_reason": generation.finish_reason,
+                "fallback": generation.fallback,
+            },
+            ensure_ascii=False,
+        )
+    )
     return 0
 
 

@@ -108,7 +108,6 @@ class EmbeddedEngine:
         """Load the model and tokenizer and set up the grammar backends (blocking, seconds)."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
-
         from transformers.utils import logging as hf_logging
 
         source = resolve_model(model_path, gguf_file)
@@ -116,9 +115,11 @@ class EmbeddedEngine:
         hf_logging.disable_progress_bar()  # bars on stderr would garble CLI and JSON logs
         kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            source.directory, dtype=torch.float32, **kwargs
-        ).to(device).eval()
+        model = (
+            AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32, **kwargs)
+            .to(device)
+            .eval()
+        )
         chain = BackendChain(tokenizer, backends)
         digests = model_digests(source.digest_path)
         identity = EngineIdentity(
@@ -234,12 +235,13 @@ class EmbeddedEngine:
         cancelled = threading.Event()
 
         def emit(item: str | Generation | BaseException) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            if not cancelled.is_set():  # nobody listens any more (its loop may be closed)
+                loop.call_soon_threadsafe(queue.put_nowait, item)
 
         def work() -> None:
             try:
                 emit(self._decode(prompt, grammar, sampling, emit, cancelled))
-            except BaseException as exc:  # delivered to the awaiting coroutine
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the awaiting coroutine
                 emit(exc)
 
         self._worker.submit(work)
@@ -267,7 +269,9 @@ class EmbeddedEngine:
         from transformers import DynamicCache
 
         processor = (
-            ConstrainedLogitsProcessor(grammar.matcher(), self.tokenizer, eos_token_ids=self._eos_ids)
+            ConstrainedLogitsProcessor(
+                grammar.matcher(), self.tokenizer, eos_token_ids=self._eos_ids
+            )
             if grammar is not None
             else None
         )
