@@ -1,0 +1,148 @@
+"""What VllmEngine sends, without a server: the request body and the structured-outputs field
+for every constraint kind and enforcement mode. Structural tags are also compiled by xgrammar
+(the library vLLM hands them to), so a tag vLLM would reject fails here first."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+import xgrammar
+
+from runtime.constraint import Constraint
+from runtime.engines.base import ChatMessage, Sampling
+from runtime.engines.vllm import VllmEngine, structured_outputs, tool_call_tags
+from runtime.thinking import Enforcement
+from runtime.tools import parse_tools_field, union_schema
+
+TOOLS = parse_tools_field(
+    [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"$ref": "#/$defs/city"}},
+                    "required": ["city"],
+                    "$defs": {"city": {"type": "string", "enum": ["Paris", "Lima"]}},
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "get_time",
+                "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
+            },
+        },
+    ]
+)
+
+
+def union(choice: Any = "auto", parallel: bool = False) -> Constraint:
+    return Constraint.json_schema(union_schema(TOOLS, choice, None, parallel), kind="tools")
+
+
+def structural_tag(field: dict[str, Any]) -> dict[str, Any]:
+    tag = json.loads(field["structural_tag"])
+    xgrammar.Grammar.from_structural_tag(field["structural_tag"])  # vLLM would accept it
+    return tag
+
+
+def test_request_body_carries_messages_sampling_and_the_constraint() -> None:
+    engine = VllmEngine("http://vllm:8000/", "served-name")
+    sampling = Sampling(temperature=0.5, top_p=0.9, max_tokens=7, seed=3, stop=("\n",))
+    body = engine.request_body(
+        [ChatMessage("system", "s"), ChatMessage("user", "u")],
+        Constraint.regex("[a-z]+"),
+        sampling,
+        stream=True,
+    )
+    assert body == {
+        "model": "served-name",
+        "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "seed": 3,
+        "stop": ["\n"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "structured_outputs": {"regex": "[a-z]+"},
+    }
+    free = engine.request_body([ChatMessage("user", "u")], None, Sampling(), stream=False)
+    assert "structured_outputs" not in free and "seed" not in free and "stop" not in free
+
+
+@pytest.mark.parametrize(
+    "constraint, expected",
+    [
+        (Constraint.json_schema({"type": "integer"}), {"json": {"type": "integer"}}),
+        (Constraint.regex("a|b"), {"regex": "a|b"}),
+        (Constraint.ebnf('root ::= "x"'), {"grammar": 'root ::= "x"'}),
+    ],
+    ids=["json", "regex", "ebnf"],
+)
+def test_plain_constraints_use_vllms_fields(constraint: Constraint, expected: Any) -> None:
+    assert structured_outputs(constraint) == expected
+    assert structured_outputs(constraint, Enforcement(mode="always")) == expected
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_auto_on_a_thinking_model_is_one_triggered_tag_per_tool(parallel: bool) -> None:
+    tag = structural_tag(structured_outputs(union(parallel=parallel), Enforcement("triggered")))
+    fmt = tag["format"]
+    assert fmt["type"] == "triggered_tags" and fmt["triggers"] == ["<tool_call>"]
+    assert fmt["stop_after_first"] is not parallel and fmt["at_least_one"] is False
+    begins = [t["begin"] for t in fmt["tags"]]
+    assert begins == [
+        '<tool_call>\n{"name": "get_weather", "arguments": ',
+        '<tool_call>\n{"name": "get_time", "arguments": ',
+    ]
+    weather = fmt["tags"][0]["content"]["json_schema"]  # embedded $refs still resolve:
+    jsonschema.validate({"city": "Lima"}, weather)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"city": "Rome"}, weather)
+
+
+def test_llama_family_tags_carry_the_name_in_the_begin_tag() -> None:
+    llama = Enforcement("triggered", trigger_start="<function=", trigger_end="</function>")
+    tags = tool_call_tags(union().schema(), llama)
+    assert [(t["begin"], t["end"]) for t in tags] == [
+        ("<function=get_weather>", "</function>"),
+        ("<function=get_time>", "</function>"),
+    ]
+
+
+def test_named_choice_after_reasoning_is_free_thinking_then_the_union() -> None:
+    named = {"type": "function", "function": {"name": "get_time"}}
+    constraint = union(named)
+    tag = structural_tag(
+        structured_outputs(constraint, Enforcement("always", reasoning=True), think_budget=64)
+    )
+    thinking, answer = tag["format"]["elements"]
+    assert thinking == {
+        "type": "tag",
+        "begin": "<think>",
+        "content": {"type": "any_text", "max_tokens": 64},
+        "end": "</think>",
+    }
+    assert answer["type"] == "json_schema" and answer["json_schema"] == constraint.schema()
+
+
+def test_regex_after_reasoning_keeps_its_kind() -> None:
+    tag = structural_tag(
+        structured_outputs(Constraint.regex("[0-9]+"), Enforcement("always", reasoning=True))
+    )
+    assert tag["format"]["elements"][1] == {"type": "regex", "pattern": "[0-9]+"}
+    assert "max_tokens" not in tag["format"]["elements"][0]["content"]  # no budget: unbounded
+
+
+def test_triggered_needs_a_tool_union_with_calls() -> None:
+    with pytest.raises(ValueError, match="tool union"):
+        structured_outputs(Constraint.regex("x"), Enforcement("triggered"))
+    with pytest.raises(ValueError, match="no tool call"):
+        structured_outputs(union("none"), Enforcement("triggered"))
