@@ -221,15 +221,8 @@ class KeyRing:
     def __contains__(self, key_id: object) -> bool:
         return key_id in self._keys
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
     def key_ids(self) -> list[str]:
         return list(self._keys)
-
-    def public_key(self, key_id: str) -> Ed25519PublicKey | None:
-        entry = self._keys.get(key_id)
-        return entry.public_key if entry else None
 
     def allows(self, key_id: str, chain: str, seq: int) -> bool:
         """Known key, and seq inside its recorded ranges for the chain (if it has any)."""
