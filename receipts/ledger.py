@@ -44,7 +44,7 @@ from receipts import queries
 from receipts.bundle import write_bundle
 from receipts.canonical import canonical_json
 from receipts.chain import VerificationReport, seal, verify_receipts
-from receipts.checkpoint import make_checkpoint
+from receipts.checkpoint import checkpoint_problem, make_checkpoint
 from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
 from receipts.merkle import (
     CompactRange,
@@ -583,21 +583,20 @@ class Ledger:
     def _proof_target(
         self, conn: sa.Connection, tenant: str, tree_size: int | None
     ) -> tuple[dict[str, Any] | None, int]:
-        """The tree size a proof is made against and the signed checkpoint at that size."""
-        head = queries.chain_head(conn, tenant)
-        head_seq = head.head_seq if head else 0
+        """The tree size a proof is made against (default: the latest checkpoint's, else
+        the head) and the signed checkpoint at that size, if one was stored."""
         if tree_size is None:
             checkpoint = queries.latest_checkpoint(conn, tenant)
-            return checkpoint, checkpoint["tree_size"] if checkpoint else head_seq
-        if not 1 <= tree_size <= head_seq:
+            if checkpoint is not None:
+                return checkpoint, checkpoint["tree_size"]
+        head = queries.chain_head(conn, tenant)
+        head_seq = head.head_seq if head else 0
+        size = head_seq if tree_size is None else tree_size
+        if not 1 <= size <= head_seq:
             raise ReceiptFormatError(
-                f"tree size {tree_size} is outside chain {tenant!r} (1..{head_seq})"
+                f"tree size {size} is outside chain {tenant!r} (1..{head_seq})"
             )
-        checkpoint = queries.latest_checkpoint(conn, tenant, max_size=tree_size)
-        return (
-            checkpoint if checkpoint and checkpoint["tree_size"] == tree_size else None,
-            tree_size,
-        )
+        return queries.checkpoint_at(conn, tenant, size), size
 
     # ------------------------------------------------------------------ verification
 
@@ -615,8 +614,9 @@ class Ledger:
 
         Streams the rows through receipts.chain.verify_receipts (hashes, signatures, links,
         schema binding, Merkle root against a signed checkpoint) and also checks what only
-        the database can get wrong: indexed columns that disagree with the signed body, rows
-        beyond or missing before the chain's head. ``checkpoint`` is one the auditor saved
+        the database can get wrong: indexed columns that disagree with the signed body, every
+        stored checkpoint in the range (signature and root), rows beyond or missing before
+        the chain's head. ``checkpoint`` is one the auditor saved
         (default: the stored one); ``keyring`` pins trusted keys (default: the keys the
         database lists, which an attacker with write access could extend).
         """
@@ -634,7 +634,12 @@ class Ledger:
             prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant, start - 1)
             if prev is None:
                 return _failure(start - 1, "receipt missing from the database", tenant)
-            rows = _CheckedRows(queries.stream_rows(conn, tenant, start, end))
+            rows = _CheckedRows(
+                queries.stream_rows(conn, tenant, start, end),
+                CompactRange(start - 1, left or []),
+                queries.checkpoints(conn, tenant, start, end),
+                keyring,
+            )
             schema_cache: dict[str, dict[str, Any] | None] = {}
             report = verify_receipts(
                 rows,
@@ -786,7 +791,8 @@ def _consecutive(rows: Iterator[sa.Row], first: int) -> Iterator[dict[str, Any]]
 
 class _CheckedRows:
     """Receipt rows -> JSON objects for the chain verifier, stopping at the first row whose
-    indexed columns disagree with its signed body (a query could be steered by such a row)."""
+    indexed columns disagree with its signed body (a query could be steered by such a row)
+    or that completes a tree whose stored checkpoint is forged or does not match."""
 
     COLUMNS = (
         "id",
@@ -801,8 +807,17 @@ class _CheckedRows:
         "finish_reason",
     )
 
-    def __init__(self, rows: Iterator[sa.Row]) -> None:
+    def __init__(
+        self,
+        rows: Iterator[sa.Row],
+        tree: CompactRange,
+        checkpoints: Mapping[int, Mapping[str, Any]],
+        keyring: KeyRing,
+    ) -> None:
         self._rows = rows
+        self._tree = tree  # over the entry hashes read so far, for the stored checkpoints
+        self._checkpoints = checkpoints
+        self._keyring = keyring
         self.seen = 0
         self.problem: tuple[int, str] | None = None
 
@@ -822,6 +837,17 @@ class _CheckedRows:
                 return
             self.seen += 1
             yield obj
+            self._tree.append(leaf_hash(bytes.fromhex(row.entry_hash)))
+            stored = self._checkpoints.get(self._tree.size)
+            if stored is not None and (reason := self._checkpoint_problem(stored)):
+                self.problem = (row.seq, reason)
+                return
+
+    def _checkpoint_problem(self, stored: Mapping[str, Any]) -> str | None:
+        reason = checkpoint_problem(stored, self._keyring)
+        if reason is None and stored["root_hash"] != self._tree.root().hex():
+            reason = "Merkle root of the receipts does not match the stored checkpoint"
+        return reason and f"stored checkpoint at tree size {self._tree.size}: {reason}"
 
     def _mismatch(self, row: sa.Row, obj: dict[str, Any]) -> str | None:
         for column in self.COLUMNS:

@@ -211,6 +211,22 @@ def latest_checkpoint(
     return json.loads(body) if body is not None else None
 
 
+def checkpoints(
+    conn: sa.Connection, tenant: str, first_size: int, last_size: int
+) -> dict[int, dict[str, Any]]:
+    """The chain's stored checkpoints of sizes first_size..last_size, by size."""
+    c = CheckpointRow.__table__.c
+    stmt = sa.select(c.body).where(c.chain == tenant, c.tree_size.between(first_size, last_size))
+    return {cp["tree_size"]: cp for cp in map(json.loads, conn.scalars(stmt))}
+
+
+def checkpoint_at(conn: sa.Connection, tenant: str, size: int) -> dict[str, Any] | None:
+    """The stored checkpoint of exactly ``size`` receipts, if any."""
+    c = CheckpointRow.__table__.c
+    body = conn.scalar(sa.select(c.body).where(c.chain == tenant, c.tree_size == size))
+    return json.loads(body) if body is not None else None
+
+
 def checkpoint_at_least(conn: sa.Connection, tenant: str, size: int) -> dict[str, Any] | None:
     """The smallest stored checkpoint covering at least ``size`` receipts."""
     c = CheckpointRow.__table__.c

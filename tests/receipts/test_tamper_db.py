@@ -41,7 +41,9 @@ def pristine(
     migrated(url)
     signer = Signer.generate()
     with ledger(url, signer, checkpoint_every=10_000) as led:
-        fill(led, N)
+        fill(led, N // 2)
+        led.checkpoint_now(T)
+        fill(led, N - N // 2)
         saved = led.checkpoint_now(T)
         assert led.verify(T).ok
     return url, signer, saved
@@ -269,6 +271,21 @@ def test_truncated_tail(chain, tmp_path: Path) -> None:
         assert led.verify(T).ok  # nothing left in the database to compare with...
         report = led.verify(T, checkpoint=saved)  # ...but the auditor kept a checkpoint
     assert report.first_failure_seq == 21 and "truncated" in report.reason
+
+
+def test_edited_old_checkpoint(chain) -> None:
+    """A stored checkpoint below the latest, rewritten: named at the seq it covers up to."""
+    url, _, _ = chain
+    with attacker(url) as conn:
+        conn.execute(
+            sa.text("UPDATE checkpoints SET body = replace(body, root_hash, :r) WHERE chain = :c"
+                    " AND tree_size = :s"),
+            {"r": "0" * 64, "c": T, "s": N // 2},
+        )  # fmt: skip
+    with Ledger.open(url, None) as led:
+        report = led.verify(T)
+    assert report.first_failure_seq == N // 2
+    assert f"stored checkpoint at tree size {N // 2}: checkpoint signature" in report.reason
 
 
 def test_edited_schema(chain, tmp_path: Path) -> None:
