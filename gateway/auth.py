@@ -18,7 +18,6 @@ from litestar.di import NamedDependency
 from gateway.apikeys import ApiKey, KeyStore, Role, hash_secret
 from gateway.errors import APIError
 
-
 BEARER = [{"apiKey": []}]  # OpenAPI security requirement of every authenticated controller
 
 

@@ -102,7 +102,10 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
     if isinstance(exc, LedgerUnavailable | KeyStoreUnavailable):
         # Fail closed: nothing leaves without its committed receipt.
-        log.warning("database unavailable", extra={"event": "db_unavailable"})
+        log.warning(
+            "database unavailable",
+            extra={"event": "db_unavailable", "kind": type(exc).__name__, "detail": str(exc)},
+        )
         return 503, error_body(
             503,
             "the receipt ledger is unavailable; no output is returned without a committed receipt",

@@ -188,7 +188,9 @@ def gateway(
         "admin": keys.create("admin", "ops")[1],
     }
     url, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
-    yield Gateway(url, request.param, db_url, settings, gateway_engine, ledger, keys, signer, secrets)
+    yield Gateway(
+        url, request.param, db_url, settings, gateway_engine, ledger, keys, signer, secrets
+    )
     stop()
     ledger.close()
     keys.close()

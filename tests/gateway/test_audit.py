@@ -35,11 +35,18 @@ def audited(gateway: Any) -> dict[str, Any]:
     """A greedy tool call and a later call of the same tenant, receipted by the gateway."""
     client = gateway.openai()
     first = client.chat.completions.create(
-        model=gateway.model, temperature=0, tools=[TOOL], tool_choice="required",
-        parallel_tool_calls=False, messages=[{"role": "user", "content": "Wake me at 7."}],
+        model=gateway.model,
+        temperature=0,
+        tools=[TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "Wake me at 7."}],
     )
     second = client.chat.completions.create(
-        model=gateway.model, temperature=0, max_tokens=6, extra_body={"regex": "(ok|no)"},
+        model=gateway.model,
+        temperature=0,
+        max_tokens=6,
+        extra_body={"regex": "(ok|no)"},
         messages=[{"role": "user", "content": "Reply ok."}],
     )
     return {
@@ -72,7 +79,9 @@ def test_list_filter_and_paginate(gateway: Any, audited: dict[str, Any]) -> None
     ]
     seqs, cursor = [], None
     while True:
-        page = get_json(gateway, "/audit/receipts", limit=2, **({"cursor": cursor} if cursor else {}))
+        page = get_json(
+            gateway, "/audit/receipts", limit=2, **({"cursor": cursor} if cursor else {})
+        )
         seqs += [r["seq"] for r in page["items"]]
         cursor = page["next_cursor"]
         if cursor is None:
@@ -101,13 +110,19 @@ def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> No
     seq = audited["receipt"]["seq"]
     inclusion = get_json(gateway, f"/audit/proofs/inclusion/{seq}", tree_size=size)
     verify_inclusion(  # raises ProofError unless the proof leads to the signed root
-        leaf_hash(bytes.fromhex(audited["receipt"]["entry_hash"])), seq - 1, size,
-        [bytes.fromhex(h) for h in inclusion["proof"]], bytes.fromhex(checkpoint["root_hash"]),
+        leaf_hash(bytes.fromhex(audited["receipt"]["entry_hash"])),
+        seq - 1,
+        size,
+        [bytes.fromhex(h) for h in inclusion["proof"]],
+        bytes.fromhex(checkpoint["root_hash"]),
     )
     consistency = get_json(gateway, "/audit/proofs/consistency", first=seq, second=size)
     verify_consistency(
-        seq, size, [bytes.fromhex(h) for h in consistency["proof"]],
-        bytes.fromhex(consistency["root1"]), bytes.fromhex(checkpoint["root_hash"]),
+        seq,
+        size,
+        [bytes.fromhex(h) for h in consistency["proof"]],
+        bytes.fromhex(consistency["root1"]),
+        bytes.fromhex(checkpoint["root_hash"]),
     )
     with gateway.http("auditor") as client:
         bad = client.get("/audit/proofs/consistency", params={"first": size + 5, "second": size})
@@ -143,7 +158,9 @@ def test_exported_bundle_verifies_offline(
     pem.write_text(gateway.signer.public_key_pem())
     verified = subprocess.run(
         [sys.executable, "-m", "callproof", "verify", str(bundle), "--public-key", str(pem)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
 

@@ -80,8 +80,12 @@ def create(gateway: Any, **params: Any) -> Any:
 
 def test_required_tool_call_is_receipted_before_it_returns(gateway: Any) -> None:
     raw = gateway.openai().chat.completions.with_raw_response.create(
-        model=gateway.model, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
-        parallel_tool_calls=False, temperature=0,
+        model=gateway.model,
+        messages=ASK_WEATHER,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
     )
     completion = raw.parse()
     choice = completion.choices[0]
@@ -92,7 +96,9 @@ def test_required_tool_call_is_receipted_before_it_returns(gateway: Any) -> None
     assert raw.headers["X-Callproof-Receipt"] == receipt["id"]
     stored = recorded(gateway, receipt["id"])
     assert (stored.seq, stored.entry_hash, stored.manifest_hash) == (
-        receipt["seq"], receipt["entry_hash"], receipt["manifest_hash"]
+        receipt["seq"],
+        receipt["entry_hash"],
+        receipt["manifest_hash"],
     )
     assert [c["id"] for c in stored.tool_calls] == [c.id for c in choice.message.tool_calls]
     assert stored.manifest["model"] == gateway.model
@@ -101,8 +107,11 @@ def test_required_tool_call_is_receipted_before_it_returns(gateway: Any) -> None
 
 def test_named_tool_choice_calls_exactly_that_tool(gateway: Any) -> None:
     completion = create(
-        gateway, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}},
-        parallel_tool_calls=False, messages=[{"role": "user", "content": "Time in Japan?"}],
+        gateway,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "Time in Japan?"}],
     )
     calls = completion.choices[0].message.tool_calls
     check_calls(calls)
@@ -111,7 +120,10 @@ def test_named_tool_choice_calls_exactly_that_tool(gateway: Any) -> None:
 
 def test_tool_choice_none_answers_without_calls(gateway: Any) -> None:
     completion = create(
-        gateway, tools=TOOLS, tool_choice="none", max_tokens=40,
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=40,
         messages=[{"role": "user", "content": "Say hello."}],
     )
     choice = completion.choices[0]
@@ -130,12 +142,19 @@ def test_tool_choice_auto_gives_a_valid_call_or_an_answer(gateway: Any) -> None:
         assert completion.choices[0].finish_reason == "tool_calls"
     else:
         assert isinstance(message.content, str)
-    assert recorded(gateway, receipt_of(completion)["id"]).output["kind"] in ("tool_calls", "answer")
+    assert recorded(gateway, receipt_of(completion)["id"]).output["kind"] in (
+        "tool_calls",
+        "answer",
+    )
 
 
 def test_parallel_tool_calls(gateway: Any) -> None:
     completion = create(
-        gateway, tools=TOOLS, tool_choice="required", parallel_tool_calls=True, max_tokens=96,
+        gateway,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=True,
+        max_tokens=96,
         messages=[{"role": "user", "content": "Weather in Paris and the time in UTC?"}],
     )
     calls = completion.choices[0].message.tool_calls
@@ -147,8 +166,12 @@ def test_parallel_tool_calls(gateway: Any) -> None:
 def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
     client = gateway.openai()
     with client.chat.completions.stream(
-        model=gateway.model, messages=ASK_WEATHER, tools=TOOLS, tool_choice="required",
-        parallel_tool_calls=False, temperature=0,
+        model=gateway.model,
+        messages=ASK_WEATHER,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
     ) as stream:
         chunks = [event.chunk for event in stream if event.type == "chunk"]
         final = stream.get_final_completion()
@@ -160,18 +183,25 @@ def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
     assert (delta.index, delta.type) == (0, "function") and CALL_ID.match(delta.id)
     receipt = chunks[-1].model_extra["receipt"]
     stored = recorded(gateway, receipt["id"])
-    assert [c["id"] for c in stored.tool_calls] == [c.id for c in final.choices[0].message.tool_calls]
+    assert [c["id"] for c in stored.tool_calls] == [
+        c.id for c in final.choices[0].message.tool_calls
+    ]
 
 
 def test_streamed_answer_with_usage_chunk(gateway: Any) -> None:
     stream = create(
-        gateway, stream=True, stream_options={"include_usage": True}, max_tokens=12,
+        gateway,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=12,
         messages=[{"role": "user", "content": "Count to five."}],
     )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
-    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
     assert finishes in (["stop"], ["length"])
     last = chunks[-1]
     assert last.choices == [] and last.usage.completion_tokens > 0
@@ -187,7 +217,10 @@ class CityFact(BaseModel):
 
 def test_parse_with_a_pydantic_response_format(gateway: Any) -> None:
     completion = gateway.openai().chat.completions.parse(
-        model=gateway.model, response_format=CityFact, temperature=0, max_tokens=40,
+        model=gateway.model,
+        response_format=CityFact,
+        temperature=0,
+        max_tokens=40,
         messages=[{"role": "user", "content": "Which country is Tokyo in?"}],
     )
     parsed = completion.choices[0].message.parsed
@@ -202,7 +235,11 @@ def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
     call = first.choices[0].message.tool_calls[0]
     check_calls([call])
     second = client.chat.completions.create(
-        model=gateway.model, temperature=0, max_tokens=40, tools=TOOLS, tool_choice="none",
+        model=gateway.model,
+        temperature=0,
+        max_tokens=40,
+        tools=TOOLS,
+        tool_choice="none",
         messages=[
             *ASK_WEATHER,
             first.choices[0].message.model_dump(exclude_none=True),
@@ -221,11 +258,22 @@ def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
 def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
     ghost = "call_" + "0" * 24
     completion = create(
-        gateway, tools=TOOLS, tool_choice="none", max_tokens=24,
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=24,
         messages=[
             *ASK_WEATHER,
-            {"role": "assistant", "tool_calls": [{"id": ghost, "type": "function",
-             "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {
+                        "id": ghost,
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    }
+                ],
+            },
             {"role": "tool", "tool_call_id": ghost, "content": "sunny"},
         ],
     )
@@ -235,7 +283,9 @@ def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
 
 def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
     by_regex = create(
-        gateway, messages=[{"role": "user", "content": "Is Paris in France?"}], max_tokens=8,
+        gateway,
+        messages=[{"role": "user", "content": "Is Paris in France?"}],
+        max_tokens=8,
         extra_body={"regex": "(yes|no)"},
     )
     assert by_regex.choices[0].message.content in ("yes", "no")
@@ -243,8 +293,9 @@ def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
     assert stored.manifest["constraint_kind"] == "regex" and stored.manifest["schema_hash"] is None
     grammar = 'root ::= "Paris" | "Tokyo" | "Lima"'
     by_grammar = create(
-        gateway, messages=[{"role": "user", "content": "Name a city."}], max_tokens=8,
+        gateway,
+        messages=[{"role": "user", "content": "Name a city."}],
+        max_tokens=8,
         extra_body={"grammar": grammar},
     )
     assert by_grammar.choices[0].message.content in ("Paris", "Tokyo", "Lima")
-

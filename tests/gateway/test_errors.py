@@ -66,7 +66,10 @@ def test_conflicting_constraints_name_both(gateway: Any) -> None:
     err = error_of(
         post_chat(
             gateway,
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}},
+            },
             regex="[a-z]+",
         ),
         400,
@@ -115,7 +118,8 @@ def test_schema_too_deep(gateway: Any) -> None:
     deep = _deep_schema(gateway.settings.max_schema_depth)
     err = error_of(
         post_chat(
-            gateway, response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": deep}}
+            gateway,
+            response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": deep}},
         ),
         400,
     )
@@ -129,7 +133,10 @@ def test_schema_too_large(gateway: Any) -> None:
             gateway,
             response_format={
                 "type": "json_schema",
-                "json_schema": {"name": "big", "schema": {"type": "object", "properties": properties}},
+                "json_schema": {
+                    "name": "big",
+                    "schema": {"type": "object", "properties": properties},
+                },
             },
         ),
         400,
@@ -173,7 +180,8 @@ def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
     assert error_of(post_chat(gateway, role=None), 401)["code"] == "invalid_api_key"
     with gateway.http(None) as client:
         response = client.post(
-            "/v1/chat/completions", json={"model": gateway.model, "messages": HELLO},
+            "/v1/chat/completions",
+            json={"model": gateway.model, "messages": HELLO},
             headers={"Authorization": "Bearer cp_not_a_key"},
         )
     assert error_of(response, 401)["code"] == "invalid_api_key"

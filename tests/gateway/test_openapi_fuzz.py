@@ -46,7 +46,9 @@ def test_no_server_errors_and_responses_match_the_schema(gateway: Any, fuzz_url:
 
         @given(case=operation.as_strategy())
         @settings(
-            max_examples=12, deadline=None, database=None,
+            max_examples=12,
+            deadline=None,
+            database=None,
             suppress_health_check=list(HealthCheck),
         )
         def fuzz(case: Any) -> None:

@@ -1,0 +1,84 @@
+"""`callproof keys` and the zero-configuration first run of `callproof serve`, as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from callproof.devpg import free_port
+
+SECRET = re.compile(r"^cp_[0-9a-f]{48}$")
+
+
+def callproof(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "callproof", *args, "--data-dir", str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_keys_create_list_revoke(tmp_path: Path) -> None:
+    created = callproof(
+        "keys", "create", "--role", "auditor", "--tenant", "acme", data_dir=tmp_path
+    )
+    assert created.returncode == 0, created.stderr
+    secret = created.stdout.strip().splitlines()[-1]
+    assert SECRET.match(secret), created.stdout
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    listed = callproof("keys", "list", data_dir=tmp_path)
+    assert key_id in listed.stdout and "auditor" in listed.stdout and secret not in listed.stdout
+    revoked = callproof("keys", "revoke", key_id, data_dir=tmp_path)
+    assert revoked.returncode == 0 and "revoked" in revoked.stdout
+    missing = callproof("keys", "revoke", "key_nope", data_dir=tmp_path)
+    assert missing.returncode == 1 and "no API key" in missing.stderr
+    bad_role = callproof("keys", "create", "--role", "root", "--tenant", "x", data_dir=tmp_path)
+    assert bad_role.returncode == 2
+
+
+@pytest.mark.model
+def test_serve_first_run_creates_everything_it_needs(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "CALLPROOF_DATA_DIR": str(tmp_path / "data")}
+    env.pop("CALLPROOF_SIGNING_KEY", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "callproof", "serve", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = server.stdout.readline()
+            assert line, f"serve exited early: {lines}"
+            lines.append(line.strip())
+            if "listening on" in line:
+                break
+        admin_secret = next(line for line in lines if SECRET.match(line))
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        keys = httpx.get(url + "/admin/keys", headers={"Authorization": f"Bearer {admin_secret}"})
+        assert keys.status_code == 200 and keys.json()[0]["role"] == "admin"
+        data = tmp_path / "data"
+        assert (data / "ledger.db").exists()
+        assert (data / "signing-key.pem").stat().st_mode & 0o777 == 0o600
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)

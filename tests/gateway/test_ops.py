@@ -1,0 +1,154 @@
+"""Operations: health, readiness, metrics, the OpenAPI document, key management, and the
+ledger's database failing under a running gateway (503, nothing returned, then recovery)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import sqlalchemy as sa
+
+pytestmark = pytest.mark.model
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ping_host",
+        "parameters": {
+            "type": "object",
+            "properties": {"host": {"type": "string", "enum": ["alpha", "beta"]}},
+            "required": ["host"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_health_and_readiness(gateway: Any) -> None:
+    with gateway.http() as client:
+        assert client.get("/healthz").json() == {"status": "ok"}
+        ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {"status": "ready", "engine": True, "database": True}
+
+
+def test_metrics_in_prometheus_text(gateway: Any) -> None:
+    gateway.openai().models.list()
+    with gateway.http() as client:
+        response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert 'callproof_http_requests_total{method="GET",route="/v1/models",status="200"}' in text
+    assert "callproof_http_request_duration_seconds_bucket" in text
+    for name in (
+        "callproof_receipts_appended_total",
+        "callproof_receipt_append_duration_seconds_count",
+        "callproof_tokens_total",
+    ):
+        assert name in text
+
+
+def test_openapi_document_is_served(gateway: Any) -> None:
+    with gateway.http() as client:
+        document = client.get("/schema/openapi.json").json()
+    paths = document["paths"]
+    for path in (
+        "/v1/chat/completions",
+        "/v1/models",
+        "/audit/receipts",
+        "/audit/export",
+        "/audit/replay/{receipt_id}",
+        "/admin/keys",
+        "/readyz",
+    ):
+        assert path in paths, path
+    request = document["components"]["schemas"]["ChatCompletionRequest"]
+    assert request["additionalProperties"] is False
+    assert {"messages", "tools", "tool_choice", "regex", "grammar"} <= set(request["properties"])
+
+
+def test_admin_key_api_and_revocation(gateway: Any) -> None:
+    with gateway.http("admin") as admin:
+        created = admin.post("/admin/keys", json={"role": "agent", "tenant": "acme"})
+        assert created.status_code == 201, created.text
+        key = created.json()
+        assert key["secret"].startswith("cp_") and key["key"]["role"] == "agent"
+        listed = admin.get("/admin/keys").json()
+        assert key["key"]["id"] in [k["id"] for k in listed]
+        assert all("secret" not in k and "key_hash" not in k for k in listed)
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=key["secret"], max_retries=0)
+        assert client.models.list().data[0].id == gateway.model
+        revoked = admin.delete(f"/admin/keys/{key['key']['id']}")
+        assert revoked.status_code == 200 and revoked.json()["revoked_at"]
+        assert admin.delete("/admin/keys/key_missing").status_code == 404
+        bad = admin.post("/admin/keys", json={"role": "root", "tenant": "acme"})
+        assert bad.status_code == 400
+    time.sleep(gateway.settings.key_cache_ttl_s + 0.1)
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+
+
+# --------------------------------------------------------------------------- outage
+
+
+@contextmanager
+def sqlite_refuses_writes(db_url: str) -> Iterator[None]:
+    """The disk refuses the SQLite write-ahead log (immutable file): commits fail with an I/O
+    error, reads still work. Root bypasses permissions, not the immutable attribute."""
+    wal = Path(db_url.removeprefix("sqlite:///") + "-wal")
+    subprocess.run(["chattr", "+i", str(wal)], check=True)
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(wal)], check=True)
+
+
+@contextmanager
+def postgres_refuses_connections(db_url: str) -> Iterator[None]:
+    """The database stops accepting connections and its sessions are cut, as in a failover."""
+    name = db_url.rsplit("/", 1)[1]
+    admin = sa.create_engine(db_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+
+    def run(sql: str) -> None:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(sql)
+
+    run(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+    run(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+    try:
+        yield
+    finally:
+        run(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        admin.dispose()
+
+
+def call_tool(gateway: Any) -> Any:
+    return gateway.openai().chat.completions.create(
+        model=gateway.model,
+        temperature=0,
+        tools=[TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "Ping alpha."}],
+    )
+
+
+def test_ledger_outage_fails_closed_and_recovers_without_restart(gateway: Any) -> None:
+    first = call_tool(gateway)
+    outage = sqlite_refuses_writes if gateway.db_kind == "sqlite" else postgres_refuses_connections
+    gateway.openai().models.list()  # the agent key is cached: the append is what must fail
+    with outage(gateway.db_url):
+        with pytest.raises(openai.InternalServerError) as caught:
+            call_tool(gateway)
+        assert caught.value.status_code == 503
+        assert caught.value.body["code"] == "ledger_unavailable"
+    recovered = call_tool(gateway)
+    first_seq = first.model_extra["receipt"]["seq"]
+    assert recovered.model_extra["receipt"]["seq"] == first_seq + 1  # nothing was half-written
+    assert gateway.ledger.verify(gateway.tenant).ok
