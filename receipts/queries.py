@@ -1,6 +1,6 @@
 """Read side of the ledger: the audit queries, key and checkpoint listings, and the rows a
 verifier or a Merkle proof needs. Every function takes an open SQLAlchemy connection and
-turns stored canonical JSON back into receipts; none of them writes.
+turns stored receipt JSON back into receipts; none of them writes.
 """
 
 from __future__ import annotations
@@ -244,8 +244,6 @@ def stream_rows(
     tenant: str,
     from_seq: int = 1,
     to_seq: int | None = None,
-    since: str | None = None,
-    until: str | None = None,
 ) -> Iterator[sa.Row]:
     """Receipt rows of one chain in seq order, fetched in keyset-paginated chunks so a
     million-row chain streams in constant memory on both databases."""
@@ -255,10 +253,6 @@ def stream_rows(
         stmt = sa.select(ReceiptRow.__table__).where(r.chain == tenant, r.seq > after)
         if to_seq is not None:
             stmt = stmt.where(r.seq <= to_seq)
-        if since is not None:
-            stmt = stmt.where(r.created_at >= since)
-        if until is not None:
-            stmt = stmt.where(r.created_at < until)
         rows = conn.execute(stmt.order_by(r.seq).limit(STREAM_CHUNK)).all()
         yield from rows
         if len(rows) < STREAM_CHUNK:
