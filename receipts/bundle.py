@@ -50,6 +50,7 @@ MEMBER = re.compile(
     r"(bundle-manifest|checkpoint|proofs|keys)\.json|receipts\.jsonl"
     r"|keys/ed25519_[0-9a-f]{32}\.pem|schemas/[0-9a-f]{64}\.json"
 )
+DIRECTORIES = frozenset({"", ".", "keys", "schemas"})
 MAX_SMALL_FILE = 64 << 20  # metadata and schemas are small; refuse a decompression bomb
 CHUNK = 2000  # receipts per unit of work handed to a worker process
 PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
@@ -212,7 +213,9 @@ def _read_archive(path: Path) -> _Contents:
     try:
         with tarfile.open(path, mode="r|gz") as tar:
             for member in tar:
-                name = member.name
+                name = member.name.removeprefix("./")  # as `tar -C dir .` writes names
+                if member.isdir() and name.rstrip("/") in DIRECTORIES:
+                    continue  # a bundle unpacked and packed again carries its directories
                 if not member.isfile() or not MEMBER.fullmatch(name):
                     raise VerificationError(f"unexpected bundle member {name!r}")
                 if name in digests:

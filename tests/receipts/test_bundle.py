@@ -273,3 +273,16 @@ def test_writer_refuses_a_gap(tmp_path: Path, chain, signer) -> None:
     cp = make_checkpoint("acme", N, "00" * 32, signer)
     with pytest.raises(ReceiptFormatError, match="consecutive"):
         write_bundle(tmp_path / "x.tar.gz", [chain[0], chain[2]], SCHEMAS, keys_of(signer), cp)
+
+
+def test_a_bundle_unpacked_and_packed_again_still_verifies(
+    tmp_path: Path, bundle: Path, signer
+) -> None:
+    import subprocess
+
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "xzf", str(bundle), "-C", str(unpacked)], check=True)
+    repacked = tmp_path / "repacked.tar.gz"
+    subprocess.run(["tar", "czf", str(repacked), "-C", str(unpacked), "."], check=True)
+    assert verify_bundle(repacked, signer.public_key_pem()).ok
