@@ -78,8 +78,8 @@ def seal(
     }
     entry_hash = entry_hash_of(body)
     signature = signer.sign(bytes.fromhex(entry_hash))
-    # from_json_obj re-checks the shape (id, prev_hash, timestamps) before anything is signed
-    # into the ledger, so a malformed receipt is never committed.
+    # from_json_obj re-checks the whole shape (the caller's id and prev_hash, and draft dicts
+    # mutated since the draft was checked), so a malformed receipt never reaches the ledger.
     return Receipt.from_json_obj(
         {**body, "entry_hash": entry_hash, "signature": base64.b64encode(signature).decode()}
     )
