@@ -198,6 +198,23 @@ def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
         assert "unknown key" in report.reason
 
 
+def test_replicas_with_different_keys_interleave(fresh_sqlite_url: str) -> None:
+    """Two writers with their own keys on one chain: every switch of signer starts a range,
+    and each key may sign only inside its own ranges."""
+    migrated(fresh_sqlite_url)
+    a, b = Signer.generate(), Signer.generate()
+    with ledger(fresh_sqlite_url, a) as led_a, ledger(fresh_sqlite_url, b) as led_b:
+        for led in (led_a, led_b, led_a):
+            fill(led, 3)
+        ranges = {k["key_id"]: k["ranges"] for k in led_a.public_keys("acme")}
+        assert ranges[a.key_id] == [
+            {"chain": "acme", "first_seq": 1, "last_seq": 3},
+            {"chain": "acme", "first_seq": 7, "last_seq": None},
+        ]
+        assert ranges[b.key_id] == [{"chain": "acme", "first_seq": 4, "last_seq": 6}]
+        assert led_b.verify("acme").ok
+
+
 def test_duplicate_call_id_fails_alone(db_url: str) -> None:
     migrated(db_url)
     with ledger(db_url) as led:
