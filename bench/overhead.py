@@ -1,0 +1,223 @@
+"""The gateway's own cost per request: latency through the gateway minus latency of calling the
+upstream directly, in the same run, at concurrency 1 and 32, p50 and p99.
+
+    python -m bench.overhead [--requests 400] [--warmup 50]
+
+Setup (all on 127.0.0.1, all real): a throwaway Postgres cluster holds the ledger; an
+OpenAI-compatible upstream that answers at once (a tiny ASGI app in this file, serving a fixed
+tool call, run by uvicorn in its own process) stands in for vLLM; `callproof serve --engine
+vllm` runs in its own process in front of it, with an agent key made by `callproof keys`.
+Each request through the gateway is authenticated, validated, planned (tool union schema),
+forwarded, parsed, validated again, and its signed receipt committed to Postgres before the
+response leaves. The client sends the same OpenAI request body to both.
+
+The last line of output is one JSON object of figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from callproof.devpg import free_port, throwaway_postgres
+
+MODEL = "bench-upstream"
+TOOL_CALL = '{"tool":"get_weather","arguments":{"city":"Paris"}}'
+REQUEST = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ],
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+    "temperature": 0,
+    "max_tokens": 32,
+}
+
+
+# --------------------------------------------------------------------------- the upstream
+
+_COMPLETION = json.dumps(
+    {
+        "id": "chatcmpl-upstream",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": TOOL_CALL},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 14, "total_tokens": 54},
+    }
+).encode()
+_MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
+
+
+async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An OpenAI-compatible server that answers every chat completion at once."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    body = _MODELS if scope["path"] == "/v1/models" else _COMPLETION
+    await send(
+        {"type": "http.response.start", "status": 200,
+         "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+async def measure(url: str, headers: dict[str, str], requests: int, concurrency: int) -> list[float]:
+    """Latencies (ms) of `requests` POSTs of REQUEST issued by `concurrency` workers."""
+    latencies: list[float] = []
+    remaining = iter(range(requests))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(headers=headers, limits=limits, timeout=60) as client:
+
+        async def worker() -> None:
+            for _ in remaining:
+                started = time.perf_counter()
+                response = await client.post(url, json=REQUEST)
+                latencies.append((time.perf_counter() - started) * 1000)
+                if response.status_code != 200:
+                    raise RuntimeError(f"{url} answered {response.status_code}: {response.text}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
+
+
+async def compare(direct: str, gateway: str, key: str, requests: int, warmup: int) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    auth = {"Authorization": f"Bearer {key}"}
+    for concurrency in (1, 32):
+        await measure(direct, {}, warmup, concurrency)
+        await measure(gateway, auth, warmup, concurrency)
+        base = await measure(direct, {}, requests, concurrency)
+        through = await measure(gateway, auth, requests, concurrency)
+        for q in (50, 99):
+            d, g = percentile(base, q), percentile(through, q)
+            figures[f"c{concurrency}_direct_p{q}_ms"] = round(d, 3)
+            figures[f"c{concurrency}_gateway_p{q}_ms"] = round(g, 3)
+            figures[f"c{concurrency}_overhead_p{q}_ms"] = round(g - d, 3)
+    return figures
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def callproof(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "callproof", *args], capture_output=True, text=True, check=True
+    )
+    return done.stdout
+
+
+def run(requests: int, warmup: int) -> dict[str, Any]:
+    up_port, gw_port = free_port(), free_port()
+    processes: list[subprocess.Popen[bytes]] = []
+    with throwaway_postgres() as db, tempfile.TemporaryDirectory() as data_dir:
+        try:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port",
+                     str(up_port), "--log-level", "warning", "--no-access-log"],
+                )
+            )
+            wait_ready(f"http://127.0.0.1:{up_port}/v1/models", processes[0])
+            location = ["--db", db, "--data-dir", data_dir]
+            key = callproof("keys", "create", "--role", "agent", "--tenant", "bench", *location)
+            key = key.strip().splitlines()[-1]
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "callproof", "serve", *location, "--port", str(gw_port),
+                     "--engine", "vllm", "--vllm-url", f"http://127.0.0.1:{up_port}",
+                     "--model", MODEL, "--log-level", "WARNING"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )
+            )
+            wait_ready(f"http://127.0.0.1:{gw_port}/readyz", processes[1])
+            figures = asyncio.run(
+                compare(
+                    f"http://127.0.0.1:{up_port}/v1/chat/completions",
+                    f"http://127.0.0.1:{gw_port}/v1/chat/completions",
+                    key, requests, warmup,
+                )
+            )
+        finally:
+            for process in processes:
+                process.terminate()
+                process.wait(30)
+        receipts = _count_receipts(db)
+    return {"requests_per_setting": requests, "receipts_committed": receipts, **figures}
+
+
+def _count_receipts(url: str) -> int:
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM receipts")).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="per concurrency and target")
+    parser.add_argument("--warmup", type=int, default=50)
+    args = parser.parse_args()
+    figures = run(args.requests, args.warmup)
+    for name, value in figures.items():
+        print(f"{name:>28}: {value}")
+    print(json.dumps(figures, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
