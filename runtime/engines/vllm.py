@@ -41,6 +41,7 @@ from runtime.engines.base import (
 )
 from runtime.errors import EngineError, EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
+from runtime.tools import union_calls
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
@@ -420,7 +421,7 @@ def tool_call_tags(union: dict[str, Any], enforcement: Enforcement) -> list[dict
     """
     defs = union.get("$defs", {})
     tags = []
-    for name, arguments in _tool_branches(union):
+    for name, arguments in union_calls(union):
         if defs:
             arguments = {**arguments, "$defs": defs}
         content = _tag_content(Constraint.json_schema(arguments))
@@ -437,20 +438,6 @@ def tool_call_tags(union: dict[str, Any], enforcement: Enforcement) -> list[dict
 
 def _allows_parallel(union: dict[str, Any]) -> bool:
     return any("tool_calls" in b.get("properties", {}) for b in union.get("anyOf", [union]))
-
-
-def _tool_branches(union: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """(tool name, arguments schema) of each single-call branch of runtime.tools.union_schema."""
-    defs = union.get("$defs", {})
-    out = []
-    for branch in union.get("anyOf", [union]):
-        ref = branch.get("$ref", "")
-        if ref.startswith("#/$defs/"):
-            branch = defs[ref.removeprefix("#/$defs/")]
-        props = branch.get("properties", {})
-        if "tool" in props and "arguments" in props:
-            out.append((props["tool"]["const"], props["arguments"]))
-    return out
 
 
 __all__ = ["VllmEngine", "structured_outputs", "tool_call_tags"]
