@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,8 +87,11 @@ async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
         pass
     body = _MODELS if scope["path"] == "/v1/models" else _COMPLETION
     await send(
-        {"type": "http.response.start", "status": 200,
-         "headers": [(b"content-type", b"application/json")]}
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json")],
+        }
     )
     await send({"type": "http.response.body", "body": body})
 
@@ -95,7 +99,9 @@ async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
 # --------------------------------------------------------------------------- measuring
 
 
-async def measure(url: str, headers: dict[str, str], requests: int, concurrency: int) -> list[float]:
+async def measure(
+    url: str, headers: dict[str, str], requests: int, concurrency: int
+) -> list[float]:
     """Latencies (ms) of `requests` POSTs of REQUEST issued by `concurrency` workers."""
     latencies: list[float] = []
     remaining = iter(range(requests))
@@ -118,14 +124,38 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
 
 
-async def compare(direct: str, gateway: str, key: str, requests: int, warmup: int) -> dict[str, float]:
+async def append_seconds(metrics_url: str) -> tuple[float, float]:
+    """(sum, count) of the gateway's receipt-commit histogram, read from /metrics."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(metrics_url)).text
+    values = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("callproof_receipt_append_duration_seconds_")
+    }
+    return (
+        values["callproof_receipt_append_duration_seconds_sum"],
+        values["callproof_receipt_append_duration_seconds_count"],
+    )
+
+
+async def compare(
+    direct: str, gateway: str, metrics: str, key: str, requests: int, warmup: int
+) -> dict[str, float]:
+    """Overhead = gateway minus direct, per percentile; plus the mean time of the durable
+    receipt commit inside it (the part a faster disk, not faster code, would shrink)."""
     figures: dict[str, float] = {}
     auth = {"Authorization": f"Bearer {key}"}
     for concurrency in (1, 32):
         await measure(direct, {}, warmup, concurrency)
         await measure(gateway, auth, warmup, concurrency)
         base = await measure(direct, {}, requests, concurrency)
+        sum0, count0 = await append_seconds(metrics)
         through = await measure(gateway, auth, requests, concurrency)
+        sum1, count1 = await append_seconds(metrics)
+        figures[f"c{concurrency}_commit_mean_ms"] = round(
+            (sum1 - sum0) / (count1 - count0) * 1000, 3
+        )
         for q in (50, 99):
             d, g = percentile(base, q), percentile(through, q)
             figures[f"c{concurrency}_direct_p{q}_ms"] = round(d, 3)
@@ -165,8 +195,17 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
         try:
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port",
-                     str(up_port), "--log-level", "warning", "--no-access-log"],
+                    [
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "bench.overhead:upstream",
+                        "--port",
+                        str(up_port),
+                        "--log-level",
+                        "warning",
+                        "--no-access-log",
+                    ],
                 )
             )
             wait_ready(f"http://127.0.0.1:{up_port}/v1/models", processes[0])
@@ -175,10 +214,25 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
             key = key.strip().splitlines()[-1]
             processes.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "callproof", "serve", *location, "--port", str(gw_port),
-                     "--engine", "vllm", "--vllm-url", f"http://127.0.0.1:{up_port}",
-                     "--model", MODEL, "--log-level", "WARNING"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    [
+                        sys.executable,
+                        "-m",
+                        "callproof",
+                        "serve",
+                        *location,
+                        "--port",
+                        str(gw_port),
+                        "--engine",
+                        "vllm",
+                        "--vllm-url",
+                        f"http://127.0.0.1:{up_port}",
+                        "--model",
+                        MODEL,
+                        "--log-level",
+                        "WARNING",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                 )
             )
             wait_ready(f"http://127.0.0.1:{gw_port}/readyz", processes[1])
@@ -186,7 +240,10 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
                 compare(
                     f"http://127.0.0.1:{up_port}/v1/chat/completions",
                     f"http://127.0.0.1:{gw_port}/v1/chat/completions",
-                    key, requests, warmup,
+                    f"http://127.0.0.1:{gw_port}/metrics",
+                    key,
+                    requests,
+                    warmup,
                 )
             )
         finally:
@@ -194,7 +251,12 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
                 process.terminate()
                 process.wait(30)
         receipts = _count_receipts(db)
-    return {"requests_per_setting": requests, "receipts_committed": receipts, **figures}
+    return {
+        "requests_per_setting": requests,
+        "receipts_committed": receipts,
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        **figures,
+    }
 
 
 def _count_receipts(url: str) -> int:
