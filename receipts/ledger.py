@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -467,22 +467,11 @@ class Ledger:
 
     # ------------------------------------------------------------------ reads
 
-    @contextmanager
-    def _reading(self) -> Iterator[sa.Connection]:
-        """A read transaction; database failures surface as LedgerUnavailable."""
-        try:
-            with self._reader.begin() as conn:
-                yield conn
-        except SQLAlchemyError as exc:
-            raise LedgerUnavailable(f"the ledger database is unavailable: {_short(exc)}") from exc
+    def _reading(self) -> AbstractContextManager[sa.Connection]:
+        return _transaction(self._reader, "is unavailable")
 
-    @contextmanager
-    def _writing(self) -> Iterator[sa.Connection]:
-        try:
-            with self._writer.begin() as conn:
-                yield conn
-        except SQLAlchemyError as exc:
-            raise LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}") from exc
+    def _writing(self) -> AbstractContextManager[sa.Connection]:
+        return _transaction(self._writer, "could not commit")
 
     def query(self, q: ReceiptQuery) -> ReceiptPage:
         with self._reading() as conn:
@@ -771,6 +760,16 @@ class Ledger:
                 prev_entry_hash=prev,
                 proofs={"left": [h.hex() for h in left], "right": [h.hex() for h in right]},
             )
+
+
+@contextmanager
+def _transaction(engine: sa.Engine, failing: str) -> Iterator[sa.Connection]:
+    """A transaction whose database failures surface as LedgerUnavailable (fail closed)."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except SQLAlchemyError as exc:
+        raise LedgerUnavailable(f"the ledger database {failing}: {_short(exc)}") from exc
 
 
 def _consecutive(rows: Iterator[sa.Row], first: int) -> Iterator[dict[str, Any]]:
