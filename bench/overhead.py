@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -161,8 +162,15 @@ async def append_seconds(metrics_url: str) -> tuple[float, float]:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc): a figure the machine's load does
+    not change, unlike latencies on a shared 2-core box."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def compare(
-    direct: str, gateway: str, metrics: str, key: str, requests: int, warmup: int
+    direct: str, gateway: str, metrics: str, key: str, requests: int, warmup: int, pid: int
 ) -> dict[str, float]:
     """Overhead = gateway minus direct, per percentile; plus the mean time of the durable
     receipt commit inside it (the part a faster disk, not faster code, would shrink)."""
@@ -173,8 +181,13 @@ async def compare(
         await measure(gateway, auth, warmup, concurrency)
         base = await measure(direct, {}, requests, concurrency)
         sum0, count0 = await append_seconds(metrics)
+        cpu0 = cpu_seconds(pid)
         through = await measure(gateway, auth, requests, concurrency)
+        cpu1 = cpu_seconds(pid)
         sum1, count1 = await append_seconds(metrics)
+        figures[f"c{concurrency}_gateway_cpu_ms_per_request"] = round(
+            (cpu1 - cpu0) / requests * 1000, 3
+        )
         figures[f"c{concurrency}_commit_mean_ms"] = round(
             (sum1 - sum0) / (count1 - count0) * 1000, 3
         )
@@ -266,6 +279,7 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
                     key,
                     requests,
                     warmup,
+                    processes[1].pid,
                 )
             )
         finally:
