@@ -132,8 +132,12 @@ def tool_set(seed: int) -> list[dict[str, Any]]:
     ]
 
 
-def union_for(seed: int) -> dict[str, Any]:
+def union_of(tools: list[dict[str, Any]]) -> dict[str, Any]:
     """The tool-union schema the gateway would constrain to (tool_choice auto)."""
     from runtime.tools import parse_tools_field, union_schema
 
-    return union_schema(parse_tools_field(tool_set(seed)), tool_choice="auto")
+    return union_schema(parse_tools_field(tools), tool_choice="auto")
+
+
+def union_for(seed: int) -> dict[str, Any]:
+    return union_of(tool_set(seed))

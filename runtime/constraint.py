@@ -120,9 +120,9 @@ def is_gbnf(grammar: str) -> bool:
 
 def to_lark(grammar: str) -> str:
     """The grammar in Lark syntax: GBNF (``::=`` rules) is converted, Lark passes through."""
-    from llguidance.gbnf_to_lark import any_to_lark
+    from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
     try:
         return any_to_lark(grammar)
-    except Exception as exc:  # the converter raises plain exceptions on bad GBNF
+    except GbnfToLarkError as exc:
         raise ValueError(f"cannot read the GBNF grammar: {exc}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -50,15 +51,19 @@ class GrammarMatcher(ABC):
         """Back to the start state, so one matcher can serve several regions of a generation."""
 
 
-class CompiledGrammar(ABC):
-    """A compiled constraint, shareable across requests (the grammar cache stores these)."""
+class CompiledGrammar:
+    """A compiled constraint, shareable across requests (the grammar cache stores these):
+    the backend's compiled artefact lives in the ``new_matcher`` closure."""
 
-    backend: str
-    constraint: Constraint
+    def __init__(self, backend: str, constraint: Constraint,
+                 new_matcher: Callable[[], GrammarMatcher]):
+        self.backend = backend
+        self.constraint = constraint
+        self._new_matcher = new_matcher
 
-    @abstractmethod
     def matcher(self) -> GrammarMatcher:
         """A fresh matcher at the start state; cheap, called once per request."""
+        return self._new_matcher()
 
 
 class GrammarBackend(ABC):

@@ -43,17 +43,6 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._m.reset()
 
 
-class LLGuidanceGrammar(CompiledGrammar):
-    backend = "llguidance"
-
-    def __init__(self, constraint: Constraint, template: llguidance.LLMatcher):
-        self.constraint = constraint
-        self._template = template
-
-    def matcher(self) -> GrammarMatcher:
-        return LLGuidanceMatcher(self._template.deep_copy())
-
-
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 
@@ -73,7 +62,8 @@ class LLGuidanceBackend(GrammarBackend):
         template = llguidance.LLMatcher(self._lltok, grammar, log_level=0)
         if template.is_error():
             raise BackendCannotCompile(f"llguidance: {template.get_error()}")
-        return LLGuidanceGrammar(constraint, template)
+        return CompiledGrammar(self.name, constraint,
+                               lambda: LLGuidanceMatcher(template.deep_copy()))
 
     @staticmethod
     def _grammar(constraint: Constraint) -> str:

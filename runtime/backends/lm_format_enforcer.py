@@ -55,21 +55,6 @@ class LMFEMatcher(MaskReadingMatcher):
         return bool(self._enforcer.get_allowed_tokens(self._tokens).is_token_allowed(self._eos))
 
 
-class LMFEGrammar(CompiledGrammar):
-    backend = "lm-format-enforcer"
-
-    def __init__(self, constraint: Constraint, parser: CharacterLevelParser, data: Any,
-                 vocab_size: int, eos: int):
-        self.constraint = constraint
-        self._parser = parser
-        self._data = data
-        self._vocab_size = vocab_size
-        self._eos = eos
-
-    def matcher(self) -> LMFEMatcher:
-        return LMFEMatcher(self._data, self._parser, self._vocab_size, self._eos)
-
-
 class LMFormatEnforcerBackend(GrammarBackend):
     name = "lm-format-enforcer"
     kinds = frozenset({"json", "tools", "regex"})
@@ -85,10 +70,11 @@ class LMFormatEnforcerBackend(GrammarBackend):
                 parser: CharacterLevelParser = JsonSchemaParser(constraint.schema())
             else:
                 parser = RegexParser(constraint.source)
-        except Exception as exc:  # parsers raise assorted exceptions on unsupported input
+        except Exception as exc:  # noqa: BLE001 - its parsers raise bare Exception on unsupported input
             raise BackendCannotCompile(f"lm-format-enforcer: {str(exc)[:500]}") from None
-        return LMFEGrammar(constraint, parser, self._data, self.vocab_size,
-                           self.tokenizer.eos_token_id)
+        eos = self.tokenizer.eos_token_id
+        return CompiledGrammar(
+            self.name, constraint, lambda: LMFEMatcher(self._data, parser, self.vocab_size, eos))
 
 
 def _tokenizer_data(tokenizer: Any, vocab_size: int) -> TokenEnforcerTokenizerData:

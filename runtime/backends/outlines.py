@@ -53,19 +53,6 @@ class OutlinesMatcher(MaskReadingMatcher):
         self._guide.reset()
 
 
-class OutlinesGrammar(CompiledGrammar):
-    backend = "outlines"
-
-    def __init__(self, constraint: Constraint, index: Index, vocab_size: int, stop_ids: list[int]):
-        self.constraint = constraint
-        self._index = index
-        self._vocab_size = vocab_size
-        self._stop_ids = stop_ids
-
-    def matcher(self) -> OutlinesMatcher:
-        return OutlinesMatcher(self._index, self._vocab_size, self._stop_ids)
-
-
 class OutlinesBackend(GrammarBackend):
     name = "outlines"
     kinds = frozenset({"json", "tools", "regex"})
@@ -88,7 +75,8 @@ class OutlinesBackend(GrammarBackend):
             index = Index(regex, self._vocabulary)
         except (ValueError, TypeError) as exc:
             raise BackendCannotCompile(f"outlines: {str(exc)[:500]}") from None
-        return OutlinesGrammar(constraint, index, self.vocab_size, self._stop_ids)
+        return CompiledGrammar(
+            self.name, constraint, lambda: OutlinesMatcher(index, self.vocab_size, self._stop_ids))
 
 
 def _vocabulary(tokenizer: Any) -> Vocabulary:

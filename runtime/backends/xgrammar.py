@@ -17,7 +17,6 @@ import xgrammar as xgr
 from runtime.backends.base import (
     CompiledGrammar,
     GrammarBackend,
-    GrammarMatcher,
     MaskReadingMatcher,
 )
 from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
@@ -50,20 +49,6 @@ class XGrammarMatcher(MaskReadingMatcher):
         self._m.reset()
 
 
-class XGrammarGrammar(CompiledGrammar):
-    backend = "xgrammar"
-
-    def __init__(self, constraint: Constraint, compiled: xgr.CompiledGrammar, vocab_size: int,
-                 stop_ids: list[int]):
-        self.constraint = constraint
-        self._compiled = compiled
-        self._vocab_size = vocab_size
-        self._stop_ids = stop_ids
-
-    def matcher(self) -> GrammarMatcher:
-        return XGrammarMatcher(self._compiled, self._vocab_size, self._stop_ids)
-
-
 class XGrammarBackend(GrammarBackend):
     name = "xgrammar"
     unenforced = UNENFORCED
@@ -82,7 +67,9 @@ class XGrammarBackend(GrammarBackend):
             compiled = self._xgr_compile(constraint)
         except (RuntimeError, ValueError) as exc:
             raise BackendCannotCompile(f"xgrammar: {str(exc).strip()[:500]}") from None
-        return XGrammarGrammar(constraint, compiled, self.vocab_size, self._stop_ids)
+        return CompiledGrammar(
+            self.name, constraint,
+            lambda: XGrammarMatcher(compiled, self.vocab_size, self._stop_ids))
 
     def _xgr_compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         if constraint.is_json:

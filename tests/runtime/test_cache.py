@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import uuid
 
@@ -69,7 +70,7 @@ def test_fifty_coroutines_compile_a_new_schema_once(cache):
 
 def test_equivalent_spelling_shares_an_entry(cache):
     a = Constraint.json_schema({"type": "string", "maxLength": 3})
-    b = Constraint.json_schema(dict([("type", "string"), ("maxLength", 3)]))
+    b = Constraint.json_schema(json.loads('{ "type" : "string",\n  "maxLength" : 3 }'))
     assert cache.get(a) is cache.get(b)
     assert cache.stats()["json"]["compiles"] == 1
 
