@@ -1,0 +1,221 @@
+"""The embedded engine on the real SmolLM2: determinism (replay depends on it), streaming,
+stop strings, token budgets, fast typed errors, the one-at-a-time worker, and the post-hoc
+fallback when no grammar backend can take a JSON schema."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from embedded_model import run, shared_engine
+
+from runtime.backends.registry import BackendChain
+from runtime.cache import GrammarCache
+from runtime.constraint import Constraint
+from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
+from runtime.engines.embedded import EmbeddedEngine
+from runtime.errors import (
+    BackendCannotCompile,
+    EngineUnavailable,
+    InvalidRegex,
+    RuntimeInputError,
+    StructuredOutputInvalid,
+)
+from runtime.model_store import bundled_model_dir, model_digests
+
+pytestmark = pytest.mark.model
+
+FRANCE = [ChatMessage("user", "What is the capital of France?")]
+STORY = [ChatMessage("user", "Tell me a short story about a brave mouse.")]
+
+
+@pytest.fixture(scope="session")
+def engine() -> EmbeddedEngine:
+    return shared_engine()
+
+
+def sibling(engine: EmbeddedEngine, backends: str | None = None) -> EmbeddedEngine:
+    """Another engine over the same loaded weights (own worker and grammar cache)."""
+    return EmbeddedEngine(
+        engine.model,
+        engine.tokenizer,
+        engine.identity,
+        GrammarCache(BackendChain(engine.tokenizer, backends)),
+    )
+
+
+async def collect(engine: EmbeddedEngine, messages, constraint, sampling) -> list:
+    return [event async for event in engine.stream(messages, constraint, sampling)]
+
+
+def test_identity_binds_model_and_digests(engine: EmbeddedEngine) -> None:
+    digests = model_digests(bundled_model_dir())
+    identity = engine.identity
+    assert identity.model == "SmolLM2-135M-Instruct"
+    assert identity.engine == "embedded"
+    assert (identity.weights_digest, identity.tokenizer_digest) == (
+        digests.weights,
+        digests.tokenizer,
+    )
+    assert identity.backend == engine.grammars.chain.names[0]
+    assert run(engine.ready())
+
+
+def test_greedy_rerun_is_identical(engine: EmbeddedEngine) -> None:
+    sampling = Sampling(max_tokens=24)
+    first = run(engine.generate(STORY, None, sampling))
+    assert run(engine.generate(STORY, None, sampling)) == first
+    assert first.completion_tokens == 24 and first.finish_reason == "length"
+
+
+def test_seeded_sampling_rerun_is_identical(engine: EmbeddedEngine) -> None:
+    texts = {}
+    for seed in (7, 7, 8, 9):
+        sampling = Sampling(temperature=1.0, top_p=0.95, seed=seed, max_tokens=16)
+        text = run(engine.generate(STORY, None, sampling)).text
+        assert texts.setdefault(seed, text) == text
+    assert len(set(texts.values())) > 1  # the seed really drives the draws
+
+
+def test_constrained_greedy_rerun_is_identical(engine: EmbeddedEngine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    sampling = Sampling(max_tokens=24)
+    first = run(engine.generate(FRANCE, Constraint.json_schema(schema), sampling))
+    again = run(engine.generate(FRANCE, Constraint.json_schema(schema), sampling))
+    assert first == again and first.text.startswith('{"city":')
+
+
+def test_stream_deltas_join_to_the_generated_text(engine: EmbeddedEngine) -> None:
+    sampling = Sampling(max_tokens=20)
+    events = run(collect(engine, STORY, None, sampling))
+    deltas, final = events[:-1], events[-1]
+    assert isinstance(final, Generation) and all(isinstance(d, TextDelta) for d in deltas)
+    assert len(deltas) > 1  # incremental, not one chunk at the end
+    assert "".join(d.text for d in deltas) == final.text
+    assert final == run(engine.generate(STORY, None, sampling))
+
+
+def test_stop_string_truncates_and_is_never_streamed(engine: EmbeddedEngine) -> None:
+    full = run(engine.generate(FRANCE, None, Sampling(max_tokens=16))).text
+    assert "Paris" in full
+    sampling = Sampling(max_tokens=16, stop=("Paris", "nowhere"))
+    events = run(collect(engine, FRANCE, None, sampling))
+    final = events[-1]
+    assert final.text == full[: full.index("Paris")]
+    assert final.finish_reason == "stop"
+    assert "".join(e.text for e in events[:-1]) == final.text  # no "Par" leaked mid-stream
+
+
+def test_max_tokens_ends_with_length(engine: EmbeddedEngine) -> None:
+    result = run(engine.generate(STORY, None, Sampling(max_tokens=3)))
+    assert (result.completion_tokens, result.finish_reason) == (3, "length")
+    assert result.prompt_tokens > 10
+
+
+@pytest.mark.parametrize(
+    ("messages", "sampling", "param"),
+    [
+        (FRANCE, Sampling(max_tokens=0), "max_tokens"),
+        (FRANCE, Sampling(temperature=-1), "temperature"),
+        (FRANCE, Sampling(top_p=0), "top_p"),
+        (FRANCE, Sampling(max_tokens=9000), "max_tokens"),  # beyond the 8192-token context
+        ([], Sampling(), "messages"),
+    ],
+)
+def test_bad_requests_fail_fast_with_a_typed_error(
+    engine: EmbeddedEngine, messages, sampling: Sampling, param: str
+) -> None:
+    start = time.perf_counter()
+    with pytest.raises(RuntimeInputError) as info:
+        run(engine.generate(messages, None, sampling))
+    assert info.value.param == param
+    assert time.perf_counter() - start < 0.5
+
+
+def test_invalid_regex_is_a_typed_error(engine: EmbeddedEngine) -> None:
+    with pytest.raises(InvalidRegex):
+        run(engine.generate(FRANCE, Constraint.regex("a("), Sampling(max_tokens=4)))
+
+
+def test_concurrent_requests_queue_without_interfering(engine: EmbeddedEngine) -> None:
+    sampling = Sampling(max_tokens=8)
+    alone = [run(engine.generate(m, None, sampling)).text for m in (FRANCE, STORY)]
+
+    async def both() -> list[Generation]:
+        return await asyncio.gather(*(engine.generate(m, None, sampling) for m in (FRANCE, STORY)))
+
+    assert [g.text for g in run(both())] == alone
+
+
+def test_abandoned_stream_frees_the_worker(engine: EmbeddedEngine) -> None:
+    async def first_delta_only() -> str:
+        stream = engine.stream(STORY, None, Sampling(max_tokens=200))
+        async for event in stream:
+            await stream.aclose()
+            return event.text
+        raise AssertionError("no delta")
+
+    start = time.perf_counter()
+    assert run(first_delta_only())
+    follow_up = run(engine.generate(FRANCE, None, Sampling(max_tokens=4)))
+    assert follow_up.completion_tokens == 4
+    assert time.perf_counter() - start < 15  # the 200-token story was not decoded to the end
+
+
+def test_post_hoc_fallback_returns_only_validated_json(engine: EmbeddedEngine) -> None:
+    llguidance_only = sibling(engine, "llguidance")  # "not" is beyond llguidance
+    schema = {"type": "object", "not": {"required": ["b"]}}
+    ask = [ChatMessage("user", 'Output this JSON and nothing else: {"a": 1}')]
+    events = run(
+        collect(llguidance_only, ask, Constraint.json_schema(schema), Sampling(max_tokens=24))
+    )
+    final = events[-1]
+    assert final.text == '{"a":1}' and final.fallback == "post_hoc_retry:1"
+    assert final.backend == "none"
+    assert [e.text for e in events[:-1]] == [final.text]  # streamed only once it validated
+    run(llguidance_only.aclose())
+
+
+def test_post_hoc_fallback_failure_exposes_schema_output_and_pointer(
+    engine: EmbeddedEngine,
+) -> None:
+    llguidance_only = sibling(engine, "llguidance")
+    schema = {"type": "array", "uniqueItems": True}
+    constraint = Constraint.json_schema(schema)
+    with pytest.raises(StructuredOutputInvalid) as info:
+        run(
+            llguidance_only.generate(
+                [ChatMessage("user", "Is the sun a star?")], constraint, Sampling(max_tokens=16)
+            )
+        )
+    assert info.value.schema == schema
+    assert info.value.raw_output
+    assert isinstance(info.value.pointer, str)
+    run(llguidance_only.aclose())
+
+
+def test_no_fallback_for_a_regex_no_backend_compiles(engine: EmbeddedEngine) -> None:
+    llguidance_only = sibling(engine, "llguidance")
+    with pytest.raises(BackendCannotCompile):  # look-ahead: valid Python, beyond llguidance
+        run(llguidance_only.generate(FRANCE, Constraint.regex("(?=P)P[a-z]+"), Sampling()))
+    run(llguidance_only.aclose())
+
+
+def test_closed_engine_refuses_requests(engine: EmbeddedEngine) -> None:
+    closing = sibling(engine)
+    run(closing.aclose())
+    assert not run(closing.ready())
+    with pytest.raises(EngineUnavailable):
+        run(closing.generate(FRANCE, None, Sampling(max_tokens=2)))
+
+
+def test_loading_a_path_that_is_no_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable, match="neither an HF model directory nor a .gguf"):
+        EmbeddedEngine.load(tmp_path)
