@@ -3,10 +3,10 @@
 Fixtures are session-scoped and parametrized twice, so every test runs against each
 (engine, database) pair while the expensive parts happen once:
 
-- ``gateway_engine``: one loaded engine per entry of GATEWAY_ENGINES. To run the suite on
-  another engine, add an entry: a name and a factory ``(pytest.FixtureRequest) -> Engine``
-  (the factory may call ``request.getfixturevalue`` for a server it needs, and may register
-  ``request.addfinalizer`` for cleanup). The engine is closed by this fixture.
+- ``gateway_engine``: one loaded engine per entry of GATEWAY_ENGINES. To run the whole suite
+  on another engine, add one entry: a name, a factory ``(pytest.FixtureRequest) -> Engine``
+  (it may start a server and register ``request.addfinalizer`` to stop it) and the marks of
+  its tests (e.g. ``pytest.mark.vllm``). The engine is closed by this fixture.
 - ``gateway``: a migrated SQLite file or a new database on the session's Postgres cluster,
   API keys for two tenants, a ledger with a fresh signing key, and the app served by uvicorn
   on a free port. All servers run on one background event loop, so an engine's asyncio
@@ -47,8 +47,14 @@ def _embedded(request: pytest.FixtureRequest) -> Engine:
     return EmbeddedEngine.load()
 
 
-GATEWAY_ENGINES: dict[str, Callable[[pytest.FixtureRequest], Engine]] = {
-    "embedded": _embedded,
+@dataclass(frozen=True)
+class EngineKind:
+    make: Callable[[pytest.FixtureRequest], Engine]
+    marks: tuple[pytest.MarkDecorator, ...] = ()
+
+
+GATEWAY_ENGINES: dict[str, EngineKind] = {
+    "embedded": EngineKind(_embedded, (pytest.mark.model,)),
 }
 
 
@@ -127,9 +133,12 @@ def server_loop() -> Iterator[ServerLoop]:
     loop.close()
 
 
-@pytest.fixture(scope="session", params=sorted(GATEWAY_ENGINES))
+@pytest.fixture(
+    scope="session",
+    params=[pytest.param(name, marks=kind.marks) for name, kind in GATEWAY_ENGINES.items()],
+)
 def gateway_engine(request: pytest.FixtureRequest, server_loop: ServerLoop) -> Iterator[Engine]:
-    engine = GATEWAY_ENGINES[request.param](request)
+    engine = GATEWAY_ENGINES[request.param].make(request)
     yield engine
     server_loop.run(engine.aclose())
 

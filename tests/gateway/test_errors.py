@@ -11,6 +11,8 @@ from typing import Any
 import openai
 import pytest
 
+from receipts.queries import ReceiptQuery
+
 TOOL = {
     "type": "function",
     "function": {
@@ -203,3 +205,17 @@ def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:
 def test_unknown_route_is_404_in_the_error_shape(gateway: Any) -> None:
     with gateway.http("agent") as client:
         error_of(client.get("/v1/nothing-here"), 404)
+
+
+@pytest.mark.model
+def test_truncated_constrained_output_is_422_and_not_receipted(gateway: Any) -> None:
+    """Three tokens cannot finish a tool call: the output is refused with where it broke,
+    never returned as a call and never receipted."""
+    before = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, limit=1000)).items
+    err = sdk_error(gateway, tools=[TOOL], tool_choice="required", max_tokens=3, temperature=0)
+    assert isinstance(err, openai.UnprocessableEntityError)
+    error = err.body
+    assert error["code"] == "structured_output_invalid"
+    assert error["raw_output"] and "pointer" in error and error["schema"]["$defs"]
+    after = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, limit=1000)).items
+    assert [r.id for r in after] == [r.id for r in before]
