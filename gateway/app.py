@@ -74,5 +74,6 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
                 }
             ),
         ),
+        logging_config=None,  # logging is the process owner's (gateway.logs for `serve`)
         debug=False,
     )
