@@ -11,7 +11,9 @@ import pytest
 
 from receipts.canonical import hash_json
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
+from receipts.record import ReceiptDraft
 from receipts.signing import KeyRing
+from runtime.tools import new_call_id
 
 pytestmark = pytest.mark.model
 
@@ -177,3 +179,53 @@ def test_other_tenants_and_other_roles_see_nothing(gateway: Any, audited: dict[s
             response = agent.get(path)
             assert response.status_code == 403, path
             assert response.json()["error"]["code"] == "wrong_role"
+
+
+def _recorded_elsewhere(gateway: Any, receipt_id: str, **changes: Any) -> str:
+    """Append a copy of a receipt as another replica would record it (fresh call ids; the
+    manifest or request changed as given) and return the new receipt's id."""
+    original = gateway.ledger.get(gateway.tenant, receipt_id)
+    fields = {
+        "tenant": original.tenant,
+        "manifest": original.manifest,
+        "schema": gateway.ledger.schema(original.manifest["schema_hash"]),
+        "request": original.request,
+        "output": {
+            **original.output,
+            "tool_calls": [{**c, "id": new_call_id()} for c in original.tool_calls],
+        },
+        "finish_reason": original.finish_reason,
+        "usage": original.usage,
+        "validation": original.validation,
+        "fallback": original.fallback,
+        "links": [],
+    }
+    fields.update(changes)
+    return gateway.ledger.append(ReceiptDraft(**fields)).id
+
+
+def test_replay_on_a_different_engine_is_refused_unless_forced(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    manifest = {**original.manifest, "model": "another-model", "weights_digest": "0" * 64}
+    foreign = _recorded_elsewhere(gateway, original.id, manifest=manifest)
+    with gateway.http("auditor") as client:
+        refused = client.post(f"/audit/replay/{foreign}", json={})
+        assert refused.status_code == 409
+        error = refused.json()["error"]
+        assert error["code"] == "manifest_mismatch"
+        assert "model" in error["message"] and "weights_digest" in error["message"]
+        forced = client.post(f"/audit/replay/{foreign}", json={"force": True}).json()
+    assert forced["forced"] is True and len(forced["differences"]) == 2
+    assert forced["match"] is True, forced["diff"]
+
+
+def test_replay_needs_the_retained_payload(gateway: Any, audited: dict[str, Any]) -> None:
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    digests_only = {k: v for k, v in original.request.items() if k != "payload"}
+    receipt_id = _recorded_elsewhere(gateway, original.id, request=digests_only)
+    with gateway.http("auditor") as client:
+        refused = client.post(f"/audit/replay/{receipt_id}", json={})
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "payload_not_retained"

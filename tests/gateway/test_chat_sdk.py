@@ -48,6 +48,13 @@ CLOCK = {
 TOOLS = [WEATHER, CLOCK]
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+ONE_CALL: dict[str, Any] = {  # exactly one greedy tool call
+    "messages": ASK_WEATHER,
+    "tools": TOOLS,
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+    "temperature": 0,
+}
 
 
 def check_calls(tool_calls: list[Any]) -> None:
@@ -81,11 +88,7 @@ def create(gateway: Any, **params: Any) -> Any:
 def test_required_tool_call_is_receipted_before_it_returns(gateway: Any) -> None:
     raw = gateway.openai().chat.completions.with_raw_response.create(
         model=gateway.model,
-        messages=ASK_WEATHER,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
+        **ONE_CALL,
     )
     completion = raw.parse()
     choice = completion.choices[0]
@@ -167,11 +170,7 @@ def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
     client = gateway.openai()
     with client.chat.completions.stream(
         model=gateway.model,
-        messages=ASK_WEATHER,
-        tools=TOOLS,
-        tool_choice="required",
-        parallel_tool_calls=False,
-        temperature=0,
+        **ONE_CALL,
     ) as stream:
         chunks = [event.chunk for event in stream if event.type == "chunk"]
         final = stream.get_final_completion()
@@ -231,7 +230,7 @@ def test_parse_with_a_pydantic_response_format(gateway: Any) -> None:
 
 def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
     client = gateway.openai()
-    first = create(gateway, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
+    first = create(gateway, **ONE_CALL)
     call = first.choices[0].message.tool_calls[0]
     check_calls([call])
     second = client.chat.completions.create(
