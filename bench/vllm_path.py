@@ -148,9 +148,16 @@ def database(args: argparse.Namespace) -> Iterator[str]:
         yield url
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process (all its threads) from /proc: the gateway's own cost,
+    which the machine's load does not change."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def gateway(vllm_url: str, model: str, db: str, workdir: Path) -> Iterator[tuple[str, str]]:
-    """`callproof serve --engine vllm` in its own process; yields its URL and an agent key."""
+def gateway(vllm_url: str, model: str, db: str, workdir: Path) -> Iterator[tuple[str, int, str]]:
+    """`callproof serve --engine vllm` in its own process; yields its URL, pid, an agent key."""
     cli = [sys.executable, "-m", "callproof"]
     location = ["--db", db, "--data-dir", str(workdir / "data")]
     subprocess.run([*cli, "ledger", "migrate", "--db", db], check=True, capture_output=True)
@@ -180,7 +187,7 @@ def gateway(vllm_url: str, model: str, db: str, workdir: Path) -> Iterator[tuple
             time.sleep(0.5)
         else:
             raise RuntimeError("the gateway did not become ready in 120 s")
-        yield url, key
+        yield url, process.pid, key
     finally:
         process.terminate()
         process.wait(30)
@@ -192,7 +199,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
         vllm_url, model = stack.enter_context(vllm_upstream(args, workdir))
         db = stack.enter_context(database(args))
-        gateway_url, key = stack.enter_context(gateway(vllm_url, model, db, workdir))
+        gateway_url, gateway_pid, key = stack.enter_context(gateway(vllm_url, model, db, workdir))
         engine = VllmEngine(vllm_url, model)
         requests = [
             chat_request(model, TOPICS[i % len(TOPICS)], args.max_tokens)
@@ -210,17 +217,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for url, bodies, headers in paths.values():
             asyncio.run(run_phase(url, bodies[: args.concurrency], args.concurrency, headers))
         phases: dict[str, list[Phase]] = {"direct": [], "gateway": []}
+        gateway_cpu_s = 0.0
         for round_no in range(args.rounds):
             for name, (url, bodies, headers) in paths.items():
+                cpu_before = cpu_seconds(gateway_pid)
                 phase = asyncio.run(run_phase(url, bodies, args.concurrency, headers))
+                if name == "gateway":
+                    gateway_cpu_s += cpu_seconds(gateway_pid) - cpu_before
                 phases[name].append(phase)
                 print(f"round {round_no + 1} {name}: {phase.tokens_per_s:.1f} tokens/s, "
                       f"p50 {percentile([s.latency_s for s in phase.samples], 0.5) * 1e3:.0f} ms",
                       flush=True)
-    return figures(phases, args)
+    return figures(phases, gateway_cpu_s, args)
 
 
-def figures(phases: dict[str, list[Phase]], args: argparse.Namespace) -> dict[str, Any]:
+def figures(
+    phases: dict[str, list[Phase]], gateway_cpu_s: float, args: argparse.Namespace
+) -> dict[str, Any]:
     def tokens_per_s(name: str) -> float:
         runs = phases[name]
         return sum(sum(s.completion_tokens for s in p.samples) for p in runs) / sum(
@@ -245,6 +258,8 @@ def figures(phases: dict[str, list[Phase]], args: argparse.Namespace) -> dict[st
         "added_latency_ms_p50": round(percentile(through, 0.5) - percentile(direct, 0.5), 1),
         "added_latency_ms_p99": round(percentile(through, 0.99) - percentile(direct, 0.99), 1),
         "added_latency_ms_mean": round(statistics.fmean(through) - statistics.fmean(direct), 1),
+        "gateway_cpu_ms_per_request": round(gateway_cpu_s * 1e3 / len(through), 2),
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
 
