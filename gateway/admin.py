@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Annotated
 
 from litestar import Controller, delete, get, post
 from litestar.di import NamedDependency, Provide
-from litestar.params import FromPath, JSONBody
+from litestar.params import JSONBody, Parameter
 
 from gateway.apikeys import ApiKey, KeyNotFound, KeyStore
 from gateway.auth import BEARER, require_role
@@ -45,7 +46,7 @@ class AdminKeysController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         keys: NamedDependency[KeyStore],
-        key_id: FromPath[str],
+        key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$")],
     ) -> KeyInfo:
         try:
             return _info(await asyncio.to_thread(keys.revoke, key_id))

@@ -7,6 +7,7 @@ never be recovered from the database; a leaked database therefore leaks no usabl
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,9 @@ import sqlalchemy as sa
 
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
+# A tenant names a receipt chain, a database value and an export file name: keep it plain.
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"  # printable: no control characters
 
 _metadata = sa.MetaData()
 api_keys = sa.Table(
@@ -93,8 +97,13 @@ class KeyStore:
         """A new key and its secret; the secret is not stored and cannot be shown again."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-        if not tenant or len(tenant) > 200:
-            raise ValueError("tenant must be a non-empty string of at most 200 characters")
+        if not re.fullmatch(TENANT_PATTERN, tenant):
+            raise ValueError(
+                f"tenant {tenant!r} must be 1-128 letters, digits, '.', '_', '@' or '-', "
+                "starting with a letter or digit"
+            )
+        if name is not None and not re.fullmatch(NAME_PATTERN, name):
+            raise ValueError("name must be 1-200 printable characters")
         secret = "cp_" + secrets.token_hex(24)
         key = ApiKey(
             id="key_" + secrets.token_hex(8),

@@ -1,4 +1,4 @@
-"""The Litestar application: controllers, dependency injection, errors, limits, OpenAPI.
+"""The Litestar application: controllers, dependency injection, errors, OpenAPI.
 
 `create_app` takes already-open resources (engine, ledger, key store) and does no I/O, so a
 process can serve several apps over one loaded engine (tests do: one per database) and the
@@ -48,8 +48,6 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             HealthController,
         ],
         dependencies={
-            "settings": _singleton(settings),
-            "limits": _singleton(settings.limits),
             "completions": _singleton(completions),
             "ledger": _singleton(ledger),
             "keys": _singleton(keys),

@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency, Provide
-from litestar.params import FromPath, FromQuery, JSONBody, Parameter
+from litestar.params import FromQuery, JSONBody, Parameter
 from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
@@ -25,15 +25,18 @@ from gateway.completion import Completions
 from gateway.errors import APIError, documented
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
-from gateway.settings import Settings
 from receipts.errors import ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.record import Receipt
-from runtime.limits import Limits
 
 T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
 MAX_SEQ = 2**53  # sequence numbers stay exact in every JSON reader
+# Identifiers are checked by shape before any query: a malformed one is a 400, not a lookup.
+RECEIPT_ID = r"^rcpt_[0-9a-f]{24}$"
+CALL_ID = r"^call_[0-9a-f]{24}$"
+HEX64 = r"^[0-9a-f]{64}$"
+PRINTABLE = r"^[^\x00-\x1f\x7f]{1,200}$"
 
 
 async def _read(fn: Callable[..., T], *args: Any) -> T:
@@ -67,10 +70,10 @@ class AuditController(Controller):
         ledger: NamedDependency[Ledger],
         since: FromQuery[datetime | None] = None,
         until: FromQuery[datetime | None] = None,
-        tool_name: FromQuery[str | None] = None,
-        model: FromQuery[str | None] = None,
-        schema_hash: FromQuery[str | None] = None,
-        call_id: FromQuery[str | None] = None,
+        tool_name: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
+        model: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
+        schema_hash: Annotated[str | None, Parameter(pattern=HEX64)] = None,
+        call_id: Annotated[str | None, Parameter(pattern=CALL_ID)] = None,
         cursor: int | None = Parameter(
             default=None, ge=0, le=MAX_SEQ, description="next_cursor of a page"
         ),
@@ -97,7 +100,7 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
-        receipt_id: FromPath[str],
+        receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
     ) -> dict[str, Any]:
         receipt = await _read(ledger.get, principal.tenant, receipt_id)
         return _found(receipt, f"receipt {receipt_id}").to_json_obj()
@@ -111,7 +114,7 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
-        call_id: FromPath[str],
+        call_id: Annotated[str, Parameter(pattern=CALL_ID)],
     ) -> CallRecord:
         issuer = _found(await _read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
         answers: list[Receipt] = await _read(ledger.answers_to, principal.tenant, call_id)
@@ -126,7 +129,7 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
-        schema_hash: FromPath[str],
+        schema_hash: Annotated[str, Parameter(pattern=HEX64)],
     ) -> dict[str, Any]:
         bound = await _read(
             ledger.query, ReceiptQuery(tenant=principal.tenant, schema_hash=schema_hash, limit=1)
@@ -228,16 +231,14 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         completions: NamedDependency[Completions],
-        settings: NamedDependency[Settings],
-        limits: NamedDependency[Limits],
-        receipt_id: FromPath[str],
+        receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
         data: JSONBody[ReplayRequest | None] = None,
     ) -> ReplayReport:
         receipt = _found(
             await _read(ledger.get, principal.tenant, receipt_id), f"receipt {receipt_id}"
         )
         force = data.force if data is not None else False
-        return await replay(receipt, completions, settings, limits, force=force)
+        return await replay(receipt, completions, force=force)
 
     @get(
         "/export",
@@ -270,9 +271,10 @@ class AuditController(Controller):
 
 async def _file_chunks(path: str) -> AsyncIterator[bytes]:
     """The bundle's bytes, then the temporary file is gone."""
+    bundle = await asyncio.to_thread(open, path, "rb")
     try:
-        with open(path, "rb") as bundle:
-            while chunk := await asyncio.to_thread(bundle.read, _EXPORT_CHUNK):
-                yield chunk
+        while chunk := await asyncio.to_thread(bundle.read, _EXPORT_CHUNK):
+            yield chunk
     finally:
+        bundle.close()
         os.unlink(path)

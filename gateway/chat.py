@@ -12,7 +12,7 @@ from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
-from gateway.completion import Completions, prepare, receipt_ref, usage_of
+from gateway.completion import Completions, receipt_ref, usage_of
 from gateway.errors import documented
 from gateway.recording import finish_reason
 from gateway.schemas import (
@@ -23,9 +23,7 @@ from gateway.schemas import (
     FunctionCall,
     ToolCallOut,
 )
-from gateway.settings import Settings
 from gateway.sse import ChunkWriter, stream_completion
-from runtime.limits import Limits
 
 RECEIPT_HEADER = "X-Callproof-Receipt"
 
@@ -53,11 +51,9 @@ class ChatController(Controller):
         data: JSONBody[ChatCompletionRequest],
         principal: NamedDependency[ApiKey],
         completions: NamedDependency[Completions],
-        settings: NamedDependency[Settings],
-        limits: NamedDependency[Limits],
     ) -> Response[ChatCompletion]:
         model = completions.engine.identity.model
-        prepared = prepare(data, settings, limits, model)
+        prepared = completions.prepare(data)
         completion_id = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         if prepared.stream:

@@ -25,7 +25,7 @@ from receipts.ledger import Ledger
 from receipts.record import Receipt
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
 from runtime.errors import UnsupportedParameter
-from runtime.limits import Limits, check_constraint, check_tool_count
+from runtime.limits import check_constraint, check_tool_count
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.tools import ParsedResponse
 
@@ -46,7 +46,6 @@ class PreparedChat:
 def prepare(
     request: ChatCompletionRequest,
     settings: Settings,
-    limits: Limits,
     served_model: str,
     *,
     sampling: Sampling | None = None,
@@ -65,6 +64,7 @@ def prepare(
             code="model_not_found",
             param="model",
         )
+    limits = settings.limits
     if request.tools:
         check_tool_count(len(request.tools), limits)
     body = to_plain(request)
@@ -120,6 +120,12 @@ class Completions:
         self.ledger = ledger
         self.settings = settings
         self.metrics = metrics
+
+    def prepare(
+        self, request: ChatCompletionRequest, sampling: Sampling | None = None
+    ) -> PreparedChat:
+        """`prepare` for this gateway's settings and served model."""
+        return prepare(request, self.settings, self.engine.identity.model, sampling=sampling)
 
     async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
         plan = prepared.plan

@@ -12,15 +12,13 @@ from typing import Any
 
 import msgspec
 
-from gateway.completion import Completions, prepare
+from gateway.completion import Completions
 from gateway.errors import APIError
 from gateway.recording import finish_reason, output_record
 from gateway.schemas import ChatCompletionRequest, ReplayReport
-from gateway.settings import Settings
 from receipts.manifest import schema_hash
 from receipts.record import Receipt
 from runtime.engines.base import EngineIdentity, Sampling
-from runtime.limits import Limits
 
 _FREE_TEXT_BACKEND = "none"  # no constraint was enforced: any backend replays it
 
@@ -73,8 +71,6 @@ def _comparable(output: dict[str, Any], finish: str) -> dict[str, Any]:
 async def replay(
     receipt: Receipt,
     completions: Completions,
-    settings: Settings,
-    limits: Limits,
     *,
     force: bool,
 ) -> ReplayReport:
@@ -90,9 +86,7 @@ async def replay(
             details={"differences": differences},
         )
     request = recorded_request(receipt, identity.model)
-    prepared = prepare(
-        request, settings, limits, identity.model, sampling=recorded_sampling(receipt.manifest)
-    )
+    prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
     generation, parsed = await completions.generate(prepared)
     recorded = _comparable(receipt.output, receipt.finish_reason)
     replayed = _comparable(output_record(parsed), finish_reason(parsed, generation))

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
+
 # --- errors ---------------------------------------------------------------------------------
 
 
@@ -273,8 +275,8 @@ class Readiness(Struct):
 
 class KeyCreate(Struct, forbid_unknown_fields=True):
     role: Literal["agent", "auditor", "admin"]
-    tenant: Annotated[str, Meta(min_length=1, max_length=200)]
-    name: Annotated[str, Meta(max_length=200)] | None = None
+    tenant: Annotated[str, Meta(pattern=TENANT_PATTERN)]
+    name: Annotated[str, Meta(pattern=NAME_PATTERN)] | None = None
 
 
 class KeyInfo(Struct):

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the import stays inside the handlers: `callproof --help` stays fast
+    from gateway.apikeys import KeyStore
 
 _LOCATION = ("data_dir", "db")
 
@@ -29,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_arguments(sub, only=_LOCATION)
 
 
-def _store(args: argparse.Namespace):  # noqa: ANN202 - gateway.apikeys.KeyStore
+def _store(args: argparse.Namespace) -> KeyStore:
     from gateway.apikeys import KeyStore
     from gateway.boot import prepare_database
     from gateway.settings import settings_from_args

@@ -157,6 +157,10 @@ def _new_postgres_database(server_url: str) -> tuple[str, Callable[[], None]]:
     return server_url.rsplit("/", 1)[0] + "/" + name, drop
 
 
+def _nothing() -> None:
+    pass
+
+
 def gateway_settings(data_dir: Path, db_url: str, **overrides: Any) -> Settings:
     """Small token budgets keep the real model fast; payloads are retained for replay."""
     values: dict[str, Any] = {
@@ -179,11 +183,10 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Gateway]:
     data_dir = tmp_path_factory.mktemp(f"gateway-{request.param}")
-    drop: Callable[[], None] = lambda: None  # noqa: E731
     if request.param == "postgres":
         db_url, drop = _new_postgres_database(request.getfixturevalue("postgres_server_url"))
     else:
-        db_url = f"sqlite:///{data_dir / 'ledger.db'}"
+        db_url, drop = f"sqlite:///{data_dir / 'ledger.db'}", _nothing
     upgrade(db_url)
     settings = gateway_settings(data_dir, db_url)
     signer = Signer.generate()

@@ -86,9 +86,10 @@ def test_admin_key_api_and_revocation(gateway: Any) -> None:
         assert client.models.list().data[0].id == gateway.model
         revoked = admin.delete(f"/admin/keys/{key['key']['id']}")
         assert revoked.status_code == 200 and revoked.json()["revoked_at"]
-        assert admin.delete("/admin/keys/key_missing").status_code == 404
-        bad = admin.post("/admin/keys", json={"role": "root", "tenant": "acme"})
-        assert bad.status_code == 400
+        assert admin.delete("/admin/keys/key_" + "0" * 16).status_code == 404
+        assert admin.delete("/admin/keys/not-a-key-id").status_code == 400
+        for bad in ({"role": "root", "tenant": "acme"}, {"role": "agent", "tenant": "a\x00b"}):
+            assert admin.post("/admin/keys", json=bad).status_code == 400
     time.sleep(gateway.settings.key_cache_ttl_s + 0.1)
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
