@@ -11,6 +11,7 @@ generated requests that are valid still run the real model but finish fast.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,7 @@ from gateway.app import create_app
 
 pytestmark = pytest.mark.model
 
+EXAMPLES = int(os.environ.get("CALLPROOF_FUZZ_EXAMPLES", "12"))  # per operation; more locally
 ROLE_BY_PREFIX = {"/v1/": "agent", "/audit/": "auditor", "/admin/": "admin"}
 
 
@@ -46,7 +48,7 @@ def test_no_server_errors_and_responses_match_the_schema(gateway: Any, fuzz_url:
 
         @given(case=operation.as_strategy())
         @settings(
-            max_examples=12,
+            max_examples=EXAMPLES,
             deadline=None,
             database=None,
             suppress_health_check=list(HealthCheck),
