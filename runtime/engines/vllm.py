@@ -206,9 +206,16 @@ class VllmEngine:
         if stream:
             body["stream_options"] = {"include_usage": True}
         if constraint is not None:
-            body["structured_outputs"] = structured_outputs(
-                constraint, enforcement, think_budget=self.think_budget
-            )
+            fields = structured_outputs(constraint, enforcement, think_budget=self.think_budget)
+            if "structural_tag" in fields and self.identity.backend != "xgrammar":
+                # vLLM's guidance backend reads only the legacy tag format (no sequences, no
+                # per-tag content types): refuse here rather than send what it cannot compile.
+                raise EngineUnavailable(
+                    "reasoning and triggered tool calls need the vLLM server's xgrammar "
+                    f"structured-output backend; this engine is configured for "
+                    f"{self.identity.backend!r}"
+                )
+            body["structured_outputs"] = fields
         return body
 
     def _enforced_by(self, constraint: Constraint | None) -> str:

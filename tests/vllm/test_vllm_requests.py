@@ -14,6 +14,7 @@ import xgrammar
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Sampling
 from runtime.engines.vllm import VllmEngine, structured_outputs, tool_call_tags
+from runtime.errors import EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.tools import parse_tools_field, union_schema
 
@@ -146,3 +147,13 @@ def test_triggered_needs_a_tool_union_with_calls() -> None:
         structured_outputs(Constraint.regex("x"), Enforcement("triggered"))
     with pytest.raises(ValueError, match="no tool call"):
         structured_outputs(union("none"), Enforcement("triggered"))
+
+
+def test_structural_tags_are_refused_for_a_non_xgrammar_server() -> None:
+    engine = VllmEngine("http://vllm:8000", "m", backend="guidance")
+    body = engine.request_body([ChatMessage("user", "u")], union(), Sampling(), stream=False)
+    assert "json" in body["structured_outputs"]  # plain constraints work on any backend
+    with pytest.raises(EngineUnavailable, match="xgrammar"):
+        engine.request_body(
+            [ChatMessage("user", "u")], union(), Sampling(), Enforcement("triggered"), stream=False
+        )
