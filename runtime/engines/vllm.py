@@ -52,7 +52,8 @@ TAG_MAX_WHITESPACE = 1
 
 
 class VllmEngine:
-    """One vLLM server and one served model, through one pooled async HTTP client."""
+    """One vLLM server and one served model, through a pooled async HTTP client (one pool
+    per event loop, see _http)."""
 
     def __init__(
         self,
