@@ -1,0 +1,59 @@
+"""Settings precedence (defaults < config file < environment < flags) and refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.settings import SettingsError, load_settings
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    config = tmp_path / "callproof.toml"
+    config.write_text('port = 9000\nhost = "0.0.0.0"\nretain-payloads = true\nmax_tools = 8\n')
+    env = {"CALLPROOF_PORT": "9100", "CALLPROOF_DATA_DIR": str(tmp_path / "d")}
+    settings = load_settings({"port": "9200", "host": None}, env, config)
+    assert settings.port == 9200  # flag over env over file
+    assert settings.host == "0.0.0.0"  # an unset flag does not override the file
+    assert settings.retain_payloads is True
+    assert settings.limits.max_tools == 8
+    assert settings.db_url == f"sqlite:///{(tmp_path / 'd' / 'ledger.db').resolve()}"
+    assert settings.signing_key_path == tmp_path / "d" / "signing-key.pem"
+
+
+def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
+    config = tmp_path / "gw.yaml"
+    config.write_text("engine: vllm\nvllm_url: http://127.0.0.1:8001\nmodel: served\n")
+    settings = load_settings({}, {"CALLPROOF_CONFIG": str(config)})
+    assert (settings.engine, settings.vllm_url, settings.model) == (
+        "vllm",
+        "http://127.0.0.1:8001",
+        "served",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({"engine": "tpu"}, {}, "must be one of embedded, vllm"),
+        ({"port": "-1"}, {}, "must not be negative"),
+        ({}, {"CALLPROOF_RETAIN_PAYLOADS": "maybe"}, "must be true or false"),
+        ({}, {"CALLPROOF_MAX_BODY_BYTES": "lots"}, "max_body_bytes"),
+    ],
+)
+def test_bad_values_are_named(flags: dict, env: dict, message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        load_settings(flags, env)
+
+
+def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("prot = 1\n")
+    with pytest.raises(SettingsError, match="unknown setting.*prot"):
+        load_settings({}, {}, config)
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings({}, {}, tmp_path / "missing.toml")
+    (tmp_path / "c.ini").write_text("x")
+    with pytest.raises(SettingsError, match=r"\.toml, \.yaml"):
+        load_settings({}, {}, tmp_path / "c.ini")
