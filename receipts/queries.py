@@ -180,7 +180,7 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[dict[str
     if tenant is not None:
         stmt = stmt.where(k.chain == tenant)
     rows = conn.execute(stmt).all()
-    for row, following in zip(rows, [*rows[1:], None], strict=True):
+    for row, following in zip(rows, [*rows[1:], None], strict=False):
         same_chain = following is not None and following.chain == row.chain
         last = following.first_seq - 1 if same_chain else None
         keys[row.key_id]["ranges"].append(

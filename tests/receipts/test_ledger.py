@@ -198,6 +198,17 @@ def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
         assert "unknown key" in report.reason
 
 
+def test_a_tenant_with_no_receipts_lists_no_keys(db_url: str) -> None:
+    migrated(db_url)
+    with ledger(db_url, Signer.generate()) as led:
+        assert led.public_keys("nobody") == []
+        fill(led, 1)
+        assert led.public_keys("nobody") == []
+        assert [k["ranges"] for k in led.public_keys("acme")] == [
+            [{"chain": "acme", "first_seq": 1, "last_seq": None}]
+        ]
+
+
 def test_replicas_with_different_keys_interleave(fresh_sqlite_url: str) -> None:
     """Two writers with their own keys on one chain: every switch of signer starts a range,
     and each key may sign only inside its own ranges."""
