@@ -47,6 +47,13 @@ def _embedded(request: pytest.FixtureRequest) -> Engine:
     return EmbeddedEngine.load()
 
 
+def _vllm(request: pytest.FixtureRequest) -> Engine:
+    from runtime.engines.vllm import VllmEngine
+
+    server = request.getfixturevalue("vllm_server")
+    return VllmEngine(server.url, server.config.served_name, model_dir=server.config.model_dir)
+
+
 @dataclass(frozen=True)
 class EngineKind:
     make: Callable[[pytest.FixtureRequest], Engine]
@@ -55,6 +62,7 @@ class EngineKind:
 
 GATEWAY_ENGINES: dict[str, EngineKind] = {
     "embedded": EngineKind(_embedded, (pytest.mark.model,)),
+    "vllm": EngineKind(_vllm, (pytest.mark.vllm,)),
 }
 
 
