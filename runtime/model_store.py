@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,7 @@ def ensure_bundled_model(cache_dir: Path | str | None = None) -> Path:
         pass
     root = model_cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_fetches(root)
     final = root / BUNDLED_MODEL_NAME
     with tempfile.TemporaryDirectory(dir=root, prefix=".fetch-") as work:
         gguf = download_gguf(Path(work))
@@ -110,6 +112,14 @@ def ensure_bundled_model(cache_dir: Path | str | None = None) -> Path:
             if not (final / "model.safetensors").is_file():
                 raise
     return bundled_model_dir(cache_dir)
+
+
+def _remove_stale_fetches(root: Path, max_age_s: float = 3600) -> None:
+    """A SIGKILLed fetch leaves its hidden work directory (hundreds of MB); one that old is
+    no concurrent fetch still running, so it goes."""
+    for stale in root.glob(".fetch-*"):
+        if time.time() - stale.stat().st_mtime > max_age_s:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def download_gguf(work: Path) -> Path:

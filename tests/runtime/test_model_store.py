@@ -99,6 +99,9 @@ def test_model_info_prints_the_digests(bundled: Path, capsys) -> None:
 
 
 def test_a_tampered_download_fails_closed(tmp_path: Path, monkeypatch) -> None:
+    killed = tmp_path / ".fetch-killed-yesterday"  # what a SIGKILLed fetch leaves behind
+    killed.mkdir()
+    os.utime(killed, (0, 0))
     monkeypatch.setattr(model_store, "GGUF_SHA256", "0" * 64)
     with pytest.raises(ModelIntegrityError, match="expected 0000"):
         ensure_bundled_model(tmp_path)
