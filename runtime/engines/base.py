@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from runtime.constraint import Constraint
+from runtime.errors import RuntimeInputError
 
 FinishReason = Literal["stop", "length"]
 
@@ -26,6 +27,15 @@ class Sampling:
     max_tokens: int = 256
     seed: int | None = None
     stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Checked here so every engine and the CLI refuse bad values before any model work.
+        if self.max_tokens < 1:
+            raise RuntimeInputError("max_tokens must be at least 1", param="max_tokens")
+        if self.temperature < 0:
+            raise RuntimeInputError("temperature must not be negative", param="temperature")
+        if not 0 < self.top_p <= 1:
+            raise RuntimeInputError("top_p must be in (0, 1]", param="top_p")
 
     def as_manifest(self) -> dict[str, object]:
         return {

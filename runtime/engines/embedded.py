@@ -145,7 +145,6 @@ class EmbeddedEngine:
         """Text deltas as tokens are decoded, then one final Generation."""
         if self._closed:
             raise EngineUnavailable("the embedded engine is closed")
-        _check_sampling(sampling)
         prompt = self.encode(messages)
         self._check_length(prompt, sampling)
         try:
@@ -337,15 +336,6 @@ class _StopScanner:
             if any(s.startswith(tail) for s in self.stops):
                 return end - k
         return end
-
-
-def _check_sampling(sampling: Sampling) -> None:
-    if sampling.max_tokens < 1:
-        raise RuntimeInputError("max_tokens must be at least 1", param="max_tokens")
-    if sampling.temperature < 0:
-        raise RuntimeInputError("temperature must not be negative", param="temperature")
-    if not 0 < sampling.top_p <= 1:
-        raise RuntimeInputError("top_p must be in (0, 1]", param="top_p")
 
 
 def _generator(sampling: Sampling) -> Any:

@@ -120,11 +120,22 @@ def test_max_tokens_ends_with_length(engine: EmbeddedEngine) -> None:
 
 
 @pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+    ],
+)
+def test_bad_sampling_is_refused_before_any_engine_work(options: dict, param: str) -> None:
+    with pytest.raises(RuntimeInputError) as info:
+        Sampling(**options)
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize(
     ("messages", "sampling", "param"),
     [
-        (FRANCE, Sampling(max_tokens=0), "max_tokens"),
-        (FRANCE, Sampling(temperature=-1), "temperature"),
-        (FRANCE, Sampling(top_p=0), "top_p"),
         (FRANCE, Sampling(max_tokens=9000), "max_tokens"),  # beyond the 8192-token context
         ([], Sampling(), "messages"),
     ],
