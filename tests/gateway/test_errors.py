@@ -178,6 +178,11 @@ def test_malformed_body_names_the_field(gateway: Any) -> None:
     assert err["param"] == "temperature"
 
 
+@pytest.mark.parametrize(("field", "value"), [("temperature", -0.5), ("top_p", 0), ("top_p", 1.5)])
+def test_out_of_range_sampling_is_400(gateway: Any, field: str, value: float) -> None:
+    assert error_of(post_chat(gateway, **{field: value}), 400)["param"] == field
+
+
 def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
     assert error_of(post_chat(gateway, role=None), 401)["code"] == "invalid_api_key"
     with gateway.http(None) as client:
