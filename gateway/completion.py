@@ -78,7 +78,8 @@ def prepare(
             regex=request.regex,
             grammar=request.grammar,
             model=served_model,
-        )
+        ),
+        reasoning=settings.reasoning,
     )
     if plan.constraint is not None:
         check_constraint(plan.constraint, limits)
@@ -129,13 +130,17 @@ class Completions:
 
     async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
         plan = prepared.plan
-        generation = await self.engine.generate(plan.messages, plan.constraint, prepared.sampling)
+        generation = await self.engine.generate(
+            plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
+        )
         return generation, plan.parse(generation.text)
 
     async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
         """The engine's event stream, started: engine faults raise here, before any byte."""
         plan = prepared.plan
-        events = self.engine.stream(plan.messages, plan.constraint, prepared.sampling)
+        events = self.engine.stream(
+            plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
+        )
         first = await anext(events)
         return _prepend(first, events)
 

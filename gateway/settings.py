@@ -35,6 +35,7 @@ class Settings:
     model: str | None = None  # embedded: local HF dir or GGUF (default: bundled); vllm: name
     vllm_url: str | None = None
     weights_digest: str | None = None  # vllm: the served weights' sha256, bound in manifests
+    reasoning: bool | None = None  # thinking model (free <think> region); None: from its name
     signing_key_file: Path | None = None  # default <data_dir>/signing-key.pem, made on first run
     retain_payloads: bool = False  # keep request messages+params in receipts (needed by replay)
     max_body_bytes: int = 1_048_576

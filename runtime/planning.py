@@ -24,8 +24,15 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnsupportedParameter,
 )
-from runtime.renderers import HistoryMessage, ToolPrompt, detect_family, get_renderer
+from runtime.renderers import (
+    HistoryMessage,
+    ToolPrompt,
+    detect_family,
+    detect_reasoning,
+    get_renderer,
+)
 from runtime.renderers.base import json_answer_note
+from runtime.thinking import Enforcement
 from runtime.tools import (
     CallIds,
     ParsedResponse,
@@ -82,6 +89,7 @@ class Plan:
     parallel_tool_calls: bool = False
     response_format: ResponseFormat | None = None
     tool_call_ids_answered: tuple[str, ...] = ()
+    enforcement: Enforcement | None = None  # None: the constraint holds from the first token
 
     def parse(self, text: str, ids: CallIds | None = None) -> ParsedResponse:
         """The meaning of the model's ``text``; validates again and raises
@@ -127,6 +135,14 @@ class Plan:
         if result.kind == "tool_calls":
             validate(_as_envelope(result.tool_calls), self.schema or {}, body)
             return result
+        opener = "<function=" if family == "llama" else "<tool_call>"
+        if opener in body:  # a call was begun but is not complete and valid: never an answer
+            raise StructuredOutputInvalid(
+                f"the output opens {opener} but holds no complete, valid tool call",
+                schema=self.schema,
+                raw_output=body,
+                pointer="",
+            )
         answer = body.strip()
         if (
             self.tool_choice is not None
@@ -142,22 +158,30 @@ class Plan:
         )
 
 
-def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
+def plan_chat(chat: ChatInput, family: str | None = None, *, reasoning: bool | None = None) -> Plan:
     """Validate ``chat`` and decide its prompt and its single constraint.
 
-    ``family`` overrides the renderer detected from ``chat.model``.
+    ``family`` overrides the renderer detected from ``chat.model``; ``reasoning`` overrides
+    whether the model is a thinking model (detected from its name), whose ``<think>`` region
+    stays free: see :func:`_enforcement`.
     """
     history = parse_messages(chat.messages)
     response_format = parse_response_format(chat.response_format)
     _check_one_constraint(chat, response_format)
     renderer = get_renderer(family or detect_family(chat.model))
+    thinking = detect_reasoning(chat.model) if reasoning is None else reasoning
     answered = tuple(dict.fromkeys(m.tool_call_id for m in history if m.tool_call_id))
     if chat.tools is not None:
         tools = parse_tools_field(chat.tools)
         choice = parse_tool_choice(chat.tool_choice, tools)
         parallel = _parallel_flag(chat.parallel_tool_calls)
         answer_rf = response_format if response_format and response_format.constrains else None
-        schema = union_schema(tools, choice, answer_rf, parallel)
+        enforcement = _enforcement(thinking, renderer.name, choice, free_answer=answer_rf is None)
+        if enforcement is not None and enforcement.mode == "triggered":
+            # Only the inside of a tool-call tag is constrained; answers are the free text.
+            schema = union_schema(tools, "required", None, parallel)
+        else:
+            schema = union_schema(tools, choice, answer_rf, parallel)
         prompt = ToolPrompt(tools, choice, parallel, answer_rf.schema if answer_rf else None)
         return Plan(
             renderer.render(history, renderer.tool_block(prompt)),
@@ -170,6 +194,7 @@ def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
             parallel,
             response_format,
             answered,
+            enforcement,
         )
     for param in ("tool_choice", "parallel_tool_calls"):
         if getattr(chat, param) is not None:
@@ -185,7 +210,34 @@ def plan_chat(chat: ChatInput, family: str | None = None) -> Plan:
         renderer.name,
         response_format=response_format,
         tool_call_ids_answered=answered,
+        enforcement=_enforcement(thinking, renderer.name, None) if constraint else None,
     )
+
+
+# Families whose models are trained to wrap calls in <tool_call>…</tool_call> (Hermes too).
+_TAGGED_FAMILIES = ("qwen", "hermes")
+
+
+def _enforcement(
+    reasoning: bool, renderer: str, choice: ToolChoice | None, *, free_answer: bool = False
+) -> Enforcement | None:
+    """Where the grammar applies for a thinking model; None (from the first token) otherwise.
+
+    tool_choice "auto" on a tag-trained family with a free-text answer is triggered: free
+    reasoning and answer text, the grammar only inside ``<tool_call>`` (the approach of
+    vLLM's triggered structural tags). Every other constraint, a response_format answer
+    included, applies from the first token after the thinking region.
+    """
+    if not reasoning:
+        return None
+    if (
+        free_answer
+        and choice is not None
+        and choice.mode == "auto"
+        and renderer in _TAGGED_FAMILIES
+    ):
+        return Enforcement(mode="triggered", reasoning=True)
+    return Enforcement(mode="always", reasoning=True)
 
 
 def _single_constraint(

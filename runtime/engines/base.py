@@ -14,6 +14,7 @@ from typing import Literal, Protocol
 
 from runtime.constraint import Constraint
 from runtime.errors import RuntimeInputError
+from runtime.thinking import Enforcement
 
 FinishReason = Literal["stop", "length"]
 
@@ -86,11 +87,24 @@ class Engine(Protocol):
     identity: EngineIdentity
 
     async def generate(
-        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
-    ) -> Generation: ...
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        *,
+        enforcement: Enforcement | None = None,
+    ) -> Generation:
+        """``enforcement`` says where the constraint applies (thinking regions, triggered
+        tool-call tags); None: from the first token to the end."""
+        ...
 
     def stream(
-        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        *,
+        enforcement: Enforcement | None = None,
     ) -> AsyncIterator[StreamEvent]: ...
 
     async def ready(self) -> bool:

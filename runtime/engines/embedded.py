@@ -37,6 +37,7 @@ from runtime.engines.base import (
     TextDelta,
 )
 from runtime.errors import BackendCannotCompile, EngineUnavailable, RuntimeInputError
+from runtime.thinking import Enforcement
 
 POST_HOC_RETRIES = 2
 from runtime.model_store import ensure_bundled_model, model_digests
@@ -132,15 +133,25 @@ class EmbeddedEngine:
         return cls(model, tokenizer, identity, GrammarCache(chain))
 
     async def generate(
-        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        *,
+        enforcement: Enforcement | None = None,
     ) -> Generation:
-        async for event in self.stream(messages, constraint, sampling):
+        async for event in self.stream(messages, constraint, sampling, enforcement=enforcement):
             if isinstance(event, Generation):
                 return event
         raise EngineUnavailable("the decode loop ended without a result")
 
     async def stream(
-        self, messages: Sequence[ChatMessage], constraint: Constraint | None, sampling: Sampling
+        self,
+        messages: Sequence[ChatMessage],
+        constraint: Constraint | None,
+        sampling: Sampling,
+        *,
+        enforcement: Enforcement | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Text deltas as tokens are decoded, then one final Generation."""
         if self._closed:
@@ -156,7 +167,7 @@ class EmbeddedEngine:
             yield TextDelta(generation.text)
             yield generation
             return
-        async for event in self._run(prompt, grammar, sampling):
+        async for event in self._run(prompt, grammar, sampling, enforcement):
             yield event
 
     async def ready(self) -> bool:
@@ -225,7 +236,11 @@ class EmbeddedEngine:
         )
 
     async def _run(
-        self, prompt: list[int], grammar: CompiledGrammar | None, sampling: Sampling
+        self,
+        prompt: list[int],
+        grammar: CompiledGrammar | None,
+        sampling: Sampling,
+        enforcement: Enforcement | None,
     ) -> AsyncIterator[StreamEvent]:
         """Bridge the worker thread's deltas into this coroutine; a consumer that stops
         iterating (client gone) cancels the decode at the next token."""
@@ -239,7 +254,7 @@ class EmbeddedEngine:
 
         def work() -> None:
             try:
-                emit(self._decode(prompt, grammar, sampling, emit, cancelled))
+                emit(self._decode(prompt, grammar, sampling, enforcement, emit, cancelled))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the awaiting coroutine
                 emit(exc)
 
@@ -261,6 +276,7 @@ class EmbeddedEngine:
         prompt: list[int],
         grammar: CompiledGrammar | None,
         sampling: Sampling,
+        enforcement: Enforcement | None,
         emit: Callable[[str], None],
         cancelled: threading.Event,
     ) -> Generation:
@@ -269,7 +285,10 @@ class EmbeddedEngine:
 
         processor = (
             ConstrainedLogitsProcessor(
-                grammar.matcher(), self.tokenizer, eos_token_ids=self._eos_ids
+                grammar.matcher(),
+                self.tokenizer,
+                eos_token_ids=self._eos_ids,
+                enforcement=enforcement,
             )
             if grammar is not None
             else None

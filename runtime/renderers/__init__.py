@@ -29,6 +29,15 @@ _FAMILY_PATTERNS = (
 )
 
 
+# Models that open every answer with a <think> region (the region stays free of the grammar).
+_REASONING_PATTERN = re.compile(r"qwen3(?!.*instruct-2507)|qwq|deepseek-r1|thinking")
+
+
+def detect_reasoning(model_name: str) -> bool:
+    """True for thinking models, whose output starts with a free ``<think>`` region."""
+    return bool(_REASONING_PATTERN.search(model_name.lower().rstrip("/").rsplit("/", 1)[-1]))
+
+
 def detect_family(model_name: str) -> str:
     """ "qwen" | "llama" | "hermes" | "generic" from a model name, path or family name."""
     name = model_name.lower().rstrip("/").rsplit("/", 1)[-1]

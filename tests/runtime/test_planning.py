@@ -115,6 +115,60 @@ def test_family_override_and_detection() -> None:
     assert forced.renderer == "llama" and "<function=" in forced.messages[0].content
 
 
+# --------------------------------------------------------------------------- thinking models
+
+
+def test_plain_models_are_constrained_from_the_first_token() -> None:
+    assert plan(tools=TOOLS, model="Qwen2.5-7B-Instruct").enforcement is None
+    assert plan(response_format=RF_SCHEMA, model="SmolLM2-135M-Instruct").enforcement is None
+
+
+def test_thinking_model_auto_is_triggered_on_the_tool_call_tag() -> None:
+    p = plan(tools=TOOLS, model="Qwen/Qwen3-8B")
+    assert p.enforcement is not None
+    assert (p.enforcement.mode, p.enforcement.reasoning) == ("triggered", True)
+    assert p.enforcement.trigger_start == "<tool_call>"
+    # only a call may stand inside the tag: the constraint has no answer branch
+    assert p.constraint == Constraint.json_schema(
+        union_schema(p.tools, "required", None, True), kind="tools"
+    )
+    free = p.parse("<think>Paris? maybe.</think>It is sunny, no tool needed.")
+    assert free.kind == "answer" and free.reasoning == "Paris? maybe."
+    called = p.parse(
+        '<think>x</think><tool_call>{"tool": "get_weather", "arguments": '
+        '{"city": "Paris"}}</tool_call>'
+    )
+    assert [c.name for c in called.tool_calls] == ["get_weather"]
+    with pytest.raises(StructuredOutputInvalid):  # a cut-off call is not an answer
+        p.parse('<tool_call>\n{"name": "get_weather", "arguments": {"city": </tool_')
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"tools": TOOLS, "tool_choice": "required"},
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+        {"tools": TOOLS, "response_format": RF_SCHEMA},  # the answer itself is constrained
+        {"response_format": RF_SCHEMA},
+        {"regex": "[a-z]+"},
+    ],
+)
+def test_thinking_model_is_constrained_after_the_thinking_region(fields: dict[str, Any]) -> None:
+    p = plan(model="QwQ-32B", **fields)
+    assert p.enforcement is not None
+    assert (p.enforcement.mode, p.enforcement.reasoning) == ("always", True)
+
+
+def test_reasoning_override() -> None:
+    assert (
+        plan_chat(ChatInput(USER, tools=TOOLS, model="Qwen3-8B"), reasoning=False).enforcement
+        is None
+    )
+    forced = plan_chat(ChatInput(USER, regex="[a-z]+", model="SmolLM2"), reasoning=True)
+    assert forced.enforcement is not None and forced.enforcement.mode == "always"
+    assert plan_chat(ChatInput(USER, model="SmolLM2"), reasoning=True).enforcement is None
+
+
 def test_planning_is_deterministic() -> None:
     chat = ChatInput(LOOP, tools=TOOLS, response_format=RF_SCHEMA, model="qwen3")
     assert plan_chat(chat) == plan_chat(chat)
