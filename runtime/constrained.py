@@ -120,8 +120,8 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
                 set_token_bit(row, self._end_tag_token, True)
         else:
             row.zero_()
-            if phase is Phase.CLOSING:  # force the end tag, one token at a time
-                set_token_bit(row, self._first_token(self.machine.pending_end_tag()), True)
+            if phase in (Phase.OPENING, Phase.CLOSING):  # force the tag, a token at a time
+                set_token_bit(row, self._first_token(self.machine.pending_forced_tag()), True)
             else:  # DONE
                 for eos in self.eos_token_ids:
                     set_token_bit(row, eos, True)

@@ -25,6 +25,7 @@ from typing import Literal
 
 
 class Phase(enum.Enum):
+    OPENING = "opening"  # always mode of a thinking model: the think start tag is being forced
     THINKING = "thinking"  # inside <think>…</think>: free
     FREE = "free"  # triggered mode outside a tool call: free
     ENFORCED = "enforced"  # the grammar decides every token
@@ -36,8 +37,10 @@ class Phase(enum.Enum):
 class Enforcement:
     """How a constraint applies to one generation.
 
-    ``reasoning``: the output starts inside a thinking region (a thinking model whose prompt
-    opened ``<think>``, or which emits it first): free until ``think_end``.
+    ``reasoning`` (a thinking model): in "always" mode the output is made to open with
+    ``think_start`` (forced, as vLLM's structural tag does), is free until ``think_end``, and
+    the grammar holds after it. In "triggered" mode free text is watched for ``think_start``
+    anyway, so a model may think or not; a trigger tag inside its thinking does not count.
     """
 
     mode: Literal["always", "triggered"] = "always"
@@ -56,15 +59,15 @@ class EnforcementMachine:
     def __init__(self, enforcement: Enforcement):
         self.config = enforcement
         self._tail = ""  # suspended text not yet ruled out as the start of a tag
-        self._closing = ""  # CLOSING: how much of the end tag has been emitted
+        self._closing = ""  # OPENING / CLOSING: how much of the forced tag has been emitted
         self._longest_tag = max(len(enforcement.think_start), len(enforcement.think_end),
                                 len(enforcement.trigger_start))
-        if enforcement.reasoning:
-            self.phase = Phase.THINKING
-        elif enforcement.mode == "always":
-            self.phase = Phase.ENFORCED
-        else:
+        if enforcement.mode == "triggered":
             self.phase = Phase.FREE
+        elif enforcement.reasoning:
+            self.phase = Phase.OPENING
+        else:
+            self.phase = Phase.ENFORCED
 
     @property
     def enforcing(self) -> bool:
@@ -80,9 +83,10 @@ class EnforcementMachine:
             raise TagError(f"text fed to the tag machine while {self.phase.value}")
         buf, self._tail = self._tail + text, ""
         while True:
-            if self.phase is Phase.CLOSING:
-                buf = self._close(buf)
-                if self.phase is Phase.CLOSING:
+            if self.phase in (Phase.OPENING, Phase.CLOSING):
+                forced = self.phase
+                buf = self._emit_forced(buf)
+                if self.phase is forced:
                     return None
             hits = [(i, tag, nxt) for tag, nxt in self._watched() if (i := buf.find(tag)) >= 0]
             if not hits:
@@ -102,9 +106,10 @@ class EnforcementMachine:
         else:
             self.phase = Phase.DONE
 
-    def pending_end_tag(self) -> str:
-        """CLOSING: the part of the end tag still to be generated."""
-        return self.config.trigger_end[len(self._closing):]
+    def pending_forced_tag(self) -> str:
+        """OPENING / CLOSING: the part of the forced tag still to be generated."""
+        tag = self.config.think_start if self.phase is Phase.OPENING else self.config.trigger_end
+        return tag[len(self._closing):]
 
     def _watched(self) -> list[tuple[str, Phase]]:
         """The tags that end the current suspended phase, each with the phase it leads to."""
@@ -113,13 +118,14 @@ class EnforcementMachine:
             return [(c.think_end, Phase.ENFORCED if c.mode == "always" else Phase.FREE)]
         return [(c.think_start, Phase.THINKING), (c.trigger_start, Phase.ENFORCED)]
 
-    def _close(self, buf: str) -> str:
-        """Match ``buf`` against the rest of the end tag; return what follows the tag."""
-        rest = self.pending_end_tag()
+    def _emit_forced(self, buf: str) -> str:
+        """Match ``buf`` against the rest of the forced tag; return what follows the tag."""
+        rest = self.pending_forced_tag()
         if buf.startswith(rest):
-            self.phase, self._closing = Phase.FREE, ""
+            self.phase = Phase.THINKING if self.phase is Phase.OPENING else Phase.FREE
+            self._closing = ""
             return buf[len(rest):]
         if rest.startswith(buf):
             self._closing += buf
             return ""
-        raise TagError(f"expected the end tag {rest!r}, got {buf!r}")
+        raise TagError(f"expected the forced tag {rest!r}, got {buf!r}")

@@ -230,3 +230,72 @@ def test_closed_engine_refuses_requests(engine: EmbeddedEngine) -> None:
 def test_loading_a_path_that_is_no_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(EngineUnavailable, match="neither an HF model directory nor a .gguf"):
         EmbeddedEngine.load(tmp_path)
+
+
+# ------------------------------------------------------------------ thinking-model enforcement
+
+LIMA_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Lima"]}},
+                "required": ["city"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
+        },
+    },
+]
+
+
+def _thinking_plan(prompt: str, **fields: object):
+    from runtime.planning import ChatInput, plan_chat
+
+    chat = ChatInput([{"role": "user", "content": prompt}], tools=LIMA_TOOLS, **fields)
+    return plan_chat(chat, family="qwen", reasoning=True)
+
+
+def test_triggered_tool_call_region_is_constrained_and_prose_stays_free(
+    engine: EmbeddedEngine,
+) -> None:
+    """tool_choice auto on a thinking model: free text until <tool_call>, then the call is
+    held to the schema (the enum admits only Lima, which the free run does not write)."""
+    call = _thinking_plan("Say '<tool_call>' and nothing else.")
+    prose = _thinking_plan("Tell me a joke.")
+    assert call.enforcement is not None and call.enforcement.mode == "triggered"
+    sampling = Sampling(max_tokens=40)
+    free = run(engine.generate(call.messages, None, sampling))
+    tagged = run(
+        engine.generate(call.messages, call.constraint, sampling, enforcement=call.enforcement)
+    )
+    joke = run(
+        engine.generate(prose.messages, prose.constraint, sampling, enforcement=prose.enforcement)
+    )
+    assert "<tool_call>" in free.text and "Lima" not in free.text
+    parsed = call.parse(tagged.text)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [
+        ("get_weather", {"city": "Lima"})
+    ], tagged.text
+    assert "<tool_call>" not in joke.text and prose.parse(joke.text).kind == "answer"
+
+
+def test_always_mode_of_a_thinking_model_opens_a_free_thinking_region(
+    engine: EmbeddedEngine,
+) -> None:
+    plan = _thinking_plan("Get the weather in Lima.", tool_choice="required")
+    assert plan.enforcement is not None and plan.enforcement.mode == "always"
+    text = run(
+        engine.generate(
+            plan.messages, plan.constraint, Sampling(max_tokens=24), enforcement=plan.enforcement
+        )
+    ).text
+    assert text.startswith("<think>")
+    assert not text.removeprefix("<think>").lstrip().startswith("{")  # thinking is not masked

@@ -36,6 +36,22 @@ def test_always_mode_enforces_from_the_first_token():
     assert EnforcementMachine(Enforcement()).phase is Phase.ENFORCED
 
 
+def test_always_mode_of_a_thinking_model_opens_with_the_forced_think_tag():
+    machine = EnforcementMachine(Enforcement(reasoning=True))
+    assert machine.phase is Phase.OPENING and machine.pending_forced_tag() == "<think>"
+    machine.feed("<th")
+    assert machine.phase is Phase.OPENING and machine.pending_forced_tag() == "ink>"
+    with pytest.raises(TagError, match="expected the forced tag"):
+        machine.feed("e")
+
+
+def test_triggered_mode_starts_free_and_a_model_may_think_first():
+    machine = EnforcementMachine(Enforcement(mode="triggered", reasoning=True))
+    assert machine.phase is Phase.FREE
+    assert machine.feed("No thinking, just a call: <tool_call>") == ""
+    assert machine.phase is Phase.ENFORCED
+
+
 def test_reasoning_region_is_free_until_think_end_split_across_tokens():
     machine = EnforcementMachine(Enforcement(reasoning=True))
     parts = pieces("<think>I need <tool_call> maybe</think>")
@@ -53,7 +69,7 @@ def test_triggered_region_opens_closes_and_reopens():
     assert [machine.feed(p) for p in parts] == [None] * (len(parts) - 1) + [""]
     assert machine.phase is Phase.ENFORCED
     machine.grammar_complete()
-    assert machine.phase is Phase.CLOSING and machine.pending_end_tag() == "</tool_call>"
+    assert machine.phase is Phase.CLOSING and machine.pending_forced_tag() == "</tool_call>"
     for p in pieces("</tool_call>"):
         machine.feed(p)
     assert machine.phase is Phase.FREE
@@ -100,7 +116,7 @@ def test_diverging_from_the_forced_end_tag_is_an_error():
     machine.feed("<tool_call>")
     machine.grammar_complete()
     machine.feed("</tool")
-    with pytest.raises(TagError, match="expected the end tag"):
+    with pytest.raises(TagError, match="expected the forced tag"):
         machine.feed("box>")
 
 
@@ -174,6 +190,14 @@ def test_processor_reasoning_then_always_enforced(compiled):
     assert not any(drive.eos_ok[:n_think])  # thinking may not end the answer
     assert all(not f for f in drive.free[n_think:])
     assert drive.allowed(scores) == [drive.tok.eos_token]  # complete: only EOS
+
+
+def test_processor_forces_the_think_tag_before_free_thinking(compiled):
+    drive = Drive(compiled, Enforcement(reasoning=True))
+    assert "".join(drive.allowed(drive.scores)) == "<"  # only the tag's first token
+    scores = drive.run("<think>")
+    assert len(drive.allowed(scores)) == len(drive.tok) - 1  # free thinking, all but EOS
+    assert not drive.eos_ok[-1]
 
 
 def test_processor_feeds_grammar_text_sharing_a_token_with_the_tag():
