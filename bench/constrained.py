@@ -2,9 +2,10 @@
 the same model and prompts, and the mask computation alone, for every installed backend.
 
 Decode: the bundled SmolLM2, greedy, a KV-cached loop (as the embedded engine runs it), the
-same prompts with and without ConstrainedLogitsProcessor on a tool union; runs interleaved so
-machine load hits both alike. Per-token time excludes prefill and compile (grammars are
-compiled before timing). Mask: the token sequences the model produced under the constraint
+same prompts with and without ConstrainedLogitsProcessor on a tool union; runs interleaved
+(rotating order) so machine load hits all alike. The ratio compares each constrained run with
+the unconstrained run of the same prompt and round over the same step positions (median over
+pairs), wall clock and process CPU. Per-token time excludes prefill and compile. Mask: the token sequences the model produced under the constraint
 are replayed through each backend's matcher, timing fill_next_token_bitmask per token; the
 torch application of the mask to the logits is timed apart. Backends that refuse the union
 (they would ignore keywords it uses) run on a copy without those keywords, marked "relaxed".
@@ -51,20 +52,20 @@ def prompt_ids(tokenizer: Any, tools: list[dict[str, Any]], question: str) -> li
         add_generation_prompt=True, return_dict=True)["input_ids"]
 
 
-def decode(model: Any, ids: list[int], steps: int, eos: int,
-           grammar: CompiledGrammar | None, tokenizer: Any) -> tuple[list[int], list[float]]:
-    """Greedy KV-cached decode; per-token seconds of the steps after prefill."""
+def decode(model: Any, ids: list[int], steps: int, eos: int, grammar: CompiledGrammar | None,
+           tokenizer: Any) -> tuple[list[int], list[float], list[float]]:
+    """Greedy KV-cached decode; per-token wall and process-CPU seconds after prefill."""
     from transformers import DynamicCache
 
     processor = (ConstrainedLogitsProcessor(grammar.matcher(), tokenizer)
                  if grammar is not None else None)
-    seq, times = list(ids), []
+    seq, times, cpu = list(ids), [], []
     past = DynamicCache(config=model.config)
     with torch.inference_mode():
         logits = model(input_ids=torch.tensor([seq]), past_key_values=past,
                        use_cache=True).logits[:, -1, :]
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if processor is not None:
                 logits = processor(torch.tensor([seq]), logits)
             token = int(logits.argmax())
@@ -74,7 +75,8 @@ def decode(model: Any, ids: list[int], steps: int, eos: int,
             logits = model(input_ids=torch.tensor([[token]]), past_key_values=past,
                            use_cache=True).logits[:, -1, :]
             times.append(time.perf_counter() - t0)
-    return seq[len(ids):], times
+            cpu.append(time.process_time() - c0)
+    return seq[len(ids):], times, cpu
 
 
 def compile_for(chain: BackendChain, schema: dict[str, Any]) -> tuple[CompiledGrammar, bool]:
@@ -87,10 +89,11 @@ def compile_for(chain: BackendChain, schema: dict[str, Any]) -> tuple[CompiledGr
         return chain.compile(Constraint.json_schema(relaxed, kind="tools")), True
 
 
-def mask_times(grammar: CompiledGrammar, sequences: list[list[int]], vocab: int) -> list[float]:
+def mask_times(grammar: CompiledGrammar, sequences: list[list[int]], vocab: int,
+               repeat: int = 10) -> list[float]:
     """Microseconds of fill_next_token_bitmask along each (valid) token sequence."""
     bitmask, out = allocate_bitmask(vocab), []
-    for seq in sequences:
+    for seq in sequences * repeat:
         matcher = grammar.matcher()
         for token in seq:
             t0 = time.perf_counter()
@@ -138,33 +141,46 @@ def main() -> None:
     for name in names:
         grammars[name], relaxed[name] = compile_for(BackendChain(tokenizer, [name]), schema)
 
-    step_times: dict[str, list[float]] = {"none": [], **{n: [] for n in names}}
+    variants: list[str] = ["none", *names]
+    wall: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[float]] = {v: [] for v in variants}
+    # per (round, prompt): constrained time / unconstrained time over the same step positions
+    # (a constrained run stops when its grammar completes; later steps cost more KV)
+    paired: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
     outputs: list[list[int]] = []
     for rnd in range(args.rounds):
-        for ids in prompts:
-            _, t = decode(model, ids, args.tokens, eos, None, tokenizer)
-            step_times["none"] += t
-            for name in names:
-                out, t = decode(model, ids, args.tokens, eos, grammars[name], tokenizer)
-                step_times[name] += t
-                if rnd == 0 and name == names[0]:
+        for i, ids in enumerate(prompts):
+            shift = (rnd * len(prompts) + i) % len(variants)  # rotate who runs first
+            runs = {}
+            for variant in variants[shift:] + variants[:shift]:
+                out, w, c = decode(model, ids, args.tokens, eos, grammars.get(variant), tokenizer)
+                runs[variant] = (w, c)
+                wall[variant] += w
+                cpu[variant] += c
+                if rnd == 0 and variant == names[0]:
                     outputs.append(out)
                     print("output:", tokenizer.decode(out)[:120], flush=True)
+            base_w, base_c = runs["none"]
+            for name in names:
+                w, c = runs[name]
+                n = min(len(w), len(base_w))
+                paired[name].append((sum(w[:n]) / sum(base_w[:n]), sum(c[:n]) / sum(base_c[:n])))
 
-    base = statistics.median(step_times["none"])
+    base_wall, base_cpu = statistics.median(wall["none"]), statistics.median(cpu["none"])
     figures: dict[str, Any] = {
         "model": "SmolLM2-135M-Instruct fp32", "prompts": len(prompts), "rounds": args.rounds,
         "load_avg_1m": round(os.getloadavg()[0], 2),
-        "unconstrained_ms_per_token": round(base * 1000, 2),
+        "unconstrained_ms_per_token": round(base_wall * 1000, 2),
+        "unconstrained_cpu_ms_per_token": round(base_cpu * 1000, 2),
         "apply_mask_p50_us": round(percentile(apply_times(vocab), 50), 1),
     }
     for name in names:
-        per_token = statistics.median(step_times[name])
         masks = mask_times(grammars[name], outputs, vocab)
         figures[name] = {
             "relaxed_schema": relaxed[name],
-            "ms_per_token": round(per_token * 1000, 2),
-            "ratio": round(per_token / base, 3),
+            "ms_per_token": round(statistics.median(wall[name]) * 1000, 2),
+            "ratio": round(statistics.median(r for r, _ in paired[name]), 3),
+            "cpu_ratio": round(statistics.median(r for _, r in paired[name]), 3),
             "mask_p50_us": round(percentile(masks, 50), 1),
             "mask_p99_us": round(percentile(masks, 99), 1),
             "mask_samples": len(masks),
