@@ -215,7 +215,9 @@ class EmbeddedEngine:
         def attempt(prompt_text: str) -> str:
             prompt = self.encode([*history, ChatMessage("user", prompt_text)])
             self._check_length(prompt, sampling)
-            attempts.append(self._decode(prompt, None, sampling, lambda _: None, threading.Event()))
+            attempts.append(
+                self._decode(prompt, None, sampling, None, lambda _: None, threading.Event())
+            )
             return attempts[-1].text
 
         loop = asyncio.get_running_loop()
