@@ -94,7 +94,7 @@ class _Head:
     """Roots of the perfect subtrees of the Merkle tree at ``seq`` (a compact range)."""
     key_id: str | None
     checkpoint_size: int
-    checkpoint_at: int
+    checkpoint_at: int  # epoch milliseconds of the chain's last checkpoint
     new_nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def add_leaf(self, entry_hash: str) -> None:
@@ -268,7 +268,7 @@ class Ledger:
         for head in heads:
             if head.checkpoint_size < head.seq:
                 self._uncheckpointed.setdefault(
-                    head.chain, head.checkpoint_at + self.checkpoint_interval_s
+                    head.chain, head.checkpoint_at / 1000 + self.checkpoint_interval_s
                 )
             else:
                 self._uncheckpointed.pop(head.chain, None)
@@ -406,7 +406,7 @@ class Ledger:
         """Every ``checkpoint_every`` receipts, or ``checkpoint_interval_s`` after the last."""
         return head.seq > head.checkpoint_size and (
             head.seq - head.checkpoint_size >= self.checkpoint_every
-            or time.time() - head.checkpoint_at >= self.checkpoint_interval_s
+            or time.time() - head.checkpoint_at / 1000 >= self.checkpoint_interval_s
         )
 
     def _store_checkpoint(self, conn: sa.Connection, head: _Head) -> dict[str, Any]:
@@ -424,7 +424,7 @@ class Ledger:
                 }
             ],
         )
-        head.checkpoint_size, head.checkpoint_at = head.seq, int(time.time())
+        head.checkpoint_size, head.checkpoint_at = head.seq, int(time.time() * 1000)
         return checkpoint
 
     def checkpoint_now(self, tenant: str) -> dict[str, Any]:

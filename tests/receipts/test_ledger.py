@@ -111,12 +111,16 @@ def test_query_filters_and_cursor_pagination(db_url: str) -> None:
 
 def test_checkpoints_every_n_and_every_t(db_url: str) -> None:
     migrated(db_url)
-    with ledger(db_url, checkpoint_every=50, checkpoint_interval_s=0.5) as led:
-        fill(led, 120)
-        sizes = _checkpoint_sizes(db_url, "acme")
-        # the first batch is checkpointed (T has passed since "never"), then every >= 50
-        assert len(sizes) >= 2 and sizes[-1] <= 120
-        assert all(b - a >= 50 for a, b in itertools.pairwise(sizes))
+    every, interval = 50, 1.0
+    with ledger(db_url, checkpoint_every=every, checkpoint_interval_s=interval) as led:
+        for _ in range(120):  # one at a time: each append is its own batch
+            led.append(draft("acme"))
+        checkpoints = _checkpoints(db_url, "acme")
+        # the first append is checkpointed (T has passed since "never"); after that a new one
+        # only once N receipts or T seconds have passed since the previous one
+        assert checkpoints[0][0] == 1 and len(checkpoints) >= 3
+        for (size_a, at_a), (size_b, at_b) in itertools.pairwise(checkpoints):
+            assert size_b - size_a >= every or at_b - at_a >= interval - 0.05
         deadline = time.monotonic() + 10
         while led.latest_checkpoint("acme")["tree_size"] != 120:  # T elapses while idle
             assert time.monotonic() < deadline, "no checkpoint after the interval"
@@ -129,20 +133,23 @@ def test_checkpoints_every_n_and_every_t(db_url: str) -> None:
         assert led.checkpoint_now("acme") == cp  # already current: no new one
 
 
-def _checkpoint_sizes(url: str, chain: str) -> list[int]:
+def _checkpoints(url: str, chain: str) -> list[tuple[int, float]]:
+    """(tree size, signing time in epoch seconds) of every stored checkpoint, by size."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            return list(
-                conn.execute(
-                    sa.text(
-                        "SELECT tree_size FROM checkpoints WHERE chain = :c ORDER BY tree_size"
-                    ),
-                    {"c": chain},
-                ).scalars()
-            )
+            rows = conn.execute(
+                sa.text(
+                    "SELECT tree_size, timestamp FROM checkpoints WHERE chain = :c"
+                    " ORDER BY tree_size"
+                ),
+                {"c": chain},
+            ).all()
     finally:
         engine.dispose()
+    return [
+        (size, datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()) for size, ts in rows
+    ]
 
 
 def test_inclusion_and_consistency_proofs_from_the_store(db_url: str) -> None:
