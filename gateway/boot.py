@@ -56,7 +56,15 @@ def load_engine(settings: Settings) -> Engine:
 
         if not settings.vllm_url or not settings.model:
             raise SettingsError("--engine vllm needs --vllm-url and --model (the served name)")
-        return VllmEngine(settings.vllm_url, settings.model, weights_digest=settings.weights_digest)
+        return VllmEngine(
+            settings.vllm_url,
+            settings.model,
+            api_key=settings.vllm_api_key,
+            weights_digest=settings.weights_digest,
+            model_dir=settings.vllm_model_dir,
+            backend=settings.vllm_backend,
+            think_budget=settings.vllm_think_budget,
+        )
     from runtime.engines.embedded import EmbeddedEngine
 
     return EmbeddedEngine.load(settings.model)

@@ -12,7 +12,7 @@ import os
 import tomllib
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 
@@ -35,6 +35,10 @@ class Settings:
     model: str | None = None  # embedded: local HF dir or GGUF (default: bundled); vllm: name
     vllm_url: str | None = None
     weights_digest: str | None = None  # vllm: the served weights' sha256, bound in manifests
+    vllm_api_key: str | None = field(default=None, repr=False)  # vllm server's --api-key
+    vllm_backend: Literal["xgrammar", "guidance"] = "xgrammar"  # the server's, for manifests
+    vllm_model_dir: Path | None = None  # vllm: local copy of the served weights, for digests
+    vllm_think_budget: int | None = None  # vllm: tokens of free reasoning before the grammar
     reasoning: bool | None = None  # thinking model (free <think> region); None: from its name
     signing_key_file: Path | None = None  # default <data_dir>/signing-key.pem, made on first run
     retain_payloads: bool = False  # keep request messages+params in receipts (needed by replay)

@@ -57,3 +57,29 @@ def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "c.ini").write_text("x")
     with pytest.raises(SettingsError, match=r"\.toml, \.yaml"):
         load_settings({}, {}, tmp_path / "c.ini")
+
+
+def test_vllm_engine_gets_every_vllm_setting(tmp_path: Path) -> None:
+    from gateway.boot import load_engine
+    from runtime.model_store import bundled_model_dir, model_digests
+
+    model_dir = bundled_model_dir()
+    env = {
+        "CALLPROOF_ENGINE": "vllm",
+        "CALLPROOF_VLLM_URL": "http://127.0.0.1:9",
+        "CALLPROOF_MODEL": "served",
+        "CALLPROOF_VLLM_API_KEY": "sk-upstream-secret",
+        "CALLPROOF_VLLM_BACKEND": "guidance",
+        "CALLPROOF_VLLM_MODEL_DIR": str(model_dir),
+        "CALLPROOF_VLLM_THINK_BUDGET": "64",
+    }
+    settings = load_settings({}, env)
+    assert "sk-upstream-secret" not in repr(settings)
+    engine = load_engine(settings)
+    digests = model_digests(model_dir)
+    assert (engine.identity.model, engine.identity.backend) == ("served", "guidance")
+    assert (engine.identity.weights_digest, engine.identity.tokenizer_digest) == (
+        digests.weights,
+        digests.tokenizer,
+    )
+    assert engine.think_budget == 64
