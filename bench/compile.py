@@ -46,8 +46,7 @@ def strip_keywords(schema: Any, keywords: frozenset[str]) -> Any:
     return {k: strip_keywords(v, keywords) for k, v in schema.items() if k not in keywords}
 
 
-def _compile_worker(tokenizer: Any, name: str, constraints: list[Constraint],
-                    queue: Any) -> None:
+def _compile_worker(tokenizer: Any, name: str, constraints: list[Constraint], queue: Any) -> None:
     """Child process: report init time, then one item per compile, full schemas first and,
     when the backend refuses them, relaxed copies without the keywords it would ignore."""
     start = time.perf_counter()
@@ -56,9 +55,17 @@ def _compile_worker(tokenizer: Any, name: str, constraints: list[Constraint],
     queue.put(("init", (time.perf_counter() - start) * 1000))
     passes = [("full", constraints)]
     if backend.unenforced:
-        passes.append(("relaxed", [
-            Constraint.json_schema(strip_keywords(c.schema(), backend.unenforced), kind="tools")
-            for c in constraints]))
+        passes.append(
+            (
+                "relaxed",
+                [
+                    Constraint.json_schema(
+                        strip_keywords(c.schema(), backend.unenforced), kind="tools"
+                    )
+                    for c in constraints
+                ],
+            )
+        )
     for label, batch in passes:
         refused = 0
         for constraint in batch:
@@ -69,20 +76,27 @@ def _compile_worker(tokenizer: Any, name: str, constraints: list[Constraint],
                 refused += 1
                 queue.put((label, "refused", exc.message.split(": ", 2)[-1][:120]))
                 continue
-            queue.put((label, "ok", ((time.perf_counter() - t0) * 1000,
-                                     (time.process_time() - c0) * 1000)))
+            queue.put(
+                (
+                    label,
+                    "ok",
+                    ((time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000),
+                )
+            )
         if not refused:
             break  # nothing refused: no relaxed pass needed
 
 
-def cold_compiles(tokenizer: Any, name: str, constraints: list[Constraint],
-                  budget_s: float) -> dict[str, Any]:
+def cold_compiles(
+    tokenizer: Any, name: str, constraints: list[Constraint], budget_s: float
+) -> dict[str, Any]:
     """Run the compiles in a child process that is killed at the budget: one Outlines compile
     can take minutes, and a compile cannot be interrupted in-process."""
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_compile_worker, args=(tokenizer, name, constraints, queue),
-                        daemon=True)
+    child = ctx.Process(
+        target=_compile_worker, args=(tokenizer, name, constraints, queue), daemon=True
+    )
     child.start()
     deadline = time.monotonic() + budget_s
     items = []
@@ -103,11 +117,13 @@ def cold_compiles(tokenizer: Any, name: str, constraints: list[Constraint],
         cpu = [i[2][1] for i in done if i[1] == "ok"]
         part: dict[str, Any] = {"compiled": len(wall), "refused": len(done) - len(wall)}
         if wall:
-            part |= {"cold_p50_ms": round(percentile(wall, 50), 3),
-                     "cold_p99_ms": round(percentile(wall, 99), 3),
-                     # CPU time: what the compile costs when the host is shared
-                     "cold_cpu_p50_ms": round(percentile(cpu, 50), 3),
-                     "cold_cpu_p99_ms": round(percentile(cpu, 99), 3)}
+            part |= {
+                "cold_p50_ms": round(percentile(wall, 50), 3),
+                "cold_p99_ms": round(percentile(wall, 99), 3),
+                # CPU time: what the compile costs when the host is shared
+                "cold_cpu_p50_ms": round(percentile(cpu, 50), 3),
+                "cold_cpu_p99_ms": round(percentile(cpu, 99), 3),
+            }
         reasons = sorted({i[2] for i in done if i[1] == "refused"})
         if reasons:
             part["refusal_reasons"] = reasons[:3]
@@ -130,9 +146,12 @@ def warm_lookups(tokenizer: Any, constraints: list[Constraint], n: int) -> dict[
         stats = cache.stats()["tools"]
     finally:
         cache.close()
-    return {"warm_p50_ms": round(percentile(times, 50), 5),
-            "warm_p99_ms": round(percentile(times, 99), 5),
-            "warm_hits": stats["hits"], "warm_compiles": stats["compiles"]}
+    return {
+        "warm_p50_ms": round(percentile(times, 50), 5),
+        "warm_p99_ms": round(percentile(times, 99), 5),
+        "warm_hits": stats["hits"],
+        "warm_compiles": stats["compiles"],
+    }
 
 
 def main() -> None:
@@ -147,13 +166,18 @@ def main() -> None:
     from runtime.model_store import bundled_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(bundled_model_dir())
-    constraints = [Constraint.json_schema(union_for(seed), kind="tools")
-                   for seed in range(args.sets)]
+    constraints = [
+        Constraint.json_schema(union_for(seed), kind="tools") for seed in range(args.sets)
+    ]
     sizes = [len(c.source) for c in constraints]
-    print(f"{len(constraints)} distinct tool unions, {min(sizes)}-{max(sizes)} bytes "
-          f"(median {statistics.median(sizes):.0f})")
-    figures: dict[str, Any] = {"tool_sets": len(constraints),
-                               "load_avg_1m": round(os.getloadavg()[0], 2)}
+    print(
+        f"{len(constraints)} distinct tool unions, {min(sizes)}-{max(sizes)} bytes "
+        f"(median {statistics.median(sizes):.0f})"
+    )
+    figures: dict[str, Any] = {
+        "tool_sets": len(constraints),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
     for name in available_backends():
         figures[name] = cold_compiles(tokenizer, name, constraints, args.budget)
         print(name, figures[name], flush=True)

@@ -45,25 +45,37 @@ QUESTIONS = [
 
 
 def prompt_ids(tokenizer: Any, tools: list[dict[str, Any]], question: str) -> list[int]:
-    system = ("You can call these tools. Answer with one JSON object "
-              '{"tool": NAME, "arguments": {...}} or {"answer": TEXT}.\n' + json.dumps(tools))
+    system = (
+        "You can call these tools. Answer with one JSON object "
+        '{"tool": NAME, "arguments": {...}} or {"answer": TEXT}.\n' + json.dumps(tools)
+    )
     return tokenizer.apply_chat_template(
         [{"role": "system", "content": system}, {"role": "user", "content": question}],
-        add_generation_prompt=True, return_dict=True)["input_ids"]
+        add_generation_prompt=True,
+        return_dict=True,
+    )["input_ids"]
 
 
-def decode(model: Any, ids: list[int], steps: int, eos: int, grammar: CompiledGrammar | None,
-           tokenizer: Any) -> tuple[list[int], list[float], list[float]]:
+def decode(
+    model: Any,
+    ids: list[int],
+    steps: int,
+    eos: int,
+    grammar: CompiledGrammar | None,
+    tokenizer: Any,
+) -> tuple[list[int], list[float], list[float]]:
     """Greedy KV-cached decode; per-token wall and process-CPU seconds after prefill."""
     from transformers import DynamicCache
 
-    processor = (ConstrainedLogitsProcessor(grammar.matcher(), tokenizer)
-                 if grammar is not None else None)
+    processor = (
+        ConstrainedLogitsProcessor(grammar.matcher(), tokenizer) if grammar is not None else None
+    )
     seq, times, cpu = list(ids), [], []
     past = DynamicCache(config=model.config)
     with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([seq]), past_key_values=past,
-                       use_cache=True).logits[:, -1, :]
+        logits = model(input_ids=torch.tensor([seq]), past_key_values=past, use_cache=True).logits[
+            :, -1, :
+        ]
         for _ in range(steps):
             t0, c0 = time.perf_counter(), time.process_time()
             if processor is not None:
@@ -72,11 +84,12 @@ def decode(model: Any, ids: list[int], steps: int, eos: int, grammar: CompiledGr
             if token == eos:
                 break
             seq.append(token)
-            logits = model(input_ids=torch.tensor([[token]]), past_key_values=past,
-                           use_cache=True).logits[:, -1, :]
+            logits = model(
+                input_ids=torch.tensor([[token]]), past_key_values=past, use_cache=True
+            ).logits[:, -1, :]
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
-    return seq[len(ids):], times, cpu
+    return seq[len(ids) :], times, cpu
 
 
 def compile_for(chain: BackendChain, schema: dict[str, Any]) -> tuple[CompiledGrammar, bool]:
@@ -89,8 +102,9 @@ def compile_for(chain: BackendChain, schema: dict[str, Any]) -> tuple[CompiledGr
         return chain.compile(Constraint.json_schema(relaxed, kind="tools")), True
 
 
-def mask_times(grammar: CompiledGrammar, sequences: list[list[int]], vocab: int,
-               repeat: int = 10) -> list[float]:
+def mask_times(
+    grammar: CompiledGrammar, sequences: list[list[int]], vocab: int, repeat: int = 10
+) -> list[float]:
     """Microseconds of fill_next_token_bitmask along each (valid) token sequence."""
     bitmask, out = allocate_bitmask(vocab), []
     for seq in sequences * repeat:
@@ -132,8 +146,10 @@ def main() -> None:
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
     # Two tools (weather, email): small enough that Outlines compiles it in bounded time.
     rng = random.Random(7)
-    tools = [{"type": "function", "function": {"name": name, "parameters": FAMILIES[name](rng)}}
-             for name in ("get_weather", "send_email")]
+    tools = [
+        {"type": "function", "function": {"name": name, "parameters": FAMILIES[name](rng)}}
+        for name in ("get_weather", "send_email")
+    ]
     schema = union_of(tools)
     prompts = [prompt_ids(tokenizer, tools, q) for q in QUESTIONS[: args.prompts]]
     names = available_backends()
@@ -168,7 +184,9 @@ def main() -> None:
 
     base_wall, base_cpu = statistics.median(wall["none"]), statistics.median(cpu["none"])
     figures: dict[str, Any] = {
-        "model": "SmolLM2-135M-Instruct fp32", "prompts": len(prompts), "rounds": args.rounds,
+        "model": "SmolLM2-135M-Instruct fp32",
+        "prompts": len(prompts),
+        "rounds": args.rounds,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "unconstrained_ms_per_token": round(base_wall * 1000, 2),
         "unconstrained_cpu_ms_per_token": round(base_cpu * 1000, 2),

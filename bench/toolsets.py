@@ -30,7 +30,11 @@ def _calendar(rng: random.Random) -> dict[str, Any]:
         "properties": {
             "title": {"type": "string", "maxLength": 120},
             "start": {"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}$"},
-            "duration_minutes": {"type": "integer", "minimum": 5, "maximum": rng.choice([240, 480])},
+            "duration_minutes": {
+                "type": "integer",
+                "minimum": 5,
+                "maximum": rng.choice([240, 480]),
+            },
             "attendees": {
                 "type": "array",
                 "items": {"type": "string", "format": "email"},
@@ -38,8 +42,10 @@ def _calendar(rng: random.Random) -> dict[str, Any]:
             },
             "reminder": {
                 "type": "object",
-                "properties": {"minutes_before": {"type": "integer", "minimum": 0},
-                               "channel": {"enum": ["email", "push", "sms"]}},
+                "properties": {
+                    "minutes_before": {"type": "integer", "minimum": 0},
+                    "channel": {"enum": ["email", "push", "sms"]},
+                },
                 "required": ["minutes_before"],
             },
         },
@@ -53,8 +59,11 @@ def _db_query(rng: random.Random) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "table": {"enum": tables},
-            "columns": {"type": "array", "items": {"type": "string", "pattern": "^[a-z_]+$"},
-                        "minItems": 1},
+            "columns": {
+                "type": "array",
+                "items": {"type": "string", "pattern": "^[a-z_]+$"},
+                "minItems": 1,
+            },
             "filters": {
                 "type": "array",
                 "items": {
@@ -106,18 +115,27 @@ def _payment(rng: random.Random) -> dict[str, Any]:
         "properties": {
             "amount": {"type": "number", "minimum": 0.01, "maximum": rng.choice([1e4, 1e5])},
             "currency": {"enum": rng.sample(["EUR", "USD", "GBP", "JPY", "CHF"], 3)},
-            "recipient": {"type": "object",
-                          "properties": {"iban": {"type": "string",
-                                                  "pattern": "^[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}$"},
-                                         "name": {"type": "string"}},
-                          "required": ["iban", "name"]},
+            "recipient": {
+                "type": "object",
+                "properties": {
+                    "iban": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{2}[A-Z0-9]{11,30}$"},
+                    "name": {"type": "string"},
+                },
+                "required": ["iban", "name"],
+            },
         },
         "required": ["amount", "currency", "recipient"],
     }
 
 
-FAMILIES = {"get_weather": _weather, "create_event": _calendar, "query_db": _db_query,
-            "send_email": _email, "search_flights": _flights, "make_payment": _payment}
+FAMILIES = {
+    "get_weather": _weather,
+    "create_event": _calendar,
+    "query_db": _db_query,
+    "send_email": _email,
+    "search_flights": _flights,
+    "make_payment": _payment,
+}
 
 
 def tool_set(seed: int) -> list[dict[str, Any]]:
@@ -125,9 +143,14 @@ def tool_set(seed: int) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     names = rng.sample(sorted(FAMILIES), rng.randint(2, 5))
     return [
-        {"type": "function",
-         "function": {"name": f"{name}_v{seed}", "description": f"{name} tool",
-                      "parameters": FAMILIES[name](rng)}}
+        {
+            "type": "function",
+            "function": {
+                "name": f"{name}_v{seed}",
+                "description": f"{name} tool",
+                "parameters": FAMILIES[name](rng),
+            },
+        }
         for name in names
     ]
 

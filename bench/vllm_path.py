@@ -57,8 +57,14 @@ SCHEMA = {
 }
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "review", "schema": SCHEMA}}
 TOPICS = [
-    "a cheap umbrella", "a mountain bike", "a jazz album", "a sci-fi novel",
-    "a coffee grinder", "a budget phone", "a board game", "a hiking trail",
+    "a cheap umbrella",
+    "a mountain bike",
+    "a jazz album",
+    "a sci-fi novel",
+    "a coffee grinder",
+    "a budget phone",
+    "a board game",
+    "a hiking trail",
 ]
 
 
@@ -92,8 +98,11 @@ def chat_request(model: str, topic: str, max_tokens: int) -> dict[str, Any]:
 def upstream_body(engine: VllmEngine, request: dict[str, Any]) -> dict[str, Any]:
     """What the gateway sends vLLM for ``request``: planned and built by the same code."""
     plan = plan_chat(
-        ChatInput(messages=request["messages"], response_format=request["response_format"],
-                  model=request["model"])
+        ChatInput(
+            messages=request["messages"],
+            response_format=request["response_format"],
+            model=request["model"],
+        )
     )
     sampling = Sampling(temperature=0.0, max_tokens=request["max_tokens"], seed=request["seed"])
     return engine.request_body(plan.messages, plan.constraint, sampling, stream=False)
@@ -165,15 +174,32 @@ def gateway(vllm_url: str, model: str, db: str, workdir: Path) -> Iterator[tuple
     subprocess.run([*cli, "ledger", "migrate", "--db", db], check=True, capture_output=True)
     created = subprocess.run(
         [*cli, "keys", "create", "--role", "agent", "--tenant", TENANT, *location],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     key = created.stdout.strip().splitlines()[-1]
     port = free_port()
     log = (workdir / "gateway.log").open("wb")
     process = subprocess.Popen(
-        [*cli, "serve", "--engine", "vllm", "--vllm-url", vllm_url, "--model", model,
-         "--port", str(port), "--log-level", "WARNING", *location],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            *cli,
+            "serve",
+            "--engine",
+            "vllm",
+            "--vllm-url",
+            vllm_url,
+            "--model",
+            model,
+            "--port",
+            str(port),
+            "--log-level",
+            "WARNING",
+            *location,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -211,7 +237,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         paths = {
             "direct": (vllm_url + "/v1/chat/completions", direct_bodies, {}),
             "gateway": (
-                gateway_url + "/v1/chat/completions", requests,
+                gateway_url + "/v1/chat/completions",
+                requests,
                 {"Authorization": f"Bearer {key}"},
             ),
         }
@@ -227,9 +254,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if name == "gateway":
                     gateway_cpu_s += cpu_seconds(gateway_pid) - cpu_before
                 phases[name].append(phase)
-                print(f"round {round_no + 1} {name}: {phase.tokens_per_s:.1f} tokens/s, "
-                      f"p50 {percentile([s.latency_s for s in phase.samples], 0.5) * 1e3:.0f} ms",
-                      flush=True)
+                print(
+                    f"round {round_no + 1} {name}: {phase.tokens_per_s:.1f} tokens/s, "
+                    f"p50 {percentile([s.latency_s for s in phase.samples], 0.5) * 1e3:.0f} ms",
+                    flush=True,
+                )
     return figures(phases, gateway_cpu_s, args)
 
 
@@ -274,8 +303,9 @@ def figures(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.vllm_path", description=__doc__.split(
-        "\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.vllm_path", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--requests", type=int, default=16, help="requests per phase")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)

@@ -27,8 +27,10 @@ class PostgresUnavailable(RuntimeError):
 def find_bin_dir() -> Path:
     """The newest ``/usr/lib/postgresql/<N>/bin`` holding initdb, or $CALLPROOF_PG_BIN."""
     explicit = os.environ.get("CALLPROOF_PG_BIN")
-    candidates = [explicit] if explicit else sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name)
+    candidates = (
+        [explicit]
+        if explicit
+        else sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name))
     )
     for candidate in reversed(candidates):
         if candidate and (Path(candidate) / "initdb").exists():
@@ -66,22 +68,61 @@ def throwaway_postgres(database: str = "callproof") -> Iterator[str]:
         os.chown(root, uid, gid)
     try:
         subprocess.run(
-            [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-U", "postgres",
-             "--auth=trust", "-E", "UTF8", "--no-sync"],
-            check=True, capture_output=True, cwd=root,
+            [
+                *prefix,
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=root,
         )
-        opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='{root}'"
-                " -c max_connections=200 -c fsync=on -c synchronous_commit=on")
+        opts = (
+            f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories='{root}'"
+            " -c max_connections=200 -c fsync=on -c synchronous_commit=on"
+        )
         subprocess.run(
-            [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", opts,
-             "-l", str(root / "log"), "-w", "-t", "60", "start"],
-            check=True, capture_output=True, cwd=root,
+            [
+                *prefix,
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(data),
+                "-o",
+                opts,
+                "-l",
+                str(root / "log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=root,
         )
         _wait_ready(port)
         subprocess.run(
-            [*prefix, str(bin_dir / "createdb"), "-h", "127.0.0.1", "-p", str(port),
-             "-U", "postgres", database],
-            check=True, capture_output=True, cwd=root,
+            [
+                *prefix,
+                str(bin_dir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "postgres",
+                database,
+            ],
+            check=True,
+            capture_output=True,
+            cwd=root,
         )
         yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/{database}"
     except subprocess.CalledProcessError as exc:
@@ -93,7 +134,9 @@ def throwaway_postgres(database: str = "callproof") -> Iterator[str]:
         if (data / "postmaster.pid").exists():
             subprocess.run(
                 [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-                capture_output=True, cwd=root,
+                check=False,
+                capture_output=True,
+                cwd=root,
             )
         shutil.rmtree(root, ignore_errors=True)
 

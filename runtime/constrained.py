@@ -169,7 +169,9 @@ def processor_for(
     return ConstrainedProcessor(proc, compiled.backend, compiled)
 
 
-def json_schema_processor(schema: dict[str, Any], tokenizer: Any, **kw: Any) -> ConstrainedProcessor:
+def json_schema_processor(
+    schema: dict[str, Any], tokenizer: Any, **kw: Any
+) -> ConstrainedProcessor:
     return processor_for(Constraint.json_schema(schema), tokenizer, **kw)
 
 
@@ -214,7 +216,9 @@ def post_hoc_retry_json(
             message = failure.message
         error = StructuredOutputInvalid(
             f"output invalid at JSON pointer {pointer or '/'}: {message}",
-            schema=schema, raw_output=raw, pointer=pointer,
+            schema=schema,
+            raw_output=raw,
+            pointer=pointer,
         )
         attempt_prompt = (
             f"{prompt}\n\nYour previous answer was:\n{raw}\nIt is invalid at JSON pointer "

@@ -74,14 +74,16 @@ def _validate_schema(constraint: Constraint) -> None:
     param = "tools" if constraint.kind == "tools" else "response_format"
     schema = constraint.schema()
     if not isinstance(schema, (dict, bool)):
-        raise InvalidSchema(f"a JSON schema must be an object, not {type(schema).__name__}",
-                            param=param)
+        raise InvalidSchema(
+            f"a JSON schema must be an object, not {type(schema).__name__}", param=param
+        )
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         pointer = "/" + "/".join(str(p) for p in exc.absolute_path)
-        raise InvalidSchema(f"invalid JSON schema at {pointer}: {exc.message}",
-                            param=param) from None
+        raise InvalidSchema(
+            f"invalid JSON schema at {pointer}: {exc.message}", param=param
+        ) from None
 
 
 def _validate_regex(pattern: str) -> None:

@@ -38,12 +38,14 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
         if size > limits.max_schema_bytes:
             raise ConstraintTooComplex(
                 f"schema is {size} bytes; max_schema_bytes is {limits.max_schema_bytes}",
-                param=param)
+                param=param,
+            )
         depth = schema_depth(constraint.schema())
         if depth > limits.max_schema_depth:
             raise ConstraintTooComplex(
-                f"schema nests {depth} levels deep; max_schema_depth is "
-                f"{limits.max_schema_depth}", param=param)
+                f"schema nests {depth} levels deep; max_schema_depth is {limits.max_schema_depth}",
+                param=param,
+            )
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
     else:
@@ -51,13 +53,13 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
         if size > limits.max_grammar_bytes:
             raise ConstraintTooComplex(
                 f"grammar is {size} bytes; max_grammar_bytes is {limits.max_grammar_bytes}",
-                param=param)
+                param=param,
+            )
 
 
 def check_tool_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:
     if count > limits.max_tools:
-        raise ConstraintTooComplex(f"{count} tools; max_tools is {limits.max_tools}",
-                                   param="tools")
+        raise ConstraintTooComplex(f"{count} tools; max_tools is {limits.max_tools}", param="tools")
 
 
 def schema_depth(value: Any) -> int:
@@ -66,7 +68,9 @@ def schema_depth(value: Any) -> int:
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        )
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return deepest
 
@@ -82,15 +86,19 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS) -> None:
     automata, and the post-hoc path checks output with Python's backtracking ``re``."""
     if len(pattern) > limits.max_regex_length:
         raise ConstraintTooComplex(
-            f"regex is {len(pattern)} characters; max_regex_length is "
-            f"{limits.max_regex_length}", param="regex")
+            f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
+            param="regex",
+        )
     for m in _REPEAT.finditer(pattern):
         bound = max(int(m.group(1)), int(m.group(2) or 0))
         if bound > limits.max_regex_repeat:
             raise ConstraintTooComplex(
-                f"regex repetition {m.group(0)} exceeds max_regex_repeat "
-                f"{limits.max_regex_repeat}", param="regex")
+                f"regex repetition {m.group(0)} exceeds max_regex_repeat {limits.max_regex_repeat}",
+                param="regex",
+            )
     if _NESTED_QUANTIFIER.search(pattern):
         raise ConstraintTooComplex(
             "regex has a nested quantifier (a quantified group ending in a quantifier, as "
-            "in (a+)+); rewrite it without nesting", param="regex")
+            "in (a+)+); rewrite it without nesting",
+            param="regex",
+        )

@@ -60,8 +60,9 @@ class EnforcementMachine:
         self.config = enforcement
         self._tail = ""  # suspended text not yet ruled out as the start of a tag
         self._closing = ""  # OPENING / CLOSING: how much of the forced tag has been emitted
-        self._longest_tag = max(len(enforcement.think_start), len(enforcement.think_end),
-                                len(enforcement.trigger_start))
+        self._longest_tag = max(
+            len(enforcement.think_start), len(enforcement.think_end), len(enforcement.trigger_start)
+        )
         if enforcement.mode == "triggered":
             self.phase = Phase.FREE
         elif enforcement.reasoning:
@@ -90,10 +91,10 @@ class EnforcementMachine:
                     return None
             hits = [(i, tag, nxt) for tag, nxt in self._watched() if (i := buf.find(tag)) >= 0]
             if not hits:
-                self._tail = buf[-(self._longest_tag - 1):] if self._longest_tag > 1 else ""
+                self._tail = buf[-(self._longest_tag - 1) :] if self._longest_tag > 1 else ""
                 return None
             i, tag, nxt = min(hits, key=lambda h: h[0])
-            buf, self.phase = buf[i + len(tag):], nxt
+            buf, self.phase = buf[i + len(tag) :], nxt
             if nxt is Phase.ENFORCED:
                 return buf
 
@@ -109,7 +110,7 @@ class EnforcementMachine:
     def pending_forced_tag(self) -> str:
         """OPENING / CLOSING: the part of the forced tag still to be generated."""
         tag = self.config.think_start if self.phase is Phase.OPENING else self.config.trigger_end
-        return tag[len(self._closing):]
+        return tag[len(self._closing) :]
 
     def _watched(self) -> list[tuple[str, Phase]]:
         """The tags that end the current suspended phase, each with the phase it leads to."""
@@ -124,7 +125,7 @@ class EnforcementMachine:
         if buf.startswith(rest):
             self.phase = Phase.THINKING if self.phase is Phase.OPENING else Phase.FREE
             self._closing = ""
-            return buf[len(rest):]
+            return buf[len(rest) :]
         if rest.startswith(buf):
             self._closing += buf
             return ""

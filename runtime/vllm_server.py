@@ -58,13 +58,21 @@ class VllmServerConfig:
     def command(self, port: int) -> list[str]:
         structured = {"backend": self.backend, "disable_any_whitespace": True}
         cmd = [
-            str(self.python()), "-m", "vllm.entrypoints.openai.api_server",
-            "--host", self.host,
-            "--port", str(port),
-            "--model", str(self.model_dir),
-            "--served-model-name", self.served_name,
-            "--max-model-len", str(self.max_model_len),
-            "--structured-outputs-config", json.dumps(structured),
+            str(self.python()),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--max-model-len",
+            str(self.max_model_len),
+            "--structured-outputs-config",
+            json.dumps(structured),
             "--disable-uvicorn-access-log",
         ]
         if self.api_key:
@@ -123,8 +131,9 @@ class VllmServer:
             if self.healthy():
                 return
             time.sleep(1.0)
-        raise VllmServerError(f"the vLLM server was not healthy in {timeout:.0f} s:\n"
-                              f"{self.log_tail()}")
+        raise VllmServerError(
+            f"the vLLM server was not healthy in {timeout:.0f} s:\n{self.log_tail()}"
+        )
 
     def healthy(self) -> bool:
         try:

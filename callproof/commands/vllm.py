@@ -39,9 +39,12 @@ def _serve_local(args: argparse.Namespace) -> int:
     print(f"starting vLLM (log: {args.log}) ...", flush=True)
     try:
         with running_vllm(config, args.log) as server:
-            print(f"vLLM ready at {server.url}, model {config.served_name}; gateway:\n"
-                  f"  callproof serve --engine vllm --vllm-url {server.url} "
-                  f"--model {config.served_name}", flush=True)
+            print(
+                f"vLLM ready at {server.url}, model {config.served_name}; gateway:\n"
+                f"  callproof serve --engine vllm --vllm-url {server.url} "
+                f"--model {config.served_name}",
+                flush=True,
+            )
             code = server.wait()
             print(f"vLLM exited with {code}:\n{server.log_tail()}", file=sys.stderr)
             return 1

@@ -55,8 +55,9 @@ class CompiledGrammar:
     """A compiled constraint, shareable across requests (the grammar cache stores these):
     the backend's compiled artefact lives in the ``new_matcher`` closure."""
 
-    def __init__(self, backend: str, constraint: Constraint,
-                 new_matcher: Callable[[], GrammarMatcher]):
+    def __init__(
+        self, backend: str, constraint: Constraint, new_matcher: Callable[[], GrammarMatcher]
+    ):
         self.backend = backend
         self.constraint = constraint
         self._new_matcher = new_matcher

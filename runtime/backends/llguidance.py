@@ -62,8 +62,9 @@ class LLGuidanceBackend(GrammarBackend):
         template = llguidance.LLMatcher(self._lltok, grammar, log_level=0)
         if template.is_error():
             raise BackendCannotCompile(f"llguidance: {template.get_error()}")
-        return CompiledGrammar(self.name, constraint,
-                               lambda: LLGuidanceMatcher(template.deep_copy()))
+        return CompiledGrammar(
+            self.name, constraint, lambda: LLGuidanceMatcher(template.deep_copy())
+        )
 
     @staticmethod
     def _grammar(constraint: Constraint) -> str:

@@ -23,10 +23,21 @@ from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 
-UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minProperties", "maxProperties", "format", "patternProperties", "allOf", "prefixItems",
-})
+UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minProperties",
+        "maxProperties",
+        "format",
+        "patternProperties",
+        "allOf",
+        "prefixItems",
+    }
+)
 
 
 class LMFEMatcher(MaskReadingMatcher):
@@ -74,7 +85,8 @@ class LMFormatEnforcerBackend(GrammarBackend):
             raise BackendCannotCompile(f"lm-format-enforcer: {str(exc)[:500]}") from None
         eos = self.tokenizer.eos_token_id
         return CompiledGrammar(
-            self.name, constraint, lambda: LMFEMatcher(self._data, parser, self.vocab_size, eos))
+            self.name, constraint, lambda: LMFEMatcher(self._data, parser, self.vocab_size, eos)
+        )
 
 
 def _tokenizer_data(tokenizer: Any, vocab_size: int) -> TokenEnforcerTokenizerData:

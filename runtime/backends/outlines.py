@@ -21,10 +21,17 @@ from runtime.errors import BackendCannotCompile
 
 # Accepted by build_regex_from_schema but not enforced (probed in tests/runtime/test_backends.py;
 # vLLM's outlines path was seen ignoring minimum/maximum too).
-UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
-    "minProperties", "maxProperties",
-})
+UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minProperties",
+        "maxProperties",
+    }
+)
 
 # No whitespace between JSON tokens: a weak model otherwise loops on whitespace.
 _WHITESPACE = r"[ ]?"
@@ -76,7 +83,8 @@ class OutlinesBackend(GrammarBackend):
         except (ValueError, TypeError) as exc:
             raise BackendCannotCompile(f"outlines: {str(exc)[:500]}") from None
         return CompiledGrammar(
-            self.name, constraint, lambda: OutlinesMatcher(index, self.vocab_size, self._stop_ids))
+            self.name, constraint, lambda: OutlinesMatcher(index, self.vocab_size, self._stop_ids)
+        )
 
 
 def _vocabulary(tokenizer: Any) -> Vocabulary:

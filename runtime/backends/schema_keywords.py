@@ -14,15 +14,28 @@ from runtime.errors import BackendCannotCompile
 
 # Not enforced by xgrammar, Outlines nor lm-format-enforcer (each accepts and ignores them;
 # measured by tests/runtime/test_backends.py::test_compiled_schema_keywords_are_enforced).
-IGNORED_BY_ALL_BUT_LLGUIDANCE = frozenset({
-    "not", "if", "then", "else", "dependentSchemas", "dependentRequired", "uniqueItems",
-    "contains", "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
-    "unevaluatedItems",
-})
+IGNORED_BY_ALL_BUT_LLGUIDANCE = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "dependentSchemas",
+        "dependentRequired",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "propertyNames",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    }
+)
 
 # Keywords whose value is a map of name -> subschema (the names are not keywords).
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                          "dependentSchemas"})
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
 
 
 def schema_keywords(schema: Any) -> Iterator[str]:

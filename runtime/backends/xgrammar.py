@@ -24,9 +24,12 @@ from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
 
 # Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
-UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({
-    "allOf", "patternProperties",
-})
+UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
+    {
+        "allOf",
+        "patternProperties",
+    }
+)
 
 
 class XGrammarMatcher(MaskReadingMatcher):
@@ -68,8 +71,10 @@ class XGrammarBackend(GrammarBackend):
         except (RuntimeError, ValueError) as exc:
             raise BackendCannotCompile(f"xgrammar: {str(exc).strip()[:500]}") from None
         return CompiledGrammar(
-            self.name, constraint,
-            lambda: XGrammarMatcher(compiled, self.vocab_size, self._stop_ids))
+            self.name,
+            constraint,
+            lambda: XGrammarMatcher(compiled, self.vocab_size, self._stop_ids),
+        )
 
     def _xgr_compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         if constraint.is_json:

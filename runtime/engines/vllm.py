@@ -372,9 +372,11 @@ def structured_outputs(
     if enforcement is None or (enforcement.mode == "always" and not enforcement.reasoning):
         if constraint.is_json:
             return {"json": constraint.schema()}
-        return {"regex": constraint.source} if constraint.kind == "regex" else {
-            "grammar": constraint.source
-        }
+        return (
+            {"regex": constraint.source}
+            if constraint.kind == "regex"
+            else {"grammar": constraint.source}
+        )
     if enforcement.mode == "triggered":
         if constraint.kind != "tools":
             raise ValueError("triggered enforcement needs the tool union constraint")

@@ -31,8 +31,12 @@ def cache(chain):
 def new_schema(kind: str = "json") -> Constraint:
     """A schema no cache has seen: its property name is random."""
     name = "p" + uuid.uuid4().hex[:8]
-    schema = {"type": "object", "properties": {name: {"type": "integer"}}, "required": [name],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": "integer"}},
+        "required": [name],
+        "additionalProperties": False,
+    }
     return Constraint.json_schema(schema, kind=kind)
 
 
@@ -114,7 +118,7 @@ def test_on_compile_hook_sees_kind_backend_and_time(chain):
         cache.get(Constraint.ebnf('start: "x"'))
     finally:
         cache.close()
-    (kind, backend, ms), = seen
+    ((kind, backend, ms),) = seen
     assert (kind, backend) == ("ebnf", "llguidance") and ms > 0
 
 

@@ -36,8 +36,11 @@ def _deep(levels: int) -> dict:
     "constraint, error, words",
     [
         (Constraint.json_schema({"type": "objekt"}), InvalidSchema, "/type"),
-        (Constraint.json_schema({"type": "object", "properties": {"a": {"minLength": -1}}}),
-         InvalidSchema, "/properties/a/minLength"),
+        (
+            Constraint.json_schema({"type": "object", "properties": {"a": {"minLength": -1}}}),
+            InvalidSchema,
+            "/properties/a/minLength",
+        ),
         (Constraint.json_schema({"required": "a"}), InvalidSchema, "/required"),
         (Constraint.regex("a(b"), InvalidRegex, "missing ), unterminated subpattern"),
         (Constraint.regex("[z-a]"), InvalidRegex, "bad character range"),
@@ -49,8 +52,11 @@ def _deep(levels: int) -> dict:
         (Constraint.regex(r"\d{5000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.regex("a" * 2000), ConstraintTooComplex, "max_regex_length"),
         (Constraint.json_schema(_deep(40)), ConstraintTooComplex, "max_schema_depth"),
-        (Constraint.json_schema({"enum": ["x" * 100] * 1000}), ConstraintTooComplex,
-         "max_schema_bytes"),
+        (
+            Constraint.json_schema({"enum": ["x" * 100] * 1000}),
+            ConstraintTooComplex,
+            "max_schema_bytes",
+        ),
     ],
 )
 def test_typed_error_fast(chain, constraint, error, words):
@@ -60,8 +66,10 @@ def test_typed_error_fast(chain, constraint, error, words):
     assert time.perf_counter() - start < 0.5
     assert words in info.value.message
     assert isinstance(info.value, RuntimeInputError) and info.value.status == 400
-    assert info.value.param == {"json": "response_format", "regex": "regex",
-                                "ebnf": "grammar"}[constraint.kind]
+    assert (
+        info.value.param
+        == {"json": "response_format", "regex": "regex", "ebnf": "grammar"}[constraint.kind]
+    )
 
 
 def test_processor_factories_raise_the_same_typed_errors():

@@ -44,13 +44,20 @@ def model():
 
 def generate(model, prompt: str, processor=None, max_new_tokens: int = 40) -> str:
     tok = smol_tokenizer()
-    inputs = tok.apply_chat_template([{"role": "user", "content": prompt}],
-                                     add_generation_prompt=True, return_tensors="pt",
-                                     return_dict=True)
-    out = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens,
-                         logits_processor=[processor] if processor else None,
-                         pad_token_id=tok.eos_token_id)
-    return tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    inputs = tok.apply_chat_template(
+        [{"role": "user", "content": prompt}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    out = model.generate(
+        **inputs,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        logits_processor=[processor] if processor else None,
+        pad_token_id=tok.eos_token_id,
+    )
+    return tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -69,15 +76,21 @@ def test_regex_processor_in_generate(model, prompt):
 
 @pytest.mark.parametrize("prompt", PROMPTS[:1])
 def test_cfg_processor_in_generate(model, prompt):
-    grammar = 'start: "It is " TEMP " degrees and " SKY "."\nTEMP: /-?[0-9]{1,2}/\n' \
-              'SKY: "sunny" | "cloudy"'
+    grammar = (
+        'start: "It is " TEMP " degrees and " SKY "."\nTEMP: /-?[0-9]{1,2}/\n'
+        'SKY: "sunny" | "cloudy"'
+    )
     text = generate(model, prompt, cfg_processor(grammar, smol_tokenizer()).processor)
     assert re.fullmatch(r"It is -?[0-9]{1,2} degrees and (sunny|cloudy)\.", text), text
 
 
 def test_post_hoc_retry_folds_the_pointer_into_the_reprompt():
-    outputs = iter(['Sure! {"city": "Paris", "celsius": 99, "sky": "sunny"}',
-                    '```json\n{"city": "Paris", "celsius": 21, "sky": "sunny"}\n```'])
+    outputs = iter(
+        [
+            'Sure! {"city": "Paris", "celsius": 99, "sky": "sunny"}',
+            '```json\n{"city": "Paris", "celsius": 21, "sky": "sunny"}\n```',
+        ]
+    )
     prompts = []
 
     def generate_fn(prompt: str) -> str:
@@ -91,7 +104,8 @@ def test_post_hoc_retry_folds_the_pointer_into_the_reprompt():
 
 def test_post_hoc_retry_on_the_real_model_returns_a_typed_verdict(model):
     ok, parsed, err = post_hoc_retry_json(
-        lambda p: generate(model, p, max_new_tokens=24), "Weather in Paris as JSON.", WEATHER, 0)
+        lambda p: generate(model, p, max_new_tokens=24), "Weather in Paris as JSON.", WEATHER, 0
+    )
     if ok:  # SmolLM2 rarely manages; when it does the value must validate
         jsonschema.validate(parsed, WEATHER)
     else:

@@ -13,8 +13,12 @@ from runtime.constrained import ConstrainedLogitsProcessor, GrammarViolation
 from runtime.constraint import Constraint
 from runtime.thinking import Enforcement, EnforcementMachine, Phase, TagError
 
-CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-        "additionalProperties": False}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 CALL = '{"city":"Paris"}'
 AUTO = Enforcement(mode="triggered")
 
@@ -25,8 +29,10 @@ def pieces(text: str) -> list[str]:
 
 
 def feed_all(machine: EnforcementMachine, parts: list[str]) -> list[tuple[Phase, str | None]]:
-    return [(machine.phase, machine.feed(p)) if not machine.enforcing else (machine.phase, None)
-            for p in parts]
+    return [
+        (machine.phase, machine.feed(p)) if not machine.enforcing else (machine.phase, None)
+        for p in parts
+    ]
 
 
 # -- the machine over text ---------------------------------------------------------------
@@ -101,7 +107,7 @@ def test_tag_split_at_every_boundary(cut):
     machine = EnforcementMachine(AUTO)
     text = 'see <tool_call>{"a":1}'
     assert machine.feed(text[: 4 + cut]) is None
-    assert machine.feed(text[4 + cut:]) == '{"a":1}'
+    assert machine.feed(text[4 + cut :]) == '{"a":1}'
 
 
 def test_near_miss_tags_do_not_trigger():
@@ -217,8 +223,10 @@ def test_processor_without_enforcement_masks_from_the_start_and_fails_closed(com
     proc = ConstrainedLogitsProcessor(compiled.matcher(), tok)
     ids = tok.encode("prompt", add_special_tokens=False)
     scores = proc(torch.tensor([ids]), torch.zeros(1, len(tok) + 64))  # padded embedding rows
-    assert not torch.isfinite(scores[0, len(tok):]).any()
+    assert not torch.isfinite(scores[0, len(tok) :]).any()
     assert not torch.isfinite(scores[0, tok.eos_token_id])
     with pytest.raises(GrammarViolation):
-        proc(torch.tensor([ids + tok.encode("hello", add_special_tokens=False)]),
-             torch.zeros(1, len(tok)))
+        proc(
+            torch.tensor([ids + tok.encode("hello", add_special_tokens=False)]),
+            torch.zeros(1, len(tok)),
+        )

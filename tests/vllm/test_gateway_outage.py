@@ -82,9 +82,10 @@ async def _outage_and_recovery(
     auth = {"Authorization": f"Bearer {agent_key}"}
     app = create_app(settings, engine, ledger, keys)
     transport = httpx.ASGITransport(app=app)  # the app runs on this loop, like the engine
-    async with engine, httpx.AsyncClient(
-        transport=transport, base_url="http://gateway", timeout=120
-    ) as client:
+    async with (
+        engine,
+        httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=120) as client,
+    ):
         ok = await client.post("/v1/chat/completions", json=body(model), headers=auth)
         assert ok.status_code == 200, ok.text
         assert ok.json()["choices"][0]["message"]["tool_calls"]

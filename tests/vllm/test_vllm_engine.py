@@ -150,8 +150,13 @@ def test_tool_union_under_each_tool_choice(vllm_server: VllmServer, tool_choice:
     """The answer branch is a short response schema, so even a rambling answer completes."""
     prompts = ["What is the weather in Paris?", "What time is it in Tokyo?", "Tell me a joke."]
     plans = [
-        plan_for(p, [WEATHER, CLOCK], tool_choice=tool_choice, parallel_tool_calls=False,
-                 response_format=SHORT_ANSWER)
+        plan_for(
+            p,
+            [WEATHER, CLOCK],
+            tool_choice=tool_choice,
+            parallel_tool_calls=False,
+            response_format=SHORT_ANSWER,
+        )
         for p in prompts
     ]
 
@@ -185,8 +190,9 @@ def test_triggered_tags_constrain_only_the_tool_call_region(vllm_server: VllmSer
             return [
                 await engine.generate(call.messages, None, SHORT),
                 await engine.generate(call.messages, call.constraint, SHORT, enforcement=TRIGGERED),
-                await engine.generate(prose.messages, prose.constraint, SHORT,
-                                      enforcement=TRIGGERED),
+                await engine.generate(
+                    prose.messages, prose.constraint, SHORT, enforcement=TRIGGERED
+                ),
             ]
 
     free, tagged, joke = run(go())
@@ -201,13 +207,21 @@ def test_triggered_tags_constrain_only_the_tool_call_region(vllm_server: VllmSer
 def test_reasoning_stays_free_then_the_constraint_applies(vllm_server: VllmServer) -> None:
     """tool_choice required on a thinking model: <think>…</think> is free (capped by the
     engine's think budget), then the tool union holds."""
-    plan = plan_for("Think, then get the weather in Lima.", [WEATHER, CLOCK],
-                    tool_choice="required", model="Qwen/Qwen3-8B")
+    plan = plan_for(
+        "Think, then get the weather in Lima.",
+        [WEATHER, CLOCK],
+        tool_choice="required",
+        model="Qwen/Qwen3-8B",
+    )
 
     async def go() -> Generation:
         async with engine_for(vllm_server, think_budget=12) as engine:
-            return await engine.generate(plan.messages, plan.constraint, Sampling(max_tokens=80),
-                                         enforcement=Enforcement(mode="always", reasoning=True))
+            return await engine.generate(
+                plan.messages,
+                plan.constraint,
+                Sampling(max_tokens=80),
+                enforcement=Enforcement(mode="always", reasoning=True),
+            )
 
     text = run(go()).text
     assert text.startswith("<think>") and "</think>" in text
@@ -225,7 +239,8 @@ def test_identity_ready_and_served_models(vllm_server: VllmServer) -> None:
     identity, ready, served = run(go())
     assert (identity.engine, identity.backend) == ("vllm", "xgrammar")
     assert (identity.weights_digest, identity.tokenizer_digest) == (
-        digests.weights, digests.tokenizer
+        digests.weights,
+        digests.tokenizer,
     )
     assert ready and served == [vllm_server.config.served_name]
 
