@@ -34,10 +34,17 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
-from receipts.chain import ChainLinker, ReceiptChecker, VerificationReport
+from receipts.chain import (
+    ChainLinker,
+    LinkedRun,
+    ReceiptChecker,
+    VerificationReport,
+    link_problem,
+)
 from receipts.checkpoint import check_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
 from receipts.manifest import is_hex64
+from receipts.merkle import leaf_hash
 from receipts.record import GENESIS_PREV_HASH, KEY_ID, Receipt
 from receipts.signing import KeyRing, key_id_for, load_public_key_pem
 
@@ -52,7 +59,7 @@ MEMBER = re.compile(
 )
 DIRECTORIES = frozenset({"", ".", "keys", "schemas"})
 MAX_SMALL_FILE = 64 << 20  # metadata and schemas are small; refuse a decompression bomb
-CHUNK = 2000  # receipts per unit of work handed to a worker process
+BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker process
 PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
 
 Progress = Callable[[int, int], None]
@@ -333,39 +340,51 @@ def trusted_keys(
 # ------------------------------------------------------------------ per-receipt checks
 
 
-class LineFacts(NamedTuple):
-    """What a worker tells the linker about one line: the link fields, or why it failed."""
+class CheckedBlock(NamedTuple):
+    """What a worker reports on a block of lines: the run of receipts that passed and link
+    among themselves, and why the receipt after that run fails (None: the block is done)."""
 
-    chain: str
-    seq: int
-    prev_hash: str
-    entry_hash: str
+    run: LinkedRun
     problem: str | None
 
 
 class LineChecker:
-    """The self-contained checks of receipts.jsonl lines (run in workers or in-process)."""
+    """The self-contained checks of receipts.jsonl lines (run in workers or in-process):
+    each receipt on its own, then the links between consecutive receipts of a block."""
 
     def __init__(self, public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
         self.checker = ReceiptChecker(KeyRing.from_public_keys(public_keys), schemas)
 
-    def check(self, lines: list[bytes]) -> list[LineFacts]:
-        facts = []
-        for line in lines:
+    def check(self, block: bytes) -> CheckedBlock:
+        """Check the lines of `block` in order, stopping at the first that fails."""
+        first: Receipt | None = None
+        last: Receipt | None = None
+        leaves = []
+        problem = None
+        for line in block.splitlines():
+            if not line.strip():
+                continue
             plain = loads_plain(line)
             try:
                 receipt = Receipt.from_json_obj(json.loads(line) if plain is None else plain)
             except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
-                facts.append(LineFacts("", 0, "", "", f"malformed receipt: {exc}"))
-                continue
+                problem = f"malformed receipt: {exc}"
+                break
             body = None if plain is None else canonical_plain(receipt.body())
             problem = self.checker.problem(receipt, body)
-            facts.append(
-                LineFacts(
-                    receipt.chain, receipt.seq, receipt.prev_hash, receipt.entry_hash, problem
-                )
-            )
-        return facts
+            if problem is None and last is not None:
+                problem = link_problem(last.chain, last.seq + 1, last.entry_hash, receipt)
+            if problem:
+                break
+            first = first or receipt
+            last = receipt
+            leaves.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
+        if first is None or last is None:
+            return CheckedBlock(LinkedRun("", 0, "", "", 0, b""), problem)
+        run = LinkedRun(
+            first.chain, first.seq, first.prev_hash, last.entry_hash, len(leaves), b"".join(leaves)
+        )
+        return CheckedBlock(run, problem)
 
 
 _worker: LineChecker | None = None
@@ -376,21 +395,23 @@ def _init_worker(public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> 
     _worker = LineChecker(public_keys, schemas)
 
 
-def _check_in_worker(lines: list[bytes]) -> list[LineFacts]:
+def _check_in_worker(block: bytes) -> CheckedBlock:
     assert _worker is not None
-    return _worker.check(lines)
+    return _worker.check(block)
 
 
-def _chunks(source: IO[bytes]) -> Iterator[list[bytes]]:
-    chunk: list[bytes] = []
-    for line in source:
-        if line.strip():
-            chunk.append(line)
-            if len(chunk) == CHUNK:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
+def _blocks(source: IO[bytes]) -> Iterator[bytes]:
+    """receipts.jsonl in blocks of whole lines, about BLOCK bytes each (cut without parsing,
+    so handing a block to a worker costs one bytes object)."""
+    rest = b""
+    while data := source.read(BLOCK):
+        data = rest + data
+        cut = data.rfind(b"\n") + 1
+        rest = data[cut:]
+        if cut:
+            yield data[:cut]
+    if rest:
+        yield rest
 
 
 # ------------------------------------------------------------------------- verifying
@@ -460,11 +481,10 @@ def _verify_contents(
         left=proofs.left,
     )
     try:
-        for facts in _checked(contents.receipts, keyring, schemas, total, workers):
-            for fact in facts:
-                if fact.problem:
-                    raise VerificationError(fact.problem, linker.next_seq)
-                linker.link(fact)
+        for block in _checked(contents.receipts, keyring, schemas, total, workers):
+            linker.link_run(block.run)
+            if block.problem:
+                raise VerificationError(block.problem, linker.next_seq)
             if progress is not None:
                 progress(linker.checked, max(total, linker.checked))
         if linker.checked == 0:
@@ -525,18 +545,18 @@ def _checked(
     schemas: dict[str, Any],
     total: int,
     workers: int | None,
-) -> Iterator[list[LineFacts]]:
-    """Per-receipt facts in order, chunk by chunk; in worker processes for big bundles."""
+) -> Iterator[CheckedBlock]:
+    """The checked blocks of receipts.jsonl, in order; in worker processes for big bundles."""
     keys = keyring.to_public_keys()
     if workers is None:  # auto: processes pay for their start-up only on big bundles
         workers = (os.cpu_count() or 1) if total >= PARALLEL_FROM else 1
     if workers <= 1:
         checker = LineChecker(keys, schemas)
-        yield from map(checker.check, _chunks(source))
+        yield from map(checker.check, _blocks(source))
         return
     # fork is fast and imports nothing again, but is only safe without other threads; a
     # threaded caller (a server) gets spawn, which needs its __main__ guarded as usual
     method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
     ctx = multiprocessing.get_context(method)
     with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
-        yield from pool.imap(_check_in_worker, _chunks(source))
+        yield from pool.imap(_check_in_worker, _blocks(source))

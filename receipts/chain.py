@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from receipts.binding import SchemaBinding, SchemaSource
 from receipts.canonical import canonical_json, sha256_hex
@@ -159,6 +159,39 @@ class Linkable(Protocol):
     entry_hash: str
 
 
+class LinkedRun(NamedTuple):
+    """Consecutive receipts that passed their own checks and link among themselves: what
+    the chain linker needs of them (count 0: none did)."""
+
+    chain: str
+    seq: int  # of the first receipt
+    prev_hash: str  # of the first receipt
+    entry_hash: str  # of the last receipt
+    count: int
+    leaves: bytes  # the Merkle leaf hash of each receipt, 32 bytes apiece, in order
+
+    @classmethod
+    def of(cls, receipt: Linkable) -> LinkedRun:
+        entry = receipt.entry_hash
+        leaf = leaf_hash(bytes.fromhex(entry))
+        return cls(receipt.chain, receipt.seq, receipt.prev_hash, entry, 1, leaf)
+
+
+def link_problem(chain: str | None, seq: int, prev_hash: str, receipt: Linkable) -> str | None:
+    """Why `receipt` cannot be seq `seq` of chain `chain` (None: any chain) after a receipt
+    whose entry hash is `prev_hash`, or None when it links."""
+    if chain is not None and receipt.chain != chain:
+        return f"receipt of chain {receipt.chain!r} in chain {chain!r}"
+    if receipt.seq != seq:
+        return (
+            f"expected seq {seq}, found seq {receipt.seq}"
+            " (a receipt is missing, reordered or inserted)"
+        )
+    if receipt.prev_hash != prev_hash:
+        return "prev_hash does not link to the previous receipt's entry_hash"
+    return None
+
+
 class ChainLinker:
     """The sequential part of verification: gapless seqs, prev_hash links, one chain, and the
     Merkle root checked against a signed checkpoint once the tree reaches its size.
@@ -201,30 +234,29 @@ class ChainLinker:
 
     def link(self, receipt: Linkable) -> None:
         """Accept the next receipt, or raise VerificationError at the seq where it breaks."""
-        seq = self.next_seq
-        if self.chain is None:
-            self.chain = receipt.chain
-        elif receipt.chain != self.chain:
-            raise VerificationError(
-                f"receipt of chain {receipt.chain!r} in chain {self.chain!r}", seq
-            )
-        if receipt.seq != seq:
-            raise VerificationError(
-                f"expected seq {seq}, found seq {receipt.seq}"
-                " (a receipt is missing, reordered or inserted)",
-                seq,
-            )
-        if receipt.prev_hash != self.prev_hash:
-            raise VerificationError(
-                "prev_hash does not link to the previous receipt's entry_hash", seq
-            )
-        self.prev_hash = receipt.entry_hash
-        self.next_seq += 1
-        self.checked += 1
-        if self.tree is not None and not self.root_checked:
-            self.tree.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
-            if self.tree.size == self.checkpoint["tree_size"]:
-                self._check_root(seq)
+        self.link_run(LinkedRun.of(receipt))
+
+    def link_run(self, run: LinkedRun) -> None:
+        """Accept a run of receipts already linked among themselves (by a worker process):
+        its first receipt must follow the last one accepted. Raises at the seq that breaks."""
+        if not run.count:
+            return
+        problem = link_problem(self.chain, self.next_seq, self.prev_hash, run)
+        if problem:
+            raise VerificationError(problem, self.next_seq)
+        self.chain = run.chain
+        self.prev_hash = run.entry_hash
+        self.next_seq += run.count
+        self.checked += run.count
+        tree = self.tree
+        if tree is None or self.root_checked:
+            return
+        size = self.checkpoint["tree_size"]
+        leaves = run.leaves
+        for offset in range(0, min(len(leaves), (size - tree.size) * 32), 32):
+            tree.append(leaves[offset : offset + 32])
+        if tree.size == size:
+            self._check_root(size)  # the seq whose leaf completed the checkpoint's tree
 
     def finish(self, right: list[bytes] | None = None) -> None:
         """End of input: the checkpoint must have been reached (or be reachable through the

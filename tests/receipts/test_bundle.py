@@ -269,6 +269,30 @@ def test_progress_and_worker_processes(bundle: Path, signer) -> None:
     assert verify_bundle(tampered, workers=2).first_failure_seq == 21
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_links_are_checked_across_block_boundaries(
+    bundle: Path, signer, monkeypatch: pytest.MonkeyPatch, workers: int
+) -> None:
+    """Workers link receipts inside a block and the parent links blocks together: with
+    blocks of a few receipts, a deletion or swap at every position is caught at its seq."""
+    import receipts.bundle
+
+    monkeypatch.setattr(receipts.bundle, "BLOCK", 2500)  # a few receipts per block
+    pem = signer.public_key_pem()
+    report = verify_bundle(bundle, pem, workers=workers)
+    assert report.ok and report.checked == N
+    files = read(bundle)
+    for i in range(1, N - 1, 1 if workers == 1 else 7):
+        lines = lines_of(files)
+        del lines[i]
+        report = verify_bundle(rewrite(bundle, with_lines(files, lines)), pem, workers=workers)
+        assert (report.first_failure_seq, report.checked) == (i + 1, i), report
+        lines = lines_of(files)
+        lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        report = verify_bundle(rewrite(bundle, with_lines(files, lines)), pem, workers=workers)
+        assert (report.first_failure_seq, report.checked) == (i + 1, i), report
+
+
 def test_writer_refuses_a_gap(tmp_path: Path, chain, signer) -> None:
     cp = make_checkpoint("acme", N, "00" * 32, signer)
     with pytest.raises(ReceiptFormatError, match="consecutive"):

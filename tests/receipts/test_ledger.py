@@ -147,9 +147,7 @@ def _checkpoints(url: str, chain: str) -> list[tuple[int, float]]:
             ).all()
     finally:
         engine.dispose()
-    return [
-        (size, datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()) for size, ts in rows
-    ]
+    return [(size, datetime.fromisoformat(ts).timestamp()) for size, ts in rows]
 
 
 def test_inclusion_and_consistency_proofs_from_the_store(db_url: str) -> None:
@@ -353,6 +351,12 @@ def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
 
 def test_union_in_kit_binds_like_the_gateway() -> None:
     """The kit's union has the shape binding.py resolves tools in (guards the fixtures)."""
-    from receipts.binding import tool_parameters
+    from receipts.binding import tool_pointers
 
-    assert tool_parameters(UNION) == {"get_weather": WEATHER_PARAMS, "search": SEARCH_PARAMS}
+    pointers = tool_pointers(UNION)
+    assert pointers == {
+        "get_weather": "#/anyOf/0/properties/arguments",
+        "search": "#/anyOf/1/properties/arguments",
+    }
+    assert UNION["anyOf"][0]["properties"]["arguments"] == WEATHER_PARAMS
+    assert UNION["anyOf"][1]["properties"]["arguments"] == SEARCH_PARAMS
