@@ -329,3 +329,17 @@ def test_binding_finds_tools_under_defs_and_refuses_unknown_tools(signer, ring) 
         signer=signer,
     )
     assert "not in the bound schema" in verify_receipts([stray], ring, schemas=schemas).reason
+
+
+def test_binding_never_fetches_a_remote_ref() -> None:
+    """A bound schema that points outside itself is refused offline, with the reason."""
+    from receipts.binding import SchemaBinding
+    from receipts.manifest import schema_hash
+
+    remote = {"anyOf": [{"$ref": "https://example.com/tools.json"}]}
+    binding = SchemaBinding({schema_hash(remote): remote})
+    manifest = {"schema_hash": schema_hash(remote)}
+    output = {"tool_calls": [{"id": "call_" + "0" * 24, "name": "x", "arguments": {}}]}
+    reason = binding.problem(manifest, output, {"valid": True, "errors": []})
+    assert reason is not None and "not a valid JSON schema" in reason
+    assert "Retrieval is disabled" in reason
