@@ -16,6 +16,11 @@ Faults fail closed and typed: unreachable, timed out, 5xx, or a server that refu
 gateway's own credentials or model name -> EngineUnavailable (the gateway answers 503 and
 writes no receipt); a 400/413/422 about the request itself -> EngineRejected with vLLM's
 message, which the gateway passes on as the matching 4xx.
+
+The HTTP client is aiohttp: measured against a local server that answers at once, it costs
+0.13 ms of CPU per request where httpx costs 0.62 ms, and 0.08 ms against 2.5 ms with 32
+requests in flight (httpcore polls every pooled connection on each request). On a 2-core host
+that CPU is taken from the vLLM server beside it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import httpx
+import aiohttp
 
 from runtime.constraint import Constraint
 from runtime.engines.base import (
@@ -89,15 +94,16 @@ class VllmEngine:
             backend=backend,
         )
         self.think_budget = think_budget
-        self._client_options: dict[str, Any] = {
-            "base_url": base_url.rstrip("/"),
-            "headers": {"Authorization": f"Bearer {api_key}"} if api_key else {},
-            "timeout": httpx.Timeout(timeout, connect=connect_timeout),
-            "limits": httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-        }
-        self._client: httpx.AsyncClient | None = None
+        self._base_url = base_url.rstrip("/")
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        # per socket operation, like a read timeout: a long stream that keeps sending is fine
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=timeout
+        )
+        self._max_connections = max_connections
+        self._client: aiohttp.ClientSession | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
@@ -111,7 +117,7 @@ class VllmEngine:
     ) -> Generation:
         body = self.request_body(messages, constraint, sampling, enforcement, stream=False)
         async with self._call(body) as response:
-            data = _json(await response.aread())
+            data = _json(await response.read())
         choice = _only_choice(data)
         usage = data.get("usage") or {}
         return Generation(
@@ -165,14 +171,14 @@ class VllmEngine:
     async def served_models(self) -> list[str]:
         """The model names the server serves (for error messages and `callproof serve`)."""
         async with self._request("GET", "/v1/models") as response:
-            data = _json(await response.aread())
+            data = _json(await response.read())
         return [m["id"] for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
 
     async def aclose(self) -> None:
         self._closed = True
         client, self._client = self._client, None
         if client is not None and self._client_loop is asyncio.get_running_loop():
-            await client.aclose()  # a pool of another (finished) loop cannot be closed here
+            await client.close()  # a pool of another (finished) loop cannot be closed here
 
     async def __aenter__(self) -> Self:
         return self
@@ -228,9 +234,10 @@ class VllmEngine:
         return self._request("POST", "/v1/chat/completions", body)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Exchange:
-        return _Exchange(self._http(), method, path, body)
+        data = None if body is None else json.dumps(body).encode()
+        return _Exchange(self._http().request(method, self._base_url + path, data=data))
 
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> aiohttp.ClientSession:
         """The pooled client of the running event loop. Pooled connections belong to the loop
         that opened them, so a caller on a new loop (a CLI run after startup, a test per
         asyncio.run) gets a new pool instead of another loop's dead sockets."""
@@ -238,7 +245,12 @@ class VllmEngine:
             raise EngineUnavailable("the vLLM engine is closed")
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
-            self._client = httpx.AsyncClient(**self._client_options)
+            self._client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                headers=self._headers,
+                timeout=self._timeout,
+                raise_for_status=False,
+            )
             self._client_loop = loop
         return self._client
 
@@ -248,25 +260,23 @@ class _Exchange:
     failures and unusable statuses are mapped when the response head arrives; read errors
     while the body streams are mapped too, so a server dying mid-stream is EngineUnavailable."""
 
-    def __init__(
-        self, client: httpx.AsyncClient, method: str, path: str, body: dict[str, Any] | None
-    ):
-        self._stream = client.stream(method, path, json=body)
-        self._response: httpx.Response | None = None
+    def __init__(self, request: Any) -> None:
+        self._request = request  # aiohttp's _RequestContextManager: sent on __aenter__
+        self._response: aiohttp.ClientResponse | None = None
 
-    async def __aenter__(self) -> httpx.Response:
+    async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
-            response = await self._stream.__aenter__()
-        except httpx.HTTPError as exc:
+            response = await self._request.__aenter__()
+        except TRANSPORT_ERRORS as exc:
             raise _unavailable(exc) from exc
-        if response.status_code >= 300:
+        if response.status >= 300:
             try:
-                raw = await response.aread()
-            except httpx.HTTPError as exc:
+                raw = await response.read()
+            except TRANSPORT_ERRORS as exc:
                 raw = str(exc).encode()
             finally:
-                await self._stream.__aexit__(None, None, None)
-            raise _status_error(response.status_code, raw)
+                response.release()
+            raise _status_error(response.status, raw)
         self._response = response
         return response
 
@@ -276,16 +286,18 @@ class _Exchange:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        try:
-            await self._stream.__aexit__(exc_type, exc, tb)
-        except httpx.HTTPError:
-            pass  # closing a broken connection; the original error (if any) propagates
-        if isinstance(exc, httpx.HTTPError):
+        if self._response is not None:
+            self._response.release()
+        if isinstance(exc, TRANSPORT_ERRORS):
             raise _unavailable(exc) from exc
 
 
-def _unavailable(exc: httpx.HTTPError) -> EngineUnavailable:
-    if isinstance(exc, httpx.TimeoutException):
+# what aiohttp raises when the server is down, hangs up, times out or sends a broken body
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+def _unavailable(exc: BaseException) -> EngineUnavailable:
+    if isinstance(exc, TimeoutError):
         return EngineUnavailable(f"the vLLM server timed out ({type(exc).__name__})")
     return EngineUnavailable(f"the vLLM server is unreachable: {exc or type(exc).__name__}")
 
@@ -324,19 +336,23 @@ def _json(raw: bytes) -> dict[str, Any]:
     return data
 
 
-async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an OpenAI-style SSE stream, up to ``data: [DONE]``. An error event
     in the stream (vLLM sends one when generation fails after the head) fails closed."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        data = _json(payload.encode())
-        if "error" in data:
-            raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload.encode())}")
-        yield data
+    pending = b""
+    async for chunk in response.content.iter_any():  # no line-length cap, unlike readline
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                return
+            data = _json(payload)
+            if "error" in data:
+                raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload)}")
+            yield data
 
 
 def _only_choice(data: dict[str, Any]) -> dict[str, Any]:
