@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +41,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from receipts import queries
+from receipts.append_sql import AppendSQL
 from receipts.bundle import write_bundle
 from receipts.canonical import canonical_json
 from receipts.chain import VerificationReport, seal, verify_receipts
@@ -115,6 +116,18 @@ class _Head:
     def root(self) -> str:
         return CompactRange(self.seq, self.frontier).root().hex()
 
+    def row(self) -> dict[str, Any]:
+        """The chains row that records this head."""
+        return {
+            "chain": self.chain,
+            "head_seq": self.seq,
+            "head_hash": self.hash,
+            "frontier": ",".join(h.hex() for h in self.frontier),
+            "key_id": self.key_id,
+            "checkpoint_size": self.checkpoint_size,
+            "checkpoint_at": self.checkpoint_at,
+        }
+
 
 class Ledger:
     """Receipt chains in one database (Postgres or SQLite). Thread-safe; one per process.
@@ -143,6 +156,7 @@ class Ledger:
         self.max_batch = max_batch
         self._reader = create_engine(url)
         self._writer = create_engine(url, writer=True)
+        self._sql = AppendSQL(self._writer.dialect)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._known_schemas: set[str] = set()
         self._key_registered = False
@@ -242,12 +256,12 @@ class Ledger:
             try:
                 with self._writer.begin() as conn:
                     outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=False)
-            except IntegrityError:
+            except (IntegrityError, self._sql.integrity_errors):
                 # A call id the chain already holds (rare: ids are random, so the check is
                 # skipped on the fast path). Redo the batch, refusing those drafts alone.
                 with self._writer.begin() as conn:
                     outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
             log.warning("ledger commit failed, %d appends refused: %s", len(batch), _short(exc))
             error = LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}")
             for pending in batch:
@@ -303,7 +317,7 @@ class Ledger:
             CallRow: [],
             LinkRow: [],
             MerkleNodeRow: [],
-        }
+        }  # inserted in this order (a receipt's calls and links after it)
         outcomes: list[tuple[_Pending, Receipt | Exception]] = []
         schemas: set[str] = set()
         heads = []
@@ -340,65 +354,55 @@ class Ledger:
             rows[MerkleNodeRow].extend(head.new_nodes)
             if self._checkpoint_due(head):
                 self._store_checkpoint(conn, head)
-            self._save_head(conn, head)
             heads.append(head)
-        if rows[SchemaRow]:
-            _insert_ignore(conn, SchemaRow, rows.pop(SchemaRow))
-        for table, values in rows.items():
-            if values:
-                conn.execute(sa.insert(table), values)
+        with closing(_cursor(conn)) as cursor:
+            self._sql.write(
+                cursor,
+                {table.__table__: values for table, values in rows.items()},
+                [head.row() for head in heads],
+            )
         return outcomes, heads, schemas
 
     def _lock_head(self, conn: sa.Connection, chain: str) -> _Head:
         """Lock the chain's head row (creating the chain on its first append) and read it."""
-        stmt = sa.select(ChainRow.__table__).where(ChainRow.chain == chain).with_for_update()
-        row = conn.execute(stmt).first()
-        if row is None:
-            _insert_ignore(
-                conn,
-                ChainRow,
-                [
-                    {
-                        "chain": chain,
-                        "head_seq": 0,
-                        "head_hash": GENESIS_PREV_HASH,
-                        "frontier": "",
-                        "key_id": None,
-                        "checkpoint_size": 0,
-                        "checkpoint_at": 0,
-                    }
-                ],
-            )
-            row = conn.execute(stmt).one()
-        if row.head_seq < row.checkpoint_size:
+        with closing(_cursor(conn)) as cursor:
+            row = self._sql.lock_head(cursor, chain)
+            if row is None:
+                _insert_ignore(
+                    conn,
+                    ChainRow,
+                    [
+                        {
+                            "chain": chain,
+                            "head_seq": 0,
+                            "head_hash": GENESIS_PREV_HASH,
+                            "frontier": "",
+                            "key_id": None,
+                            "checkpoint_size": 0,
+                            "checkpoint_at": 0,
+                        }
+                    ],
+                )
+                row = self._sql.lock_head(cursor, chain)
+        assert row is not None  # inserted above, or by a concurrent writer
+        if row["head_seq"] < row["checkpoint_size"]:
             raise LedgerUnavailable(
-                f"chain {chain!r} is behind its own checkpoint (head {row.head_seq}, signed"
-                f" {row.checkpoint_size}): receipts were removed; refusing to extend or sign it"
+                f"chain {chain!r} is behind its own checkpoint (head {row['head_seq']}, signed"
+                f" {row['checkpoint_size']}): receipts were removed; refusing to extend or sign it"
             )
-        frontier = [bytes.fromhex(h) for h in row.frontier.split(",") if h]
         return _Head(
             chain,
-            row.head_seq,
-            row.head_hash,
-            frontier,
-            row.key_id,
-            row.checkpoint_size,
-            row.checkpoint_at,
+            row["head_seq"],
+            row["head_hash"],
+            [bytes.fromhex(h) for h in row["frontier"].split(",") if h],
+            row["key_id"],
+            row["checkpoint_size"],
+            row["checkpoint_at"],
         )
 
     def _save_head(self, conn: sa.Connection, head: _Head) -> None:
-        conn.execute(
-            sa.update(ChainRow)
-            .where(ChainRow.chain == head.chain)
-            .values(
-                head_seq=head.seq,
-                head_hash=head.hash,
-                key_id=head.key_id,
-                frontier=",".join(h.hex() for h in head.frontier),
-                checkpoint_size=head.checkpoint_size,
-                checkpoint_at=head.checkpoint_at,
-            )
-        )
+        with closing(_cursor(conn)) as cursor:
+            self._sql.write(cursor, {}, [head.row()])
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -939,6 +943,11 @@ def _refuse_duplicate_calls(
         else:
             taken.update((i, None) for i in calls)
     return refused
+
+
+def _cursor(conn: sa.Connection) -> Any:
+    """A cursor of the driver's connection under `conn`, inside the same transaction."""
+    return conn.connection.dbapi_connection.cursor()
 
 
 def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:

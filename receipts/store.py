@@ -45,8 +45,8 @@ class ChainRow(Base):
     frontier: Mapped[str] = mapped_column(Text)
     key_id: Mapped[str | None] = mapped_column(String(64))
     checkpoint_size: Mapped[int] = mapped_column(BigInteger)
-    checkpoint_at: Mapped[int] = mapped_column(BigInteger)  # epoch milliseconds
-    """Unix time (seconds) of the latest checkpoint; 0 before the first."""
+    checkpoint_at: Mapped[int] = mapped_column(BigInteger)
+    """Unix time in milliseconds of the latest checkpoint; 0 before the first."""
 
 
 class ReceiptRow(Base):
