@@ -98,6 +98,16 @@ def test_invalid_parameter_schema_is_invalid_schema(parameters: dict[str, Any]) 
     assert err.value.param == "tools[1].function.parameters"
 
 
+def test_a_python_only_regex_is_refused_up_front() -> None:
+    """JSON Schema patterns are ECMA-262: Python's \\Z passes the metaschema (which uses
+    Python's re) but the validator outputs are checked with cannot compile it, so the request
+    is refused with the reason instead of failing after generation."""
+    pattern = {"type": "object", "properties": {"a": {"type": "string", "pattern": "a\\Z"}}}
+    with pytest.raises(InvalidSchema, match="cannot be compiled") as err:
+        parse_tools_field([function_tool("f", pattern)])
+    assert err.value.param == "tools[0].function.parameters"
+
+
 def test_strict_is_recorded_and_the_schema_kept_verbatim() -> None:
     tool = function_tool("book", BOOKING_PARAMS)
     tool["function"]["strict"] = True
