@@ -6,7 +6,7 @@ SQLAlchemy's per-statement execution (cache keys, compiled-statement lookup, res
 about 0.2 ms per statement for the five or six statements of a batch. The SQL text is still
 SQLAlchemy's (compiled from store.py's models, so the models stay the one description of the
 tables); only its execution moves to the DBAPI cursor. On Postgres the writes after the head
-lock are pipelined (psycopg pipeline mode): one round trip for all of them, then the commit.
+lock and the COMMIT are pipelined (psycopg pipeline mode): one round trip for all of them.
 
 Driver errors raised here are the DBAPI's own (``dbapi_errors``), not SQLAlchemy's.
 """
@@ -89,15 +89,17 @@ class AppendSQL:
         row = cursor.fetchone()
         return None if row is None else dict(zip(_HEAD_COLUMNS, row, strict=True))
 
-    def write(
+    def write_and_commit(
         self,
         cursor: Any,
         rows: Mapping[sa.Table, Sequence[Mapping[str, Any]]],
         heads: Sequence[Mapping[str, Any]],
     ) -> None:
-        """Insert `rows` (table -> row dicts) and save the chain heads, in one round trip
-        on Postgres."""
-        with cursor.connection.pipeline() if self.pipelined else nullcontext():
+        """The transaction's last step: insert `rows` (table -> row dicts), save the chain
+        heads and commit; on Postgres one round trip for all of it. The caller's SQLAlchemy
+        transaction then ends with nothing left to commit."""
+        connection = cursor.connection
+        with connection.pipeline() if self.pipelined else nullcontext():
             for table, values in rows.items():
                 if values:
                     statement = self._insert[table]
@@ -106,3 +108,4 @@ class AppendSQL:
                 cursor.execute(
                     self._save.sql, self._save.params({**head, "b_chain": head["chain"]})
                 )
+            connection.commit()

@@ -355,12 +355,9 @@ class Ledger:
             if self._checkpoint_due(head):
                 self._store_checkpoint(conn, head)
             heads.append(head)
-        with closing(_cursor(conn)) as cursor:
-            self._sql.write(
-                cursor,
-                {table.__table__: values for table, values in rows.items()},
-                [head.row() for head in heads],
-            )
+        tables = {table.__table__: values for table, values in rows.items()}
+        with closing(_cursor(conn)) as cursor:  # nothing may follow: this commits
+            self._sql.write_and_commit(cursor, tables, [head.row() for head in heads])
         return outcomes, heads, schemas
 
     def _lock_head(self, conn: sa.Connection, chain: str) -> _Head:
@@ -400,9 +397,9 @@ class Ledger:
             row["checkpoint_at"],
         )
 
-    def _save_head(self, conn: sa.Connection, head: _Head) -> None:
+    def _save_head_and_commit(self, conn: sa.Connection, head: _Head) -> None:
         with closing(_cursor(conn)) as cursor:
-            self._sql.write(cursor, {}, [head.row()])
+            self._sql.write_and_commit(cursor, {}, [head.row()])
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -448,7 +445,7 @@ class Ledger:
             if latest is not None and latest["tree_size"] == head.seq:
                 return latest
             checkpoint = self._store_checkpoint(conn, head)
-            self._save_head(conn, head)
+            self._save_head_and_commit(conn, head)
         self._uncheckpointed.pop(tenant, None)
         return checkpoint
 
@@ -464,9 +461,9 @@ class Ledger:
                     head = self._lock_head(conn, chain)
                     if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
                         self._store_checkpoint(conn, head)
-                        self._save_head(conn, head)
+                        self._save_head_and_commit(conn, head)
                 self._uncheckpointed.pop(chain, None)
-            except (SQLAlchemyError, ReceiptsError) as exc:  # retried on the next tick
+            except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, _short(exc))
 
     # ------------------------------------------------------------------ reads
@@ -772,7 +769,7 @@ def _transaction(engine: sa.Engine, failing: str) -> Iterator[sa.Connection]:
     try:
         with engine.begin() as conn:
             yield conn
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, engine.dialect.loaded_dbapi.Error) as exc:  # driver: append_sql
         raise LedgerUnavailable(f"the ledger database {failing}: {_short(exc)}") from exc
 
 
