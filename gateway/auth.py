@@ -3,7 +3,8 @@
 Each controller declares the one role it serves (`principal=Provide(require_role("agent"))`),
 so an agent key can never reach /audit and an auditor key never /v1. Looked-up keys are cached
 for a short TTL (settings.key_cache_ttl_s) to keep the database off the hot path; a revoked key
-therefore stops working within that TTL.
+therefore stops working within that TTL. When the entry expires under load, the requests that
+find it missing share one lookup instead of each querying the database.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Authenticator:
         self._store = store
         self._ttl_s = ttl_s
         self._cache: dict[str, tuple[ApiKey, float]] = {}
+        self._lookups: dict[str, asyncio.Task[ApiKey | None]] = {}  # in flight, by digest
 
     async def authenticate(self, authorization: str | None) -> ApiKey:
         """The active key named by an `Authorization: Bearer cp_...` header, else 401."""
@@ -39,11 +41,24 @@ class Authenticator:
         cached = self._cache.get(digest)
         if cached is not None and cached[1] > time.monotonic():
             return cached[0]
-        key = await asyncio.to_thread(self._store.lookup, secret)
+        lookup = self._lookups.get(digest)
+        if lookup is None:
+            lookup = asyncio.ensure_future(self._lookup(digest, secret))
+            self._lookups[digest] = lookup
+        key = await asyncio.shield(lookup)  # one caller's cancellation must not fail the rest
+        if key is None:
+            raise APIError(401, "invalid or revoked API key", code="invalid_api_key")
+        return key
+
+    async def _lookup(self, digest: str, secret: str) -> ApiKey | None:
+        try:
+            key = await asyncio.to_thread(self._store.lookup, secret)
+        finally:
+            del self._lookups[digest]
         if key is None:
             self._cache.pop(digest, None)
-            raise APIError(401, "invalid or revoked API key", code="invalid_api_key")
-        self._cache[digest] = (key, time.monotonic() + self._ttl_s)
+        else:
+            self._cache[digest] = (key, time.monotonic() + self._ttl_s)
         return key
 
 

@@ -1,0 +1,54 @@
+"""The API key cache: concurrent requests share one lookup when an entry is missing or expired,
+and a revoked key stops working once its entry expires."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from gateway.apikeys import KeyStore
+from gateway.auth import Authenticator
+from gateway.errors import APIError
+from migrations.runner import upgrade
+
+
+def test_concurrent_misses_share_one_lookup_and_revocation_applies_after_ttl(
+    fresh_sqlite_url: str,
+) -> None:
+    upgrade(fresh_sqlite_url)
+    store = KeyStore.open(fresh_sqlite_url)
+    try:
+        key, secret = store.create("agent", "acme")
+        lookups = 0
+        lock = threading.Lock()
+        real_lookup = store.lookup
+
+        def counted(value: str):  # the real lookup, counted
+            nonlocal lookups
+            with lock:
+                lookups += 1
+            time.sleep(0.05)  # a slow database makes the herd visible
+            return real_lookup(value)
+
+        store.lookup = counted  # type: ignore[method-assign]
+        auth = Authenticator(store, ttl_s=0.3)
+        header = f"Bearer {secret}"
+
+        async def burst() -> list[str]:
+            found = await asyncio.gather(*(auth.authenticate(header) for _ in range(20)))
+            return [k.id for k in found]
+
+        assert asyncio.run(burst()) == [key.id] * 20 and lookups == 1
+        assert asyncio.run(burst()) == [key.id] * 20 and lookups == 1  # cached
+        time.sleep(0.35)
+        assert asyncio.run(burst()) == [key.id] * 20 and lookups == 2  # expired: one lookup
+        store.revoke(key.id)
+        time.sleep(0.35)
+        with pytest.raises(APIError) as err:
+            asyncio.run(auth.authenticate(header))
+        assert err.value.status == 401
+    finally:
+        store.close()
