@@ -19,19 +19,14 @@ from lmformatenforcer import (
 )
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, MaskReadingMatcher
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.backends.schema_keywords import BOUNDS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 
-UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
-    {
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "minProperties",
-        "maxProperties",
+UNENFORCED = (
+    IGNORED_BY_ALL_BUT_LLGUIDANCE
+    | BOUNDS
+    | {
         "format",
         "patternProperties",
         "allOf",

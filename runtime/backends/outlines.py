@@ -15,23 +15,12 @@ from outlines_core import Guide, Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, MaskReadingMatcher
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.backends.schema_keywords import BOUNDS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 
-# Accepted by build_regex_from_schema but not enforced (probed in tests/runtime/test_backends.py;
-# vLLM's outlines path was seen ignoring minimum/maximum too).
-UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
-    {
-        "minimum",
-        "maximum",
-        "exclusiveMinimum",
-        "exclusiveMaximum",
-        "multipleOf",
-        "minProperties",
-        "maxProperties",
-    }
-)
+# Accepted by build_regex_from_schema but not enforced (probed in tests/runtime/test_backends.py)
+UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | BOUNDS
 
 # No whitespace between JSON tokens: a weak model otherwise loops on whitespace.
 _WHITESPACE = r"[ ]?"

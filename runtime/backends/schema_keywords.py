@@ -32,6 +32,20 @@ IGNORED_BY_ALL_BUT_LLGUIDANCE = frozenset(
     }
 )
 
+# Numeric and object-size bounds: Outlines and lm-format-enforcer accept and ignore them
+# (vLLM's outlines path was seen ignoring minimum/maximum too).
+BOUNDS = frozenset(
+    {
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "minProperties",
+        "maxProperties",
+    }
+)
+
 # Keywords whose value is a map of name -> subschema (the names are not keywords).
 _SCHEMA_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
