@@ -361,7 +361,7 @@ class LineChecker:
         last: Receipt | None = None
         leaves = []
         problem = None
-        for line in block.splitlines():
+        for line in block.split(b"\n"):  # not splitlines: a bare \r is JSON whitespace
             if not line.strip():
                 continue
             plain = loads_plain(line)
@@ -403,15 +403,16 @@ def _check_in_worker(block: bytes) -> CheckedBlock:
 def _blocks(source: IO[bytes]) -> Iterator[bytes]:
     """receipts.jsonl in blocks of whole lines, about BLOCK bytes each (cut without parsing,
     so handing a block to a worker costs one bytes object)."""
-    rest = b""
+    partial: list[bytes] = []  # the start of a line longer than a block, in pieces
     while data := source.read(BLOCK):
-        data = rest + data
-        cut = data.rfind(b"\n") + 1
-        rest = data[cut:]
-        if cut:
-            yield data[:cut]
-    if rest:
-        yield rest
+        cut = data.rfind(b"\n") + 1  # only the new data is searched: linear in the file
+        if not cut:
+            partial.append(data)
+            continue
+        yield b"".join([*partial, data[:cut]])
+        partial = [data[cut:]]
+    if any(partial):
+        yield b"".join(partial)
 
 
 # ------------------------------------------------------------------------- verifying

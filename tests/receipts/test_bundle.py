@@ -293,6 +293,23 @@ def test_links_are_checked_across_block_boundaries(
         assert (report.first_failure_seq, report.checked) == (i + 1, i), report
 
 
+def test_lines_longer_than_a_block_and_bare_carriage_returns(
+    bundle: Path, signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receipt line longer than a worker's block is joined, not split; a \r inside a line
+    is JSON whitespace, not a line break."""
+    import receipts.bundle
+
+    monkeypatch.setattr(receipts.bundle, "BLOCK", 300)  # lines are ~1,500 bytes
+    pem = signer.public_key_pem()
+    assert verify_bundle(bundle, pem, workers=1).ok
+    files = read(bundle)
+    spaced = files[RECEIPTS].replace(b'{"chain"', b'{\r"chain"', 1)
+    tampered = rewrite(bundle, {**files, RECEIPTS: spaced}, fix_manifest=False)
+    report = verify_bundle(tampered, pem, workers=1)
+    assert report.checked == N and "SHA-256" in report.reason  # parsed; only the file hash differs
+
+
 def test_writer_refuses_a_gap(tmp_path: Path, chain, signer) -> None:
     cp = make_checkpoint("acme", N, "00" * 32, signer)
     with pytest.raises(ReceiptFormatError, match="consecutive"):
