@@ -95,11 +95,9 @@ class SchemaBinding:
             if validator is None:
                 return f"tool {call['name']!r} is not in the bound schema {bound}"
             if not validator.is_valid(call["arguments"]):
-                err = next(validator.iter_errors(call["arguments"]))
-                where = "/" + "/".join(str(p) for p in err.instance_path)
                 return (
                     f"tool call {call['id']} arguments do not validate against the bound"
-                    f" schema {bound}: {err.message} (at {where})"
+                    f" schema {bound}: {first_error(validator, call['arguments'])}"
                 )
         return None
 
@@ -119,5 +117,23 @@ class SchemaBinding:
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
             return _Bound(f"the bound schema {bound} is not a valid JSON schema: {reason}")
-        validators = {name: compiled.get(ptr) for name, ptr in tool_pointers(schema).items()}
-        return _Bound(None, {name: v for name, v in validators.items() if v is not None})
+        validators = {}
+        for name, pointer in tool_pointers(schema).items():
+            validator = compiled.get(pointer)
+            if validator is None:  # validator_map_for skips subschemas it cannot compile
+                return _Bound(
+                    f"the bound schema {bound} cannot be compiled at {pointer}"
+                    " (JSON Schema patterns are ECMA-262 regular expressions)"
+                )
+            validators[name] = validator
+        return _Bound(None, validators)
+
+
+def first_error(validator: Any, instance: Any) -> str:
+    """The first failure's message and JSON pointer; a value nested too deep for the
+    validator's error reporting still fails, with a generic message."""
+    try:
+        err = next(validator.iter_errors(instance))
+    except (ValueError, StopIteration):
+        return "the value does not match (nested too deep to report where)"
+    return f"{err.message} (at /{'/'.join(str(p) for p in err.instance_path)})"

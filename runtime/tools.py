@@ -682,12 +682,14 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") 
     validator = _validator(_canonical(schema))
     if validator.is_valid(value):
         return
-    error = next(validator.iter_errors(value))
-    pointer = prefix + "".join(
-        "/" + str(p).replace("~", "~0").replace("/", "~1") for p in error.instance_path
-    )
+    try:
+        error = next(validator.iter_errors(value))
+        path, message = error.instance_path, error.message
+    except (ValueError, StopIteration):  # nested too deep for jsonschema-rs to report where
+        path, message = [], "the value does not match (nested too deep to report where)"
+    pointer = prefix + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
     raise StructuredOutputInvalid(
-        f"output fails its schema at '{pointer or '/'}': {error.message}",
+        f"output fails its schema at '{pointer or '/'}': {message}",
         schema=schema,
         raw_output=raw,
         pointer=pointer,

@@ -343,3 +343,34 @@ def test_binding_never_fetches_a_remote_ref() -> None:
     reason = binding.problem(manifest, output, {"valid": True, "errors": []})
     assert reason is not None and "not a valid JSON schema" in reason
     assert "Retrieval is disabled" in reason
+
+
+def test_binding_names_a_subschema_it_cannot_compile_and_survives_deep_values() -> None:
+    """A Python-only pattern (not ECMA-262) is reported where it is, not as a missing tool;
+    arguments nested deeper than the validator reports still fail with a reason."""
+    from receipts.binding import SchemaBinding
+    from receipts.manifest import schema_hash
+
+    def union(params: dict) -> dict:
+        branch = {"properties": {"tool": {"const": "f"}, "arguments": params}}
+        return {"anyOf": [branch]}
+
+    call = {"id": "call_" + "0" * 24, "name": "f", "arguments": {"a": "x"}}
+    python_only = union({"properties": {"a": {"type": "string", "pattern": "x\\Z"}}})
+    binding = SchemaBinding({schema_hash(python_only): python_only})
+    reason = binding.problem(
+        {"schema_hash": schema_hash(python_only)}, {"tool_calls": [call]}, {"valid": True}
+    )
+    assert reason is not None and "cannot be compiled at #/anyOf/0/properties/arguments" in reason
+
+    integer = union({"properties": {"a": {"type": "integer"}}})
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    binding = SchemaBinding({schema_hash(integer): integer})
+    reason = binding.problem(
+        {"schema_hash": schema_hash(integer)},
+        {"tool_calls": [{**call, "arguments": {"a": deep}}]},
+        {"valid": True},
+    )
+    assert reason is not None and "do not validate" in reason

@@ -108,6 +108,16 @@ def test_a_python_only_regex_is_refused_up_front() -> None:
     assert err.value.param == "tools[0].function.parameters"
 
 
+def test_a_value_nested_too_deep_to_report_still_fails_as_invalid_output() -> None:
+    deep: object = 1
+    for _ in range(300):
+        deep = [deep]
+    raw = json.dumps({"tool": "get_weather", "arguments": {"city": deep}})
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_envelope(raw, SPECS)
+    assert err.value.status == 422
+
+
 def test_strict_is_recorded_and_the_schema_kept_verbatim() -> None:
     tool = function_tool("book", BOOKING_PARAMS)
     tool["function"]["strict"] = True
