@@ -54,6 +54,7 @@ CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 # Structural-tag JSON regions ignore the engine's disable_any_whitespace; without a cap a weak
 # model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
 TAG_MAX_WHITESPACE = 1
+KEEPALIVE_S = 4.0
 
 
 class VllmEngine:
@@ -98,9 +99,10 @@ class VllmEngine:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        # per socket operation, like a read timeout: a long stream that keeps sending is fine
+        # per socket operation, like a read timeout: a long stream that keeps sending is fine;
+        # `connect` bounds the wait for a pooled connection (all busy) and DNS as well
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=timeout
+            total=None, connect=timeout, sock_connect=connect_timeout, sock_read=timeout
         )
         self._max_connections = max_connections
         self._client: aiohttp.ClientSession | None = None
@@ -246,7 +248,11 @@ class VllmEngine:
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
             self._client = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                # idle connections are dropped before the server's own keep-alive (uvicorn's
+                # 5 s) closes them, so a request is never sent on a connection being closed
+                connector=aiohttp.TCPConnector(
+                    limit=self._max_connections, keepalive_timeout=KEEPALIVE_S
+                ),
                 headers=self._headers,
                 timeout=self._timeout,
                 raise_for_status=False,
@@ -339,20 +345,31 @@ def _json(raw: bytes) -> dict[str, Any]:
 async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an OpenAI-style SSE stream, up to ``data: [DONE]``. An error event
     in the stream (vLLM sends one when generation fails after the head) fails closed."""
-    pending = b""
-    async for chunk in response.content.iter_any():  # no line-length cap, unlike readline
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                return
-            data = _json(payload)
-            if "error" in data:
-                raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload)}")
-            yield data
+    async for line in _lines(response):
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        data = _json(payload)
+        if "error" in data:
+            raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload)}")
+        yield data
+
+
+async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The body's lines as they arrive, in linear time and without readline's length cap:
+    only each new chunk is searched for newlines."""
+    partial: list[bytes] = []
+    async for chunk in response.content.iter_any():
+        *complete, rest = chunk.split(b"\n")
+        for piece in complete:
+            partial.append(piece)
+            yield b"".join(partial)
+            partial = []
+        partial.append(rest)
+    if any(partial):
+        yield b"".join(partial)
 
 
 def _only_choice(data: dict[str, Any]) -> dict[str, Any]:
