@@ -44,6 +44,7 @@ class Authenticator:
         lookup = self._lookups.get(digest)
         if lookup is None:
             lookup = asyncio.ensure_future(self._lookup(digest, secret))
+            lookup.add_done_callback(_retrieve)  # its callers may all have gone
             self._lookups[digest] = lookup
         key = await asyncio.shield(lookup)  # one caller's cancellation must not fail the rest
         if key is None:
@@ -60,6 +61,12 @@ class Authenticator:
         else:
             self._cache[digest] = (key, time.monotonic() + self._ttl_s)
         return key
+
+
+def _retrieve(task: asyncio.Task[ApiKey | None]) -> None:
+    """Mark a lookup's exception retrieved: each waiting caller has already received it."""
+    if not task.cancelled():
+        task.exception()
 
 
 def require_role(role: Role) -> Callable[[Request, Authenticator], Awaitable[ApiKey]]:

@@ -381,7 +381,8 @@ class Ledger:
                     ],
                 )
                 row = self._sql.lock_head(cursor, chain)
-        assert row is not None  # inserted above, or by a concurrent writer
+        if row is None:  # inserted above (or by a concurrent writer) and never deleted
+            raise LedgerUnavailable(f"chain {chain!r} has no head row after creating it")
         if row["head_seq"] < row["checkpoint_size"]:
             raise LedgerUnavailable(
                 f"chain {chain!r} is behind its own checkpoint (head {row['head_seq']}, signed"

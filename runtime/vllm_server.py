@@ -175,8 +175,8 @@ def running_vllm(
 ) -> Iterator[VllmServer]:
     """Start a server, wait until healthy, yield it, stop it (also on errors)."""
     server = VllmServer(config, log_path)
-    server.start()
     try:
+        server.start()
         server.wait_healthy(timeout)
         yield server
     finally:

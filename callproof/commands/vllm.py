@@ -27,6 +27,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=_serve_local)
 
 
+def _exit_once(signum: int, _frame: object) -> None:
+    for ignored in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(ignored, signal.SIG_IGN)
+    sys.exit(0)
+
+
 def _serve_local(args: argparse.Namespace) -> int:
     from runtime.vllm_server import VllmServerError, bundled_model_config, running_vllm
 
@@ -38,9 +44,12 @@ def _serve_local(args: argparse.Namespace) -> int:
         eager=args.eager,
     )
     print(f"starting vLLM (log: {args.log}) ...", flush=True)
-    # The server runs in its own process group (Ctrl-C reaches only this process); a SIGTERM
-    # (systemd, docker stop, kill) must also unwind through running_vllm, which stops it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # The server runs in its own process group (Ctrl-C reaches only this process); SIGTERM
+    # (systemd, docker stop, kill) and SIGHUP (a closed terminal) must also unwind through
+    # running_vllm, which stops it. Once stopping, further signals are ignored so the stop
+    # (and its SIGKILL escalation) runs to the end.
+    for stop_signal in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop_signal, _exit_once)
     try:
         with running_vllm(config, args.log) as server:
             print(
