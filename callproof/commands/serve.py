@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 
 
@@ -43,6 +44,10 @@ def run(args: argparse.Namespace) -> int:
             print(secret, flush=True)
         print(f"callproof listening on http://{settings.host}:{settings.port}", flush=True)
         app = create_app(settings, resources.engine, resources.ledger, resources.keys)
+        # Everything built so far (engine, app, libraries) lives as long as the process: keep
+        # it out of the cyclic GC's full collections, whose pauses were the p99 at load
+        # (bench.overhead, concurrency 32: p99 160-180 ms without, 46-78 ms with).
+        gc.freeze()
         uvicorn.run(app, host=settings.host, port=settings.port, log_config=None)
     finally:
         asyncio.run(resources.aclose())
