@@ -95,8 +95,9 @@ def check_schema(schema: Any, param: str) -> None:
     """
     if not isinstance(schema, dict):
         raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
+    canonical = _canonical(schema)  # the key of both caches below
     try:
-        _check_metaschema(_canonical(schema))
+        _check_metaschema(canonical)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidSchema(
@@ -109,7 +110,7 @@ def check_schema(schema: Any, param: str) -> None:
                 param=param,
             )
     try:
-        _validator(_canonical(schema))
+        _validator(canonical)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
         reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
         raise InvalidSchema(f"'{param}' cannot be compiled: {reason}", param=param) from None
