@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
-from receipts.store import ChainRow, SchemaRow
+from receipts.store import ChainRow, SchemaRow, insert_ignore
 
 _HEAD_COLUMNS = (
     "chain",
@@ -69,17 +68,21 @@ class AppendSQL:
             .values({name: sa.bindparam(name) for name in _HEAD_COLUMNS[1:]}),
             dialect,
         )
-        insert_ignore = postgresql.insert if self.pipelined else sqlite.insert
-        self._insert: dict[sa.Table, Statement] = {}
-        for table in ChainRow.metadata.tables.values():
+        self._dialect = dialect
+        self._inserts: dict[sa.Table, Statement] = {}  # compiled on first use
+        self.dbapi_errors = dialect.loaded_dbapi.Error
+        self.integrity_errors = dialect.loaded_dbapi.IntegrityError
+
+    def _insert(self, table: sa.Table) -> Statement:
+        statement = self._inserts.get(table)
+        if statement is None:
             stmt = (
-                insert_ignore(table).on_conflict_do_nothing()
+                insert_ignore(table, self._dialect)
                 if table is SchemaRow.__table__  # another writer may have stored it first
                 else sa.insert(table)
             )
-            self._insert[table] = Statement.compile(stmt, dialect)
-        self.dbapi_errors = dialect.loaded_dbapi.Error
-        self.integrity_errors = dialect.loaded_dbapi.IntegrityError
+            statement = self._inserts[table] = Statement.compile(stmt, self._dialect)
+        return statement
 
     def lock_head(self, cursor: Any, chain: str) -> dict[str, Any] | None:
         """The chain's head row, locked until the transaction ends (None: no such chain).
@@ -102,7 +105,7 @@ class AppendSQL:
         with connection.pipeline() if self.pipelined else nullcontext():
             for table, values in rows.items():
                 if values:
-                    statement = self._insert[table]
+                    statement = self._insert(table)
                     cursor.executemany(statement.sql, [statement.params(v) for v in values])
             for head in heads:
                 cursor.execute(

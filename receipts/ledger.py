@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from receipts import queries
@@ -69,6 +68,7 @@ from receipts.store import (
     SchemaRow,
     SigningKeyRow,
     create_engine,
+    insert_ignore,
 )
 
 __all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
@@ -949,9 +949,7 @@ def _cursor(conn: sa.Connection) -> Any:
 
 
 def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:
-    """INSERT ... ON CONFLICT DO NOTHING, for rows another writer may have inserted first."""
-    insert = postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
-    conn.execute(insert(table).on_conflict_do_nothing(), values)
+    conn.execute(insert_ignore(table.__table__, conn.dialect), values)
 
 
 def _failure(seq: int | None, reason: str, chain: str, checked: int = 0) -> VerificationReport:

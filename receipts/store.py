@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 HASH = String(64)
@@ -171,6 +172,12 @@ APPEND_ONLY_TABLES: tuple[str, ...] = (
     "merkle_nodes",
 )
 """Tables whose rows the database refuses to UPDATE or DELETE (migration triggers)."""
+
+
+def insert_ignore(table: sa.Table, dialect: sa.Dialect) -> sa.Insert:
+    """INSERT ... ON CONFLICT DO NOTHING, for rows another writer may have inserted first."""
+    insert = postgresql.insert if dialect.name == "postgresql" else sqlite.insert
+    return insert(table).on_conflict_do_nothing()
 
 
 def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
