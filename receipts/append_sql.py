@@ -5,8 +5,8 @@ Why not plain SQLAlchemy Core here: py-spy put about 90% of a single receipt's a
 SQLAlchemy's per-statement execution (cache keys, compiled-statement lookup, result set-up),
 about 0.2 ms per statement for the five or six statements of a batch. The SQL text is still
 SQLAlchemy's (compiled from store.py's models, so the models stay the one description of the
-tables); only its execution moves to the DBAPI cursor. On Postgres the writes after the head
-lock and the COMMIT are pipelined (psycopg pipeline mode): one round trip for all of them.
+tables); only its execution moves to the DBAPI cursor. On Postgres the writes and the COMMIT
+are pipelined (psycopg pipeline mode): one round trip for all of them.
 
 Driver errors raised here are the DBAPI's own (``dbapi_errors``), not SQLAlchemy's.
 """
@@ -22,15 +22,9 @@ import sqlalchemy as sa
 
 from receipts.store import ChainRow, SchemaRow, insert_ignore
 
-_HEAD_COLUMNS = (
-    "chain",
-    "head_seq",
-    "head_hash",
-    "frontier",
-    "key_id",
-    "checkpoint_size",
-    "checkpoint_at",
-)
+_ADVANCE_COLUMNS = ("head_seq", "head_hash", "frontier", "key_id")
+"""What an append moves. The checkpoint columns are written only by whoever signs one."""
+_HEAD_COLUMNS = ("chain", *_ADVANCE_COLUMNS, "checkpoint_size", "checkpoint_at")
 
 
 @dataclass(frozen=True)
@@ -62,11 +56,14 @@ class AppendSQL:
             .with_for_update(),
             dialect,
         )
-        self._save = Statement.compile(
-            sa.update(chains)
-            .where(chains.c.chain == sa.bindparam("b_chain"))
-            .values({name: sa.bindparam(name) for name in _HEAD_COLUMNS[1:]}),
-            dialect,
+        self._save, self._advance = (
+            Statement.compile(
+                sa.update(chains)
+                .where(chains.c.chain == sa.bindparam("b_chain"))
+                .values({name: sa.bindparam(name) for name in columns}),
+                dialect,
+            )
+            for columns in (_HEAD_COLUMNS[1:], _ADVANCE_COLUMNS)
         )
         self._dialect = dialect
         self._inserts: dict[sa.Table, Statement] = {}  # compiled on first use
@@ -98,17 +95,21 @@ class AppendSQL:
         rows: Mapping[sa.Table, Sequence[Mapping[str, Any]]],
         heads: Sequence[Mapping[str, Any]],
     ) -> None:
-        """The transaction's last step: insert `rows` (table -> row dicts), save the chain
-        heads and commit; on Postgres one round trip for all of it. The caller's SQLAlchemy
-        transaction then ends with nothing left to commit."""
+        """The transaction's last step: save the chain heads, insert `rows` (table -> row
+        dicts) and commit; on Postgres one round trip for all of it. The caller's SQLAlchemy
+        transaction then ends with nothing left to commit.
+
+        A head row without the checkpoint columns updates only the columns an append moves.
+        Heads go first, in the order given: an UPDATE takes the row lock, so a writer that
+        did not lock its heads beforehand still takes every lock before any insert, in the
+        same order as everyone else (no deadlock against a writer holding those locks)."""
         connection = cursor.connection
         with connection.pipeline() if self.pipelined else nullcontext():
+            for head in heads:
+                save = self._save if "checkpoint_size" in head else self._advance
+                cursor.execute(save.sql, save.params({**head, "b_chain": head["chain"]}))
             for table, values in rows.items():
                 if values:
                     statement = self._insert(table)
                     cursor.executemany(statement.sql, [statement.params(v) for v in values])
-            for head in heads:
-                cursor.execute(
-                    self._save.sql, self._save.params({**head, "b_chain": head["chain"]})
-                )
             connection.commit()

@@ -11,12 +11,19 @@ Write path (why it looks like this):
   SQLite ``BEGIN IMMEDIATE``) and re-read, and only then are the drafts sealed onto it. Any
   number of writer processes or gateway replicas can share one database without forking a
   chain.
+- Once the writer has committed to a chain it keeps that head and seals the next batch onto
+  it without the locking read: the head's UPDATE, sent first, takes the lock, and if another
+  writer extended the chain meanwhile, the receipt at the next seq is already there, so the
+  insert fails on the primary key and the batch is redone under the lock. A chain where that
+  happened is shared with another writer and is locked up front from then on. This saves a
+  round trip per batch for the usual case of one writer per chain.
 - The head row also carries the Merkle tree's right edge (``frontier``), so a batch extends
   the tree, stores the completed subtree hashes (``merkle_nodes``) and signs checkpoints
   without reading any earlier receipt.
 - Any database failure fails every append of the batch with LedgerUnavailable and rolls the
-  transaction back; nothing is half-written. The next batch gets a fresh, pre-pinged
-  connection, so the ledger recovers by itself when the database returns.
+  transaction back; nothing is half-written. The writer keeps one connection between
+  batches, pings it after an idle spell and replaces it after a failure, so the ledger
+  recovers by itself when the database returns.
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ __all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
 log = logging.getLogger(__name__)
 
 _STOP = object()
+_IDLE_PING_S = 1.0  # the writer pings its connection before using it after this long idle
 
 
 @dataclass(eq=False)
@@ -97,6 +105,15 @@ class _Head:
     checkpoint_size: int
     checkpoint_at: int  # epoch milliseconds of the chain's last checkpoint
     new_nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stale_checkpoint: bool = False
+    """The checkpoint columns come from the writer's own last commit, not a locked read:
+    another process may have signed a checkpoint since, so they are not written back."""
+
+    def kept(self) -> _Head:
+        """A copy to seal the writer's next batch onto without re-reading the row."""
+        return dataclasses.replace(
+            self, frontier=list(self.frontier), new_nodes=[], stale_checkpoint=True
+        )
 
     def add_leaf(self, entry_hash: str) -> None:
         """Extend the tree by one leaf, recording each perfect subtree the leaf completes
@@ -117,16 +134,18 @@ class _Head:
         return CompactRange(self.seq, self.frontier).root().hex()
 
     def row(self) -> dict[str, Any]:
-        """The chains row that records this head."""
-        return {
+        """The chains row (or, with a stale checkpoint, the part of it) to record."""
+        row = {
             "chain": self.chain,
             "head_seq": self.seq,
             "head_hash": self.hash,
             "frontier": ",".join(h.hex() for h in self.frontier),
             "key_id": self.key_id,
-            "checkpoint_size": self.checkpoint_size,
-            "checkpoint_at": self.checkpoint_at,
         }
+        if not self.stale_checkpoint:
+            row["checkpoint_size"] = self.checkpoint_size
+            row["checkpoint_at"] = self.checkpoint_at
+        return row
 
 
 class Ledger:
@@ -158,6 +177,11 @@ class Ledger:
         self._writer = create_engine(url, writer=True)
         self._sql = AppendSQL(self._writer.dialect)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # The writer thread's own state:
+        self._conn: sa.Connection | None = None
+        self._conn_idle_since = 0.0
+        self._heads: dict[str, _Head] = {}  # as this writer last committed them
+        self._shared: set[str] = set()  # chains another writer extends too: always locked
         self._known_schemas: set[str] = set()
         self._key_registered = False
         self._uncheckpointed: dict[str, float] = {}  # chain -> when its checkpoint is due
@@ -180,6 +204,7 @@ class Ledger:
             self._queue.put(_STOP)
             thread.join()
             self._checkpoint_quiet_chains(closing=True)
+            self._drop_connection()
         self._reader.dispose()
         self._writer.dispose()
 
@@ -252,31 +277,38 @@ class Ledger:
                 return
 
     def _commit(self, batch: list[_Pending]) -> None:
+        chains = {pending.draft.tenant for pending in batch}
+        kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
         try:
+            conn = self._connection()
             try:
-                with self._writer.begin() as conn:
-                    outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=False)
+                with conn.begin():
+                    outcomes, heads, schemas = self._append_batch(conn, batch, kept=kept)
             except (IntegrityError, self._sql.integrity_errors):
-                # A call id the chain already holds (rare: ids are random, so the check is
-                # skipped on the fast path). Redo the batch, refusing those drafts alone.
-                with self._writer.begin() as conn:
+                # Another writer extended a kept head (its receipt holds the next seq), or a
+                # call id the chain already holds (rare: ids are random, so that check is
+                # skipped on the first try). Redo under the lock, refusing those drafts alone.
+                if kept:
+                    self._shared |= chains
+                with conn.begin():
                     outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
         except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
             log.warning("ledger commit failed, %d appends refused: %s", len(batch), _short(exc))
-            error = LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}")
-            for pending in batch:
-                pending.future.set_exception(error)
+            self._fail(
+                batch, LedgerUnavailable(f"the ledger database could not commit: {_short(exc)}")
+            )
             return
         except Exception as exc:  # whatever broke: fail closed and go on
             log.exception("ledger batch failed")
-            error = (
+            self._fail(
+                batch,
                 exc
                 if isinstance(exc, ReceiptsError)
-                else LedgerUnavailable(f"the ledger could not append: {type(exc).__name__}: {exc}")
+                else LedgerUnavailable(f"the ledger could not append: {type(exc).__name__}: {exc}"),
             )
-            for pending in batch:
-                pending.future.set_exception(error)
             return
+        finally:
+            self._conn_idle_since = time.monotonic()
         self._key_registered = True
         self._known_schemas.update(schemas)
         for head in heads:
@@ -286,16 +318,53 @@ class Ledger:
                 )
             else:
                 self._uncheckpointed.pop(head.chain, None)
+            self._heads[head.chain] = head.kept()
         for pending, outcome in outcomes:
             if isinstance(outcome, Exception):
                 pending.future.set_exception(outcome)
             else:
                 pending.future.set_result(outcome)
 
+    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+        """Refuse the whole batch. Whether its transaction committed may be unknown (the
+        connection broke during COMMIT), so the kept heads and the connection go too."""
+        self._heads.clear()
+        self._drop_connection()
+        for pending in batch:
+            pending.future.set_exception(error)
+
+    def _connection(self) -> sa.Connection:
+        """The writer's connection, held between batches: a pool checkout with its pre-ping
+        costs more than a whole append with a kept head. After an idle spell it is pinged
+        first, so a database that restarted meanwhile costs no failed append."""
+        if self._conn is not None and time.monotonic() - self._conn_idle_since > _IDLE_PING_S:
+            try:
+                self._writer.dialect.do_ping(self._conn.connection.dbapi_connection)
+            except self._sql.dbapi_errors:
+                self._drop_connection()
+        if self._conn is None:
+            self._conn = self._writer.connect()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.invalidate()  # do not hand a possibly broken connection back to the pool
+            except (SQLAlchemyError, self._sql.dbapi_errors):
+                pass
+            conn.close()
+
     def _append_batch(
-        self, conn: sa.Connection, batch: list[_Pending], *, check_calls: bool
+        self,
+        conn: sa.Connection,
+        batch: list[_Pending],
+        *,
+        kept: bool = False,
+        check_calls: bool = False,
     ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[_Head], set[str]]:
-        """Inside one transaction: lock each chain, seal its drafts, insert every row."""
+        """Inside one transaction: lock each chain (or take its kept head), seal its drafts,
+        write every row."""
         by_chain: dict[str, list[_Pending]] = {}
         for pending in batch:
             by_chain.setdefault(pending.draft.tenant, []).append(pending)
@@ -317,12 +386,14 @@ class Ledger:
             CallRow: [],
             LinkRow: [],
             MerkleNodeRow: [],
+            KeyRangeRow: [],
+            CheckpointRow: [],
         }  # inserted in this order (a receipt's calls and links after it)
         outcomes: list[tuple[_Pending, Receipt | Exception]] = []
         schemas: set[str] = set()
         heads = []
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
-            head = self._lock_head(conn, chain)
+            head = self._heads[chain].kept() if kept else self._lock_head(conn, chain)
             refused = _refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls else {}
             first_seq = head.seq + 1
             for pending in by_chain[chain]:
@@ -346,14 +417,13 @@ class Ledger:
                     )
                 outcomes.append((pending, receipt))
             if head.seq >= first_seq and head.key_id != self.signer.key_id:
-                conn.execute(
-                    sa.insert(KeyRangeRow),
-                    [{"chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}],
+                rows[KeyRangeRow].append(
+                    {"chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}
                 )
                 head.key_id = self.signer.key_id
             rows[MerkleNodeRow].extend(head.new_nodes)
             if self._checkpoint_due(head):
-                self._store_checkpoint(conn, head)
+                rows[CheckpointRow].append(_checkpoint_row(self._sign_checkpoint(head)))
             heads.append(head)
         tables = {table.__table__: values for table, values in rows.items()}
         with closing(_cursor(conn)) as cursor:  # nothing may follow: this commits
@@ -398,9 +468,13 @@ class Ledger:
             row["checkpoint_at"],
         )
 
-    def _save_head_and_commit(self, conn: sa.Connection, head: _Head) -> None:
+    def _save_checkpoint_and_commit(self, conn: sa.Connection, head: _Head) -> dict[str, Any]:
+        checkpoint = self._sign_checkpoint(head)
         with closing(_cursor(conn)) as cursor:
-            self._sql.write_and_commit(cursor, {}, [head.row()])
+            self._sql.write_and_commit(
+                cursor, {CheckpointRow.__table__: [_checkpoint_row(checkpoint)]}, [head.row()]
+            )
+        return checkpoint
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -411,22 +485,11 @@ class Ledger:
             or time.time() - head.checkpoint_at / 1000 >= self.checkpoint_interval_s
         )
 
-    def _store_checkpoint(self, conn: sa.Connection, head: _Head) -> dict[str, Any]:
+    def _sign_checkpoint(self, head: _Head) -> dict[str, Any]:
+        """A signed checkpoint at ``head``, which records it as its latest."""
         checkpoint = make_checkpoint(head.chain, head.seq, head.root(), self.signer)
-        conn.execute(
-            sa.insert(CheckpointRow),
-            [
-                {
-                    "chain": head.chain,
-                    "tree_size": head.seq,
-                    "root_hash": checkpoint["root_hash"],
-                    "timestamp": checkpoint["timestamp"],
-                    "key_id": checkpoint["key_id"],
-                    "body": canonical_json(checkpoint).decode(),
-                }
-            ],
-        )
         head.checkpoint_size, head.checkpoint_at = head.seq, int(time.time() * 1000)
+        head.stale_checkpoint = False  # the newest: this writer just signed it
         return checkpoint
 
     def checkpoint_now(self, tenant: str) -> dict[str, Any]:
@@ -445,8 +508,7 @@ class Ledger:
                 )
             if latest is not None and latest["tree_size"] == head.seq:
                 return latest
-            checkpoint = self._store_checkpoint(conn, head)
-            self._save_head_and_commit(conn, head)
+            checkpoint = self._save_checkpoint_and_commit(conn, head)
         self._uncheckpointed.pop(tenant, None)
         return checkpoint
 
@@ -458,14 +520,18 @@ class Ledger:
             if due > now and not closing:
                 continue
             try:
-                with self._writer.begin() as conn:
+                conn = self._connection()
+                with conn.begin():
                     head = self._lock_head(conn, chain)
                     if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
-                        self._store_checkpoint(conn, head)
-                        self._save_head_and_commit(conn, head)
+                        self._save_checkpoint_and_commit(conn, head)
                 self._uncheckpointed.pop(chain, None)
+                self._heads[chain] = head.kept()
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, _short(exc))
+                self._drop_connection()
+            finally:
+                self._conn_idle_since = time.monotonic()
 
     # ------------------------------------------------------------------ reads
 
@@ -941,6 +1007,17 @@ def _refuse_duplicate_calls(
         else:
             taken.update((i, None) for i in calls)
     return refused
+
+
+def _checkpoint_row(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "chain": checkpoint["chain"],
+        "tree_size": checkpoint["tree_size"],
+        "root_hash": checkpoint["root_hash"],
+        "timestamp": checkpoint["timestamp"],
+        "key_id": checkpoint["key_id"],
+        "body": canonical_json(checkpoint).decode(),
+    }
 
 
 def _cursor(conn: sa.Connection) -> Any:

@@ -15,6 +15,7 @@ from ledger_kit import (
     SEARCH_PARAMS,
     UNION,
     WEATHER_PARAMS,
+    attacker,
     call_id,
     draft,
     fill,
@@ -229,6 +230,53 @@ def test_replicas_with_different_keys_interleave(fresh_sqlite_url: str) -> None:
         ]
         assert ranges[b.key_id] == [{"chain": "acme", "first_seq": 4, "last_seq": 6}]
         assert led_b.verify("acme").ok
+
+
+def test_writers_sharing_a_chain_keep_it_whole(db_url: str) -> None:
+    """A writer seals onto the head it last committed without re-reading it. When another
+    writer moved the chain meanwhile, the insert collides and the batch is redone under the
+    lock, unseen by the caller; a checkpoint the other writer signed is never rolled back."""
+    migrated(db_url)
+    with ledger(db_url) as led_a, ledger(db_url) as led_b:
+        fill(led_a, 3)  # the first batch signs a checkpoint (at 3)
+        fill(led_a, 2)
+        signed = led_b.checkpoint_now("acme")  # moves the checkpoint columns only
+        assert fill(led_a, 1)[0].seq == 6  # a's kept head was still right
+        with attacker(db_url) as conn:
+            stored = conn.exec_driver_sql("SELECT checkpoint_size FROM chains").scalar_one()
+        assert stored == signed["tree_size"] == 5
+        assert led_a.latest_checkpoint("acme") == signed
+
+        seqs = []
+        for led in (led_b, led_a, led_b, led_a, led_a, led_b):  # every kept head goes stale
+            seqs += [r.seq for r in fill(led, 4)]
+        assert seqs == list(range(7, 31))
+        assert led_a.verify("acme").ok
+        assert led_b.checkpoint_now("acme")["tree_size"] == 30
+
+
+def test_writer_reconnects_after_an_idle_disconnect(fresh_postgres_url: str) -> None:
+    """The writer keeps its connection between batches; when the server dropped it while
+    idle (a restart, an idle timeout), the next append still succeeds."""
+    migrated(fresh_postgres_url)
+    name = fresh_postgres_url.rsplit("/", 1)[1]
+    admin = sa.create_engine(
+        fresh_postgres_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT"
+    )
+    try:
+        with ledger(fresh_postgres_url) as led:
+            fill(led, 2)
+            with admin.connect() as conn:
+                killed = conn.exec_driver_sql(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    f"WHERE datname = '{name}'"
+                ).scalar_one()
+            assert killed >= 1
+            time.sleep(1.2)  # longer than the writer's idle spell before a ping
+            assert led.append(draft()).seq == 3
+            assert led.verify("acme").ok
+    finally:
+        admin.dispose()
 
 
 def test_duplicate_call_id_fails_alone(db_url: str) -> None:
