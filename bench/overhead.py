@@ -1,7 +1,7 @@
 """The gateway's own cost per request: latency through the gateway minus latency of calling the
 upstream directly, in the same run, at concurrency 1 and 32, p50 and p99.
 
-    python -m bench.overhead [--requests 400] [--warmup 50]
+    python -m bench.overhead [--requests 400] [--rounds 5] [--warmup 50]
 
 Setup (all on 127.0.0.1, all real): a throwaway Postgres cluster holds the ledger; an
 OpenAI-compatible upstream that answers at once (a tiny ASGI app in this file, serving a fixed
@@ -10,6 +10,10 @@ vllm` runs in its own process in front of it, with an agent key made by `callpro
 Each request through the gateway is authenticated, validated, planned (tool union schema),
 forwarded, parsed, validated again, and its signed receipt committed to Postgres before the
 response leaves. The client sends the same OpenAI request body to both.
+
+This 2-core VM's speed drifts by up to 2x within minutes, so each concurrency runs `rounds`
+neighbouring pairs of phases (direct, then gateway, `requests` each): the overhead is the
+median over rounds of each pair's difference, with the lowest and highest round beside it.
 
 The last line of output is one JSON object of figures.
 """
@@ -170,32 +174,48 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def compare(
-    direct: str, gateway: str, metrics: str, key: str, requests: int, warmup: int, pid: int
+    direct: str,
+    gateway: str,
+    metrics: str,
+    key: str,
+    *,
+    requests: int,
+    rounds: int,
+    warmup: int,
+    pid: int,
 ) -> dict[str, float]:
-    """Overhead = gateway minus direct, per percentile; plus the mean time of the durable
-    receipt commit inside it (the part a faster disk, not faster code, would shrink)."""
+    """Overhead = gateway minus direct, per percentile (median, min and max over rounds);
+    plus the gateway's CPU per request and the mean time of the durable receipt commit
+    inside it (the part a faster disk, not faster code, would shrink)."""
     figures: dict[str, float] = {}
     auth = {"Authorization": f"Bearer {key}"}
     for concurrency in (1, 32):
         await measure(direct, {}, warmup, concurrency)
         await measure(gateway, auth, warmup, concurrency)
-        base = await measure(direct, {}, requests, concurrency)
+        pairs: list[tuple[list[float], list[float]]] = []
+        cpu = 0.0
         sum0, count0 = await append_seconds(metrics)
-        cpu0 = cpu_seconds(pid)
-        through = await measure(gateway, auth, requests, concurrency)
-        cpu1 = cpu_seconds(pid)
+        for _ in range(rounds):
+            base = await measure(direct, {}, requests, concurrency)
+            cpu0 = cpu_seconds(pid)
+            through = await measure(gateway, auth, requests, concurrency)
+            cpu += cpu_seconds(pid) - cpu0
+            pairs.append((base, through))
         sum1, count1 = await append_seconds(metrics)
-        figures[f"c{concurrency}_gateway_cpu_ms_per_request"] = round(
-            (cpu1 - cpu0) / requests * 1000, 3
-        )
-        figures[f"c{concurrency}_commit_mean_ms"] = round(
-            (sum1 - sum0) / (count1 - count0) * 1000, 3
-        )
+        name = f"c{concurrency}"
+        figures[f"{name}_gateway_cpu_ms_per_request"] = round(cpu / (rounds * requests) * 1000, 3)
+        figures[f"{name}_commit_mean_ms"] = round((sum1 - sum0) / (count1 - count0) * 1000, 3)
         for q in (50, 99):
-            d, g = percentile(base, q), percentile(through, q)
-            figures[f"c{concurrency}_direct_p{q}_ms"] = round(d, 3)
-            figures[f"c{concurrency}_gateway_p{q}_ms"] = round(g, 3)
-            figures[f"c{concurrency}_overhead_p{q}_ms"] = round(g - d, 3)
+            overheads = [percentile(g, q) - percentile(d, q) for d, g in pairs]
+            figures[f"{name}_direct_p{q}_ms"] = round(
+                statistics.median(percentile(d, q) for d, _ in pairs), 3
+            )
+            figures[f"{name}_gateway_p{q}_ms"] = round(
+                statistics.median(percentile(g, q) for _, g in pairs), 3
+            )
+            figures[f"{name}_overhead_p{q}_ms"] = round(statistics.median(overheads), 3)
+            figures[f"{name}_overhead_p{q}_ms_rounds_min"] = round(min(overheads), 3)
+            figures[f"{name}_overhead_p{q}_ms_rounds_max"] = round(max(overheads), 3)
     return figures
 
 
@@ -223,7 +243,7 @@ def callproof(*args: str) -> str:
     return done.stdout
 
 
-def run(requests: int, warmup: int) -> dict[str, Any]:
+def run(requests: int, rounds: int, warmup: int) -> dict[str, Any]:
     up_port, gw_port = free_port(), free_port()
     processes: list[subprocess.Popen[bytes]] = []
     with throwaway_postgres() as db, tempfile.TemporaryDirectory() as data_dir:
@@ -277,9 +297,10 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
                     f"http://127.0.0.1:{gw_port}/v1/chat/completions",
                     f"http://127.0.0.1:{gw_port}/metrics",
                     key,
-                    requests,
-                    warmup,
-                    processes[1].pid,
+                    requests=requests,
+                    rounds=rounds,
+                    warmup=warmup,
+                    pid=processes[1].pid,
                 )
             )
         finally:
@@ -288,7 +309,8 @@ def run(requests: int, warmup: int) -> dict[str, Any]:
                 process.wait(30)
         receipts = _count_receipts(db)
     return {
-        "requests_per_setting": requests,
+        "requests_per_phase": requests,
+        "rounds": rounds,
         "receipts_committed": receipts,
         "load_average_1m": round(os.getloadavg()[0], 2),
         **figures,
@@ -308,10 +330,11 @@ def _count_receipts(url: str) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=400, help="per concurrency and target")
+    parser.add_argument("--requests", type=int, default=400, help="per phase")
+    parser.add_argument("--rounds", type=int, default=5, help="direct+gateway phase pairs")
     parser.add_argument("--warmup", type=int, default=50)
     args = parser.parse_args()
-    figures = run(args.requests, args.warmup)
+    figures = run(args.requests, args.rounds, args.warmup)
     for name, value in figures.items():
         print(f"{name:>28}: {value}")
     print(json.dumps(figures, sort_keys=True))
