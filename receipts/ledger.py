@@ -23,7 +23,9 @@ Write path (why it looks like this):
 - Any database failure fails every append of the batch with LedgerUnavailable and rolls the
   transaction back; nothing is half-written. The writer keeps one connection between
   batches, pings it after an idle spell and replaces it after a failure, so the ledger
-  recovers by itself when the database returns.
+  recovers by itself when the database returns. A restart while appends are flowing fails
+  the batch in flight (503 to its callers, which the OpenAI SDK retries); the batch is never
+  redone by itself, since its COMMIT may have landed and a redo would append it twice.
 """
 
 from __future__ import annotations
@@ -200,13 +202,15 @@ class Ledger:
         with self._lock:
             self._closed = True
             thread = self._thread
-        if thread is not None:
-            self._queue.put(_STOP)
-            thread.join()
-            self._checkpoint_quiet_chains(closing=True)
+        try:
+            if thread is not None:
+                self._queue.put(_STOP)
+                thread.join()
+                self._checkpoint_quiet_chains(closing=True)
+        finally:
             self._drop_connection()
-        self._reader.dispose()
-        self._writer.dispose()
+            self._reader.dispose()
+            self._writer.dispose()
 
     def __enter__(self) -> Self:
         return self
@@ -264,7 +268,11 @@ class Ledger:
                 continue
             batch: list[_Pending] = []
             while item is not _STOP:
-                batch.append(item)
+                # Running from here on, so it can no longer be cancelled (a cancelled
+                # future would refuse its result and kill this thread); one cancelled
+                # before it was taken is dropped: nobody waits for it.
+                if item.future.set_running_or_notify_cancel():
+                    batch.append(item)
                 if len(batch) >= self.max_batch:
                     break
                 try:
@@ -312,18 +320,23 @@ class Ledger:
         self._key_registered = True
         self._known_schemas.update(schemas)
         for head in heads:
-            if head.checkpoint_size < head.seq:
-                self._uncheckpointed.setdefault(
-                    head.chain, head.checkpoint_at / 1000 + self.checkpoint_interval_s
-                )
-            else:
-                self._uncheckpointed.pop(head.chain, None)
-            self._heads[head.chain] = head.kept()
+            self._note_committed(head, reschedule=False)
         for pending, outcome in outcomes:
             if isinstance(outcome, Exception):
                 pending.future.set_exception(outcome)
             else:
                 pending.future.set_result(outcome)
+
+    def _note_committed(self, head: _Head, *, reschedule: bool) -> None:
+        """Keep ``head`` for the next batch and schedule its timer checkpoint. After an
+        append the due time may come from a kept head's stale checkpoint columns (early, at
+        worst); ``reschedule`` replaces it with the one a locked read gave."""
+        if head.checkpoint_size >= head.seq:
+            self._uncheckpointed.pop(head.chain, None)
+        elif reschedule or head.chain not in self._uncheckpointed:
+            due = head.checkpoint_at / 1000 + self.checkpoint_interval_s
+            self._uncheckpointed[head.chain] = due
+        self._heads[head.chain] = head.kept()
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the
@@ -416,7 +429,9 @@ class Ledger:
                         {"hash": bound, "body": canonical_json(pending.draft.schema).decode()}
                     )
                 outcomes.append((pending, receipt))
-            if head.seq >= first_seq and head.key_id != self.signer.key_id:
+            if head.seq < first_seq:
+                continue  # nothing sealed: leave the row alone (a kept head may be stale)
+            if head.key_id != self.signer.key_id:
                 rows[KeyRangeRow].append(
                     {"chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}
                 )
@@ -525,8 +540,7 @@ class Ledger:
                     head = self._lock_head(conn, chain)
                     if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
                         self._save_checkpoint_and_commit(conn, head)
-                self._uncheckpointed.pop(chain, None)
-                self._heads[chain] = head.kept()
+                self._note_committed(head, reschedule=True)
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, _short(exc))
                 self._drop_connection()
