@@ -181,6 +181,25 @@ def attacker(url: str) -> Iterator[sa.Connection]:
         engine.dispose()
 
 
+TERMINATE_BACKENDS = (
+    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{db}'"
+)
+
+
+def on_server(url: str, sql: str) -> Any:
+    """Run ``sql`` (``{db}``: the database of the Postgres ``url``) from the server's
+    ``postgres`` database, outside a transaction: how the outage tests cut a ledger off.
+    Returns the first column of the first row, if the statement returns rows."""
+    server, db = url.rsplit("/", 1)
+    admin = sa.create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            result = conn.exec_driver_sql(sql.format(db=db))
+            return result.scalar() if result.returns_rows else None
+    finally:
+        admin.dispose()
+
+
 def clone(url: str, name: str, template: str | None = None) -> str:
     """A copy of the (idle) database at ``url`` (or of Postgres' ``template``, e.g. the empty
     template1) named ``name``: tests tamper with copies of one chain."""

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from ledger_kit import (
     SEARCH_PARAMS,
+    TERMINATE_BACKENDS,
     UNION,
     WEATHER_PARAMS,
     attacker,
@@ -21,6 +22,7 @@ from ledger_kit import (
     fill,
     ledger,
     migrated,
+    on_server,
     tool_union,
 )
 
@@ -357,24 +359,12 @@ def test_writer_reconnects_after_an_idle_disconnect(fresh_postgres_url: str) -> 
     """The writer keeps its connection between batches; when the server dropped it while
     idle (a restart, an idle timeout), the next append still succeeds."""
     migrated(fresh_postgres_url)
-    name = fresh_postgres_url.rsplit("/", 1)[1]
-    admin = sa.create_engine(
-        fresh_postgres_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT"
-    )
-    try:
-        with ledger(fresh_postgres_url) as led:
-            fill(led, 2)
-            with admin.connect() as conn:
-                killed = conn.exec_driver_sql(
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    f"WHERE datname = '{name}'"
-                ).scalar_one()
-            assert killed >= 1
-            time.sleep(1.2)  # longer than the writer's idle spell before a ping
-            assert led.append(draft()).seq == 3
-            assert led.verify("acme").ok
-    finally:
-        admin.dispose()
+    with ledger(fresh_postgres_url) as led:
+        fill(led, 2)
+        assert on_server(fresh_postgres_url, TERMINATE_BACKENDS) >= 1
+        time.sleep(1.2)  # longer than the writer's idle spell before a ping
+        assert led.append(draft()).seq == 3
+        assert led.verify("acme").ok
 
 
 def test_duplicate_call_id_fails_alone(db_url: str) -> None:
@@ -446,32 +436,20 @@ def test_database_outage_fails_closed_then_recovers(fresh_postgres_url: str) -> 
     """Every pending append fails with LedgerUnavailable while the database refuses
     connections; nothing is half-written; appends succeed again once it is back."""
     migrated(fresh_postgres_url)
-    name = fresh_postgres_url.rsplit("/", 1)[1]
-    admin = sa.create_engine(
-        fresh_postgres_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT"
-    )
-    try:
-        with ledger(fresh_postgres_url) as led:
-            fill(led, 10)
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-                conn.exec_driver_sql(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    f"WHERE datname = '{name}'"
-                )
-            futures = [led.submit(draft()) for _ in range(20)]
-            for future in futures:
-                with pytest.raises(LedgerUnavailable):
-                    future.result(timeout=30)
+    with ledger(fresh_postgres_url) as led:
+        fill(led, 10)
+        on_server(fresh_postgres_url, 'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+        on_server(fresh_postgres_url, TERMINATE_BACKENDS)
+        futures = [led.submit(draft()) for _ in range(20)]
+        for future in futures:
             with pytest.raises(LedgerUnavailable):
-                led.ping()
-            with admin.connect() as conn:
-                conn.exec_driver_sql(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+                future.result(timeout=30)
+        with pytest.raises(LedgerUnavailable):
             led.ping()
-            assert fill(led, 5)[-1].seq == 15  # nothing of the failed batch was written
-            assert led.verify("acme").ok
-    finally:
-        admin.dispose()
+        on_server(fresh_postgres_url, 'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        led.ping()
+        assert fill(led, 5)[-1].seq == 15  # nothing of the failed batch was written
+        assert led.verify("acme").ok
 
 
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
