@@ -258,16 +258,17 @@ class Ledger:
         return future
 
     def _run(self) -> None:
-        """The writer thread: take whatever is queued (up to max_batch), commit it as one."""
+        """The writer thread: take whatever is queued (up to max_batch), commit it as one;
+        once a tick, busy or not, sign the checkpoints that fell due by time."""
         tick = min(1.0, self.checkpoint_interval_s)
+        next_tick = time.monotonic() + tick
         while True:
             try:
-                item = self._queue.get(timeout=tick)
+                item = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
             except queue.Empty:
-                self._checkpoint_quiet_chains()
-                continue
+                item = None
             batch: list[_Pending] = []
-            while item is not _STOP:
+            while item is not None and item is not _STOP:
                 # Running from here on, so it can no longer be cancelled (a cancelled
                 # future would refuse its result and kill this thread); one cancelled
                 # before it was taken is dropped: nobody waits for it.
@@ -278,11 +279,14 @@ class Ledger:
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
-                    break
+                    item = None
             if batch:
                 self._commit(batch)
             if item is _STOP:
                 return
+            if time.monotonic() >= next_tick:  # not only when idle: other chains may be busy
+                self._checkpoint_quiet_chains()
+                next_tick = time.monotonic() + tick
 
     def _commit(self, batch: list[_Pending]) -> None:
         chains = {pending.draft.tenant for pending in batch}
@@ -296,8 +300,6 @@ class Ledger:
                 # Another writer extended a kept head (its receipt holds the next seq), or a
                 # call id the chain already holds (rare: ids are random, so that check is
                 # skipped on the first try). Redo under the lock, refusing those drafts alone.
-                if kept:
-                    self._shared |= chains
                 with conn.begin():
                     outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
         except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
@@ -406,7 +408,13 @@ class Ledger:
         schemas: set[str] = set()
         heads = []
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
-            head = self._heads[chain].kept() if kept else self._lock_head(conn, chain)
+            if kept:
+                head = self._heads[chain].kept()
+            else:
+                head = self._lock_head(conn, chain)
+                known = self._heads.get(chain)
+                if known is not None and known.seq != head.seq:
+                    self._shared.add(chain)  # another writer extends it too: lock up front
             refused = _refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls else {}
             first_seq = head.seq + 1
             for pending in by_chain[chain]:
@@ -523,9 +531,7 @@ class Ledger:
                 )
             if latest is not None and latest["tree_size"] == head.seq:
                 return latest
-            checkpoint = self._save_checkpoint_and_commit(conn, head)
-        self._uncheckpointed.pop(tenant, None)
-        return checkpoint
+            return self._save_checkpoint_and_commit(conn, head)
 
     def _checkpoint_quiet_chains(self, *, closing: bool = False) -> None:
         """The timer half of "every N receipts or T seconds", for chains that went quiet;
