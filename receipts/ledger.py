@@ -181,7 +181,7 @@ class Ledger:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # The writer thread's own state:
         self._conn: sa.Connection | None = None
-        self._conn_idle_since = 0.0
+        self._conn_used_at = 0.0
         self._heads: dict[str, _Head] = {}  # as this writer last committed them
         self._shared: set[str] = set()  # chains another writer extends too: always locked
         self._known_schemas: set[str] = set()
@@ -317,25 +317,23 @@ class Ledger:
                 else LedgerUnavailable(f"the ledger could not append: {type(exc).__name__}: {exc}"),
             )
             return
-        finally:
-            self._conn_idle_since = time.monotonic()
         self._key_registered = True
         self._known_schemas.update(schemas)
         for head in heads:
-            self._note_committed(head, reschedule=False)
+            self._note_committed(head)
         for pending, outcome in outcomes:
             if isinstance(outcome, Exception):
                 pending.future.set_exception(outcome)
             else:
                 pending.future.set_result(outcome)
 
-    def _note_committed(self, head: _Head, *, reschedule: bool) -> None:
-        """Keep ``head`` for the next batch and schedule its timer checkpoint. After an
-        append the due time may come from a kept head's stale checkpoint columns (early, at
-        worst); ``reschedule`` replaces it with the one a locked read gave."""
+    def _note_committed(self, head: _Head) -> None:
+        """Keep ``head`` for the next batch and schedule its timer checkpoint. The due time
+        a locked read gives replaces the scheduled one; a kept head's stale checkpoint
+        columns (early, at worst) only schedule a chain that had none."""
         if head.checkpoint_size >= head.seq:
             self._uncheckpointed.pop(head.chain, None)
-        elif reschedule or head.chain not in self._uncheckpointed:
+        elif not head.stale_checkpoint or head.chain not in self._uncheckpointed:
             due = head.checkpoint_at / 1000 + self.checkpoint_interval_s
             self._uncheckpointed[head.chain] = due
         self._heads[head.chain] = head.kept()
@@ -352,13 +350,15 @@ class Ledger:
         """The writer's connection, held between batches: a pool checkout with its pre-ping
         costs more than a whole append with a kept head. After an idle spell it is pinged
         first, so a database that restarted meanwhile costs no failed append."""
-        if self._conn is not None and time.monotonic() - self._conn_idle_since > _IDLE_PING_S:
+        now = time.monotonic()
+        if self._conn is not None and now - self._conn_used_at > _IDLE_PING_S:
             try:
                 self._writer.dialect.do_ping(self._conn.connection.dbapi_connection)
             except self._sql.dbapi_errors:
                 self._drop_connection()
         if self._conn is None:
             self._conn = self._writer.connect()
+        self._conn_used_at = now
         return self._conn
 
     def _drop_connection(self) -> None:
@@ -546,12 +546,10 @@ class Ledger:
                     head = self._lock_head(conn, chain)
                     if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
                         self._save_checkpoint_and_commit(conn, head)
-                self._note_committed(head, reschedule=True)
+                self._note_committed(head)
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, _short(exc))
                 self._drop_connection()
-            finally:
-                self._conn_idle_since = time.monotonic()
 
     # ------------------------------------------------------------------ reads
 
