@@ -45,6 +45,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
+import msgspec
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
@@ -81,6 +82,8 @@ from receipts.store import (
 )
 
 __all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
+
+_sorted_json = msgspec.json.Encoder(order="sorted").encode
 
 log = logging.getLogger(__name__)
 
@@ -953,13 +956,7 @@ def receipt_text(receipt: Receipt) -> str:
     Not re-canonicalized here (RFC 8785 costs a third of an append); every reader parses it
     and the verifier recomputes the entry hash over its RFC 8785 form, so any edit shows.
     """
-    return json.dumps(
-        receipt.to_json_obj(),
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=False,
-    )
+    return _sorted_json(receipt.to_json_obj()).decode()
 
 
 def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:

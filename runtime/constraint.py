@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import msgspec
+
 ConstraintKind = Literal["json", "regex", "ebnf", "tools"]
 
 
@@ -24,7 +26,7 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any], *, kind: ConstraintKind = "json") -> Constraint:
-        return cls(kind, json.dumps(schema, separators=(",", ":"), ensure_ascii=False))
+        return cls(kind, msgspec.json.encode(schema).decode())
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 import jsonschema
 import jsonschema_rs
+import msgspec
 
 from runtime.errors import (
     InvalidSchema,
@@ -95,7 +96,10 @@ def check_schema(schema: Any, param: str) -> None:
     """
     if not isinstance(schema, dict):
         raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
-    canonical = _canonical(schema)  # the key of both caches below
+    try:
+        canonical = _canonical(schema)  # the key of both caches below
+    except (TypeError, UnicodeEncodeError) as exc:  # a Python caller's non-JSON value
+        raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
     try:
         _check_metaschema(canonical)
     except jsonschema.SchemaError as exc:
@@ -664,17 +668,20 @@ def parse_native_tool_call(
 # 50x faster than jsonschema per value); the metaschema check keeps jsonschema's messages.
 
 
-def _canonical(schema: dict[str, Any]) -> str:
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+_sorted_json = msgspec.json.Encoder(order="sorted").encode
+
+
+def _canonical(schema: dict[str, Any]) -> bytes:
+    return _sorted_json(schema)
 
 
 @functools.lru_cache(maxsize=4096)
-def _check_metaschema(canonical: str) -> None:
+def _check_metaschema(canonical: bytes) -> None:
     jsonschema.Draft202012Validator.check_schema(json.loads(canonical))
 
 
 @functools.lru_cache(maxsize=4096)
-def _validator(canonical: str) -> jsonschema_rs.Validator:
+def _validator(canonical: bytes) -> jsonschema_rs.Validator:
     return jsonschema_rs.Draft202012Validator(json.loads(canonical), offline=True)
 
 

@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import aiohttp
+import msgspec
 
 from runtime.constraint import Constraint
 from runtime.engines.base import (
@@ -236,7 +237,7 @@ class VllmEngine:
         return self._request("POST", "/v1/chat/completions", body)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Exchange:
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else msgspec.json.encode(body)
         return _Exchange(self._http().request(method, self._base_url + path, data=data))
 
     def _http(self) -> aiohttp.ClientSession:
@@ -334,8 +335,8 @@ def _error_message(raw: bytes) -> str:
 
 def _json(raw: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(raw)
-    except ValueError as exc:
+        data = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
         raise EngineUnavailable(f"the vLLM server sent invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise EngineUnavailable("the vLLM server sent JSON that is not an object")

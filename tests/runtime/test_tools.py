@@ -98,6 +98,15 @@ def test_invalid_parameter_schema_is_invalid_schema(parameters: dict[str, Any]) 
     assert err.value.param == "tools[1].function.parameters"
 
 
+@pytest.mark.parametrize("value", ["\ud800", object()], ids=["lone-surrogate", "object"])
+def test_a_schema_holding_a_non_json_value_is_invalid_schema(value: object) -> None:
+    """Python callers of the runtime can pass what no JSON body can carry."""
+    parameters = {"type": "object", "properties": {"a": {"type": "string", "const": value}}}
+    with pytest.raises(InvalidSchema, match="is not JSON") as err:
+        parse_tools_field([function_tool("f", parameters)])
+    assert err.value.param == "tools[0].function.parameters"
+
+
 def test_a_python_only_regex_is_refused_up_front() -> None:
     """JSON Schema patterns are ECMA-262: Python's \\Z passes the metaschema (which uses
     Python's re) but the validator outputs are checked with cannot compile it, so the request
