@@ -22,8 +22,8 @@ Write path (why it looks like this):
   without reading any earlier receipt.
 - Any database failure fails every append of the batch with LedgerUnavailable and rolls the
   transaction back; nothing is half-written. The writer keeps one connection between
-  batches, pings it after an idle spell and replaces it after a failure, so the ledger
-  recovers by itself when the database returns. A restart while appends are flowing fails
+  batches, pings it after an idle spell or when the server has closed it meanwhile, and
+  replaces it after a failure, so the ledger recovers by itself when the database returns. A restart while appends are flowing fails
   the batch in flight (503 to its callers, which the OpenAI SDK retries); the batch is never
   redone by itself, since its COMMIT may have landed and a redo would append it twice.
 """
@@ -35,6 +35,7 @@ import dataclasses
 import json
 import logging
 import queue
+import select
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -351,10 +352,14 @@ class Ledger:
 
     def _connection(self) -> sa.Connection:
         """The writer's connection, held between batches: a pool checkout with its pre-ping
-        costs more than a whole append with a kept head. After an idle spell it is pinged
-        first, so a database that restarted meanwhile costs no failed append."""
+        costs more than a whole append with a kept head. It is pinged first after an idle
+        spell, or at once when the server has spoken on it unasked, so a database that
+        restarted or cut its sessions meanwhile costs no failed append."""
         now = time.monotonic()
-        if self._conn is not None and now - self._conn_used_at > _IDLE_PING_S:
+        if self._conn is not None and (
+            now - self._conn_used_at > _IDLE_PING_S
+            or _server_spoke(self._conn.connection.dbapi_connection, self._sql.dbapi_errors)
+        ):
             try:
                 self._writer.dialect.do_ping(self._conn.connection.dbapi_connection)
             except self._sql.dbapi_errors:
@@ -1033,6 +1038,24 @@ def _checkpoint_row(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
         "key_id": checkpoint["key_id"],
         "body": canonical_json(checkpoint).decode(),
     }
+
+
+def _server_spoke(dbapi_connection: Any, dbapi_errors: type[Exception]) -> bool:
+    """Whether an idle client-server connection has something to read (no wait: one poll).
+
+    Between transactions a server sends nothing unasked but the notice that it is ending the
+    session (a restart, a failover, ``pg_terminate_backend``) before it closes the socket;
+    so data or EOF here means the connection is gone. SQLite has no socket: never.
+    """
+    fileno = getattr(dbapi_connection, "fileno", None)
+    if fileno is None:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, dbapi_errors):  # closed or unusable: the ping that follows tells
+        return True
 
 
 def _cursor(conn: sa.Connection) -> Any:

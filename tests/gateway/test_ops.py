@@ -143,7 +143,10 @@ def call_tool(gateway: Any) -> Any:
 def test_ledger_outage_fails_closed_and_recovers_without_restart(gateway: Any) -> None:
     first = call_tool(gateway)
     outage = sqlite_refuses_writes if gateway.db_kind == "sqlite" else postgres_refuses_connections
-    gateway.openai().models.list()  # the agent key is cached: the append is what must fail
+    # A cached key entry is not renewed by use: let it expire, so that this call caches the
+    # key afresh for the outage below and the append (not the key lookup) is what fails.
+    time.sleep(gateway.settings.key_cache_ttl_s + 0.1)
+    gateway.openai().models.list()
     with outage(gateway.db_url):
         with pytest.raises(openai.InternalServerError) as caught:
             call_tool(gateway)

@@ -184,6 +184,7 @@ def attacker(url: str) -> Iterator[sa.Connection]:
 TERMINATE_BACKENDS = (
     "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '{db}'"
 )
+COUNT_BACKENDS = "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}'"
 
 
 def on_server(url: str, sql: str) -> Any:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 from ledger_kit import (
+    COUNT_BACKENDS,
     SEARCH_PARAMS,
     TERMINATE_BACKENDS,
     UNION,
@@ -411,6 +412,23 @@ def test_writer_reconnects_after_an_idle_disconnect(fresh_postgres_url: str) -> 
         fill(led, 2)
         assert on_server(fresh_postgres_url, TERMINATE_BACKENDS) >= 1
         time.sleep(1.2)  # longer than the writer's idle spell before a ping
+        assert led.append(draft()).seq == 3
+        assert led.verify("acme").ok
+
+
+def test_writer_notices_at_once_that_the_server_closed_its_connection(
+    fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session the server cut moments ago (a failover, pg_terminate_backend) is noticed
+    before the next append uses it, not by failing that append: no idle ping helps here."""
+    monkeypatch.setattr("receipts.ledger._IDLE_PING_S", 3600.0)
+    migrated(fresh_postgres_url)
+    with ledger(fresh_postgres_url) as led:
+        fill(led, 2)
+        assert on_server(fresh_postgres_url, TERMINATE_BACKENDS) >= 1
+        deadline = time.monotonic() + 10  # the backends end after pg_terminate_backend returns
+        while on_server(fresh_postgres_url, COUNT_BACKENDS) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert led.append(draft()).seq == 3
         assert led.verify("acme").ok
 
