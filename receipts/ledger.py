@@ -1051,7 +1051,9 @@ def _server_spoke(dbapi_connection: Any, dbapi_errors: type[Exception]) -> bool:
     if fileno is None:
         return False
     try:
-        poller = select.poll()
+        if not hasattr(select, "poll"):  # Windows: select() takes sockets, and any fd number
+            return bool(select.select([fileno()], [], [], 0)[0])
+        poller = select.poll()  # unlike select(), not limited to fd numbers below 1024
         poller.register(fileno(), select.POLLIN)
         return bool(poller.poll(0))
     except (OSError, ValueError, dbapi_errors):  # closed or unusable: the ping that follows tells

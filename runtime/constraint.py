@@ -9,10 +9,13 @@ that differ in property order produce different outputs and are different constr
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
+
+from runtime.errors import InvalidSchema
 
 ConstraintKind = Literal["json", "regex", "ebnf", "tools"]
 
@@ -26,7 +29,11 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any], *, kind: ConstraintKind = "json") -> Constraint:
-        return cls(kind, msgspec.json.encode(schema).decode())
+        try:
+            return cls(kind, json_text(schema).decode())
+        except (TypeError, ValueError) as exc:  # only a Python caller can pass such a value
+            param = "tools" if kind == "tools" else "response_format"
+            raise InvalidSchema(f"the schema is not JSON: {exc}", param=param) from None
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:
@@ -44,6 +51,19 @@ class Constraint:
         if not self.is_json:
             raise TypeError(f"a {self.kind} constraint has no JSON schema")
         return json.loads(self.source)
+
+
+def json_text(value: Any, encode: Callable[[Any], bytes] = msgspec.json.encode) -> bytes:
+    """``value`` as compact JSON (``encode``: msgspec's, or one of its encoders).
+
+    msgspec writes NaN and the infinities as ``null`` where the stdlib wrote invalid JSON,
+    so text holding a ``null`` is read back and compared: ValueError when ``value`` held
+    what JSON cannot carry. (Text without one needs no check, and costs nothing more.)
+    """
+    data = encode(value)
+    if b"null" in data and msgspec.json.decode(data) != value:
+        raise ValueError("it holds NaN, an infinity or a Python value JSON cannot carry")
+    return data
 
 
 def validate_constraint(constraint: Constraint) -> None:
@@ -70,8 +90,6 @@ def validate_constraint(constraint: Constraint) -> None:
 
 def _validate_schema(constraint: Constraint) -> None:
     import jsonschema
-
-    from runtime.errors import InvalidSchema
 
     param = "tools" if constraint.kind == "tools" else "response_format"
     schema = constraint.schema()

@@ -37,6 +37,7 @@ import jsonschema
 import jsonschema_rs
 import msgspec
 
+from runtime.constraint import json_text
 from runtime.errors import (
     InvalidSchema,
     InvalidTools,
@@ -98,7 +99,7 @@ def check_schema(schema: Any, param: str) -> None:
         raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
     try:
         canonical = _canonical(schema)  # the key of both caches below
-    except (TypeError, UnicodeEncodeError) as exc:  # a Python caller's non-JSON value
+    except (TypeError, ValueError) as exc:  # a Python caller's non-JSON value
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
     try:
         _check_metaschema(canonical)
@@ -672,7 +673,7 @@ _sorted_json = msgspec.json.Encoder(order="sorted").encode
 
 
 def _canonical(schema: dict[str, Any]) -> bytes:
-    return _sorted_json(schema)
+    return json_text(schema, _sorted_json)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -336,7 +336,7 @@ def _error_message(raw: bytes) -> str:
 def _json(raw: bytes) -> dict[str, Any]:
     try:
         data = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
+    except ValueError as exc:  # msgspec.DecodeError, or UnicodeDecodeError for bad UTF-8
         raise EngineUnavailable(f"the vLLM server sent invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise EngineUnavailable("the vLLM server sent JSON that is not an object")

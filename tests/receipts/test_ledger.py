@@ -416,12 +416,15 @@ def test_writer_reconnects_after_an_idle_disconnect(fresh_postgres_url: str) -> 
         assert led.verify("acme").ok
 
 
+@pytest.mark.parametrize("has_poll", [True, False], ids=["poll", "select-as-on-windows"])
 def test_writer_notices_at_once_that_the_server_closed_its_connection(
-    fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch
+    fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch, has_poll: bool
 ) -> None:
     """A session the server cut moments ago (a failover, pg_terminate_backend) is noticed
     before the next append uses it, not by failing that append: no idle ping helps here."""
     monkeypatch.setattr("receipts.ledger._IDLE_PING_S", 3600.0)
+    if not has_poll:
+        monkeypatch.delattr("select.poll")
     migrated(fresh_postgres_url)
     with ledger(fresh_postgres_url) as led:
         fill(led, 2)

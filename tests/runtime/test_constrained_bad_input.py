@@ -72,6 +72,16 @@ def test_typed_error_fast(chain, constraint, error, words):
     )
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("-inf")], ids=["nan", "infinity"])
+def test_a_schema_json_cannot_carry_is_refused_not_rewritten(value: float) -> None:
+    """msgspec would write NaN and infinities as null: a different schema, silently."""
+    with pytest.raises(InvalidSchema, match="not JSON"):
+        Constraint.json_schema({"type": "number", "maximum": value})
+    assert Constraint.json_schema({"type": ["number", "null"]}).schema() == {
+        "type": ["number", "null"]
+    }
+
+
 def test_processor_factories_raise_the_same_typed_errors():
     tok = smol_tokenizer()
     with pytest.raises(InvalidSchema):

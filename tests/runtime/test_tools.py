@@ -98,7 +98,11 @@ def test_invalid_parameter_schema_is_invalid_schema(parameters: dict[str, Any]) 
     assert err.value.param == "tools[1].function.parameters"
 
 
-@pytest.mark.parametrize("value", ["\ud800", object()], ids=["lone-surrogate", "object"])
+@pytest.mark.parametrize(
+    "value",
+    ["\ud800", object(), float("nan"), float("inf")],
+    ids=["lone-surrogate", "object", "nan", "infinity"],
+)
 def test_a_schema_holding_a_non_json_value_is_invalid_schema(value: object) -> None:
     """Python callers of the runtime can pass what no JSON body can carry."""
     parameters = {"type": "object", "properties": {"a": {"type": "string", "const": value}}}

@@ -13,7 +13,7 @@ import xgrammar
 
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Sampling
-from runtime.engines.vllm import VllmEngine, structured_outputs, tool_call_tags
+from runtime.engines.vllm import VllmEngine, _json, structured_outputs, tool_call_tags
 from runtime.errors import EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.tools import parse_tools_field, union_schema
@@ -157,3 +157,14 @@ def test_structural_tags_are_refused_for_a_non_xgrammar_server() -> None:
         engine.request_body(
             [ChatMessage("user", "u")], union(), Sampling(), Enforcement("triggered"), stream=False
         )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"", b"<html>bad gateway</html>", b'{"text": "\xff"}', b"[1, 2]"],
+    ids=["empty", "html", "bad-utf8", "not-an-object"],
+)
+def test_an_upstream_body_that_is_not_a_json_object_is_engine_unavailable(raw: bytes) -> None:
+    """What a broken proxy in front of vLLM may send: a 503 naming the engine, not a 500."""
+    with pytest.raises(EngineUnavailable, match="the vLLM server sent"):
+        _json(raw)
