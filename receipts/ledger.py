@@ -23,9 +23,10 @@ Write path (why it looks like this):
 - Any database failure fails every append of the batch with LedgerUnavailable and rolls the
   transaction back; nothing is half-written. The writer keeps one connection between
   batches, pings it after an idle spell or when the server has closed it meanwhile, and
-  replaces it after a failure, so the ledger recovers by itself when the database returns. A restart while appends are flowing fails
-  the batch in flight (503 to its callers, which the OpenAI SDK retries); the batch is never
-  redone by itself, since its COMMIT may have landed and a redo would append it twice.
+  replaces it after a failure, so the ledger recovers by itself when the database returns.
+  A restart while appends are flowing fails the batch in flight (503 to its callers, which
+  the OpenAI SDK retries); the batch is never redone by itself, since its COMMIT may have
+  landed and a redo would append it twice.
 """
 
 from __future__ import annotations
@@ -46,14 +47,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
-import msgspec
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from receipts import queries
 from receipts.append_sql import AppendSQL
 from receipts.bundle import write_bundle
-from receipts.canonical import canonical_json
+from receipts.canonical import canonical_json, sorted_json
 from receipts.chain import VerificationReport, seal, verify_receipts
 from receipts.checkpoint import checkpoint_problem, make_checkpoint
 from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
@@ -83,8 +83,6 @@ from receipts.store import (
 )
 
 __all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
-
-_sorted_json = msgspec.json.Encoder(order="sorted").encode
 
 log = logging.getLogger(__name__)
 
@@ -961,7 +959,7 @@ def receipt_text(receipt: Receipt) -> str:
     Not re-canonicalized here (RFC 8785 costs a third of an append); every reader parses it
     and the verifier recomputes the entry hash over its RFC 8785 form, so any edit shows.
     """
-    return _sorted_json(receipt.to_json_obj()).decode()
+    return sorted_json(receipt.to_json_obj()).decode()
 
 
 def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:
