@@ -32,8 +32,7 @@ class Constraint:
         try:
             return cls(kind, json_text(schema).decode())
         except (TypeError, ValueError) as exc:  # only a Python caller can pass such a value
-            param = "tools" if kind == "tools" else "response_format"
-            raise InvalidSchema(f"the schema is not JSON: {exc}", param=param) from None
+            raise InvalidSchema(f"the schema is not JSON: {exc}", param=_param(kind)) from None
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:
@@ -88,10 +87,15 @@ def validate_constraint(constraint: Constraint) -> None:
         raise TypeError(f"unknown constraint kind {constraint.kind!r}")
 
 
+def _param(kind: ConstraintKind) -> str:
+    """The request field a bad JSON-schema constraint of ``kind`` came from."""
+    return "tools" if kind == "tools" else "response_format"
+
+
 def _validate_schema(constraint: Constraint) -> None:
     import jsonschema
 
-    param = "tools" if constraint.kind == "tools" else "response_format"
+    param = _param(constraint.kind)
     schema = constraint.schema()
     if not isinstance(schema, (dict, bool)):
         raise InvalidSchema(
