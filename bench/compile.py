@@ -25,16 +25,12 @@ import time
 from queue import Empty
 from typing import Any
 
+from bench.measure import percentile
 from bench.toolsets import union_for
 from runtime.backends import BackendChain, available_backends
 from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def strip_keywords(schema: Any, keywords: frozenset[str]) -> Any:

@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from bench.compile import percentile, strip_keywords
+from bench.compile import strip_keywords
+from bench.measure import percentile
 from bench.toolsets import FAMILIES, union_of
 from runtime.backends import BackendChain, available_backends
 from runtime.backends.base import CompiledGrammar, allocate_bitmask, bitmask_to_bool

@@ -23,7 +23,6 @@ import multiprocessing as mp
 import os
 import random
 import secrets
-import statistics
 import sys
 import time
 from collections import deque
@@ -31,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench.measure import percentile
 
 WINDOW = 256  # appends in flight per writer process
 
@@ -344,10 +345,6 @@ def proof_times(
     return inclusion, consistency
 
 
-def _p(values: list[float], percent: int) -> float:
-    return statistics.quantiles(values, n=100)[percent - 1]
-
-
 @contextmanager
 def database(url: str | None) -> Iterator[str]:
     if url:
@@ -393,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             " receipts per CPU-second"
         )
         times = latency(url, args.tenant, args.latency_samples)
-        p50, p99 = _p(times, 50), _p(times, 99)
+        p50, p99 = percentile(times, 50), percentile(times, 99)
         print(f"single append latency (concurrency 1): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
         with Ledger.open(url, None) as ledger:
             began = time.perf_counter()
@@ -402,8 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             inclusion, consistency = proof_times(ledger, args.tenant, report.checked)
         print(
             f"proofs from the store at tree size {report.checked}: inclusion p50"
-            f" {_p(inclusion, 50):.2f} ms p99 {_p(inclusion, 99):.2f} ms, consistency p50"
-            f" {_p(consistency, 50):.2f} ms p99 {_p(consistency, 99):.2f} ms"
+            f" {percentile(inclusion, 50):.2f} ms p99 {percentile(inclusion, 99):.2f} ms, consistency p50"
+            f" {percentile(consistency, 50):.2f} ms p99 {percentile(consistency, 99):.2f} ms"
         )
         print(
             f"database verify: ok={report.ok} over {report.checked} receipts in {verify_s:.1f} s"
@@ -424,10 +421,10 @@ def main(argv: list[str] | None = None) -> int:
             "verify_ok": report.ok,
             "verified": report.checked,
             "verify_receipts_per_s": round(report.checked / verify_s, 1),
-            "inclusion_proof_p50_ms": round(_p(inclusion, 50), 3),
-            "inclusion_proof_p99_ms": round(_p(inclusion, 99), 3),
-            "consistency_proof_p50_ms": round(_p(consistency, 50), 3),
-            "consistency_proof_p99_ms": round(_p(consistency, 99), 3),
+            "inclusion_proof_p50_ms": round(percentile(inclusion, 50), 3),
+            "inclusion_proof_p99_ms": round(percentile(inclusion, 99), 3),
+            "consistency_proof_p50_ms": round(percentile(consistency, 50), 3),
+            "consistency_proof_p99_ms": round(percentile(consistency, 99), 3),
         }
     print(json.dumps(figures))
     return 0 if report.ok else 1

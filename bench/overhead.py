@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from bench.gateway_process import running_gateway, wait_ready
+from bench.measure import cpu_seconds, percentile
 from callproof.devpg import free_port, throwaway_postgres
 
 MODEL = "bench-upstream"
@@ -147,10 +149,6 @@ async def measure(
     return latencies
 
 
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=1000, method="inclusive")[int(q * 10) - 1]
-
-
 async def append_seconds(metrics_url: str) -> tuple[float, float]:
     """(sum, count) of the gateway's receipt-commit histogram, read from /metrics."""
     async with httpx.AsyncClient() as client:
@@ -164,13 +162,6 @@ async def append_seconds(metrics_url: str) -> tuple[float, float]:
         values["callproof_receipt_append_duration_seconds_sum"],
         values["callproof_receipt_append_duration_seconds_count"],
     )
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc): a figure the machine's load does
-    not change, unlike latencies on a shared 2-core box."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def compare(
@@ -219,94 +210,39 @@ async def compare(
     return figures
 
 
-# --------------------------------------------------------------------------- processes
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready")
-
-
-def callproof(*args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "callproof", *args], capture_output=True, text=True, check=True
-    )
-    return done.stdout
-
-
 def run(requests: int, rounds: int, warmup: int) -> dict[str, Any]:
-    up_port, gw_port = free_port(), free_port()
-    processes: list[subprocess.Popen[bytes]] = []
-    with throwaway_postgres() as db, tempfile.TemporaryDirectory() as data_dir:
+    up_port = free_port()
+    with throwaway_postgres() as db, tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        upstream_log = (workdir / "upstream.log").open("wb")
+        stand_in = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "uvicorn", "bench.overhead:upstream"),
+                *("--port", str(up_port), "--log-level", "warning", "--no-access-log"),
+            ],
+            stdout=upstream_log,
+            stderr=subprocess.STDOUT,
+        )
+        up_url = f"http://127.0.0.1:{up_port}"
         try:
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "uvicorn",
-                        "bench.overhead:upstream",
-                        "--port",
-                        str(up_port),
-                        "--log-level",
-                        "warning",
-                        "--no-access-log",
-                    ],
+            wait_ready(up_url + "/v1/models", stand_in, 60, workdir / "upstream.log")
+            with running_gateway(up_url, MODEL, db, workdir) as gateway:
+                figures = asyncio.run(
+                    compare(
+                        up_url + "/v1/chat/completions",
+                        gateway.url + "/v1/chat/completions",
+                        gateway.url + "/metrics",
+                        gateway.agent_key,
+                        requests=requests,
+                        rounds=rounds,
+                        warmup=warmup,
+                        pid=gateway.pid,
+                    )
                 )
-            )
-            wait_ready(f"http://127.0.0.1:{up_port}/v1/models", processes[0])
-            location = ["--db", db, "--data-dir", data_dir]
-            key = callproof("keys", "create", "--role", "agent", "--tenant", "bench", *location)
-            key = key.strip().splitlines()[-1]
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "callproof",
-                        "serve",
-                        *location,
-                        "--port",
-                        str(gw_port),
-                        "--engine",
-                        "vllm",
-                        "--vllm-url",
-                        f"http://127.0.0.1:{up_port}",
-                        "--model",
-                        MODEL,
-                        "--log-level",
-                        "WARNING",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-            wait_ready(f"http://127.0.0.1:{gw_port}/readyz", processes[1])
-            figures = asyncio.run(
-                compare(
-                    f"http://127.0.0.1:{up_port}/v1/chat/completions",
-                    f"http://127.0.0.1:{gw_port}/v1/chat/completions",
-                    f"http://127.0.0.1:{gw_port}/metrics",
-                    key,
-                    requests=requests,
-                    rounds=rounds,
-                    warmup=warmup,
-                    pid=processes[1].pid,
-                )
-            )
         finally:
-            for process in processes:
-                process.terminate()
-                process.wait(30)
+            stand_in.terminate()
+            stand_in.wait(30)
+            upstream_log.close()
         receipts = _count_receipts(db)
     return {
         "requests_per_phase": requests,

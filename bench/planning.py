@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.measure import percentile
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import EnvelopeStreamDecoder
 
@@ -87,11 +88,6 @@ def timed_ms(fn: Callable[[], object], repeat: int) -> list[float]:
     return out
 
 
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
-
-
 def stream(plan: Plan, text: str) -> None:
     decoder = EnvelopeStreamDecoder(plan)
     for i in range(0, len(text), 4):  # about one token of JSON per delta
@@ -119,15 +115,15 @@ def main() -> None:
 
     figures = {
         "tool_sets": args.sets,
-        "plan_cold_ms_p50": pct(cold, 0.5),
-        "plan_cold_ms_p99": pct(cold, 0.99),
-        "plan_warm_ms_p50": pct(warm, 0.5),
-        "plan_warm_ms_p99": pct(warm, 0.99),
+        "plan_cold_ms_p50": round(percentile(cold, 50), 4),
+        "plan_cold_ms_p99": round(percentile(cold, 99), 4),
+        "plan_warm_ms_p50": round(percentile(warm, 50), 4),
+        "plan_warm_ms_p99": round(percentile(warm, 99), 4),
         "warm_over_cold_p50": round(statistics.median(warm) / statistics.median(cold), 4),
-        "parse_ms_p50": pct(parse, 0.5),
-        "parse_ms_p99": pct(parse, 0.99),
-        "stream_decode_ms_p50": pct(streamed, 0.5),
-        "stream_decode_ms_p99": pct(streamed, 0.99),
+        "parse_ms_p50": round(percentile(parse, 50), 4),
+        "parse_ms_p99": round(percentile(parse, 99), 4),
+        "stream_decode_ms_p50": round(percentile(streamed, 50), 4),
+        "stream_decode_ms_p99": round(percentile(streamed, 99), 4),
         "stream_over_parse_p50": round(statistics.median(streamed) / statistics.median(parse), 3),
         "output_chars": len(text),
     }

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,10 +38,12 @@ from typing import Any
 
 import httpx
 
+from bench.gateway_process import running_gateway
+from bench.measure import cpu_seconds, percentile
 from runtime.engines.base import Sampling
 from runtime.engines.vllm import VllmEngine
 from runtime.planning import ChatInput, plan_chat
-from runtime.vllm_server import bundled_model_config, free_port, running_vllm
+from runtime.vllm_server import bundled_model_config, running_vllm
 
 TENANT = "bench"
 SCHEMA = {
@@ -133,11 +134,6 @@ async def run_phase(
     return Phase(wall, samples)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
 @contextmanager
 def vllm_upstream(args: argparse.Namespace, workdir: Path) -> Iterator[tuple[str, str]]:
     if args.vllm_url:
@@ -159,75 +155,12 @@ def database(args: argparse.Namespace) -> Iterator[str]:
         yield url
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process (all its threads) from /proc: the gateway's own cost,
-    which the machine's load does not change."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@contextmanager
-def gateway(vllm_url: str, model: str, db: str, workdir: Path) -> Iterator[tuple[str, int, str]]:
-    """`callproof serve --engine vllm` in its own process; yields its URL, pid, an agent key."""
-    cli = [sys.executable, "-m", "callproof"]
-    location = ["--db", db, "--data-dir", str(workdir / "data")]
-    subprocess.run([*cli, "ledger", "migrate", "--db", db], check=True, capture_output=True)
-    created = subprocess.run(
-        [*cli, "keys", "create", "--role", "agent", "--tenant", TENANT, *location],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    key = created.stdout.strip().splitlines()[-1]
-    port = free_port()
-    log = (workdir / "gateway.log").open("wb")
-    process = subprocess.Popen(
-        [
-            *cli,
-            "serve",
-            "--engine",
-            "vllm",
-            "--vllm-url",
-            vllm_url,
-            "--model",
-            model,
-            "--port",
-            str(port),
-            "--log-level",
-            "WARNING",
-            *location,
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError((workdir / "gateway.log").read_text()[-3000:])
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError("the gateway did not become ready in 120 s")
-        yield url, process.pid, key
-    finally:
-        process.terminate()
-        process.wait(30)
-        log.close()
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-vllm-")))
         vllm_url, model = stack.enter_context(vllm_upstream(args, workdir))
         db = stack.enter_context(database(args))
-        gateway_url, gateway_pid, key = stack.enter_context(gateway(vllm_url, model, db, workdir))
+        gateway = stack.enter_context(running_gateway(vllm_url, model, db, workdir, TENANT))
         engine = VllmEngine(vllm_url, model)
         requests = [
             chat_request(model, TOPICS[i % len(TOPICS)], args.max_tokens)
@@ -237,9 +170,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         paths = {
             "direct": (vllm_url + "/v1/chat/completions", direct_bodies, {}),
             "gateway": (
-                gateway_url + "/v1/chat/completions",
+                gateway.url + "/v1/chat/completions",
                 requests,
-                {"Authorization": f"Bearer {key}"},
+                {"Authorization": f"Bearer {gateway.agent_key}"},
             ),
         }
         # warm-up: grammar compiled and caches filled on both paths before the clock
@@ -249,14 +182,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         gateway_cpu_s = 0.0
         for round_no in range(args.rounds):
             for name, (url, bodies, headers) in paths.items():
-                cpu_before = cpu_seconds(gateway_pid)
+                cpu_before = cpu_seconds(gateway.pid)
                 phase = asyncio.run(run_phase(url, bodies, args.concurrency, headers))
                 if name == "gateway":
-                    gateway_cpu_s += cpu_seconds(gateway_pid) - cpu_before
+                    gateway_cpu_s += cpu_seconds(gateway.pid) - cpu_before
                 phases[name].append(phase)
                 print(
                     f"round {round_no + 1} {name}: {phase.tokens_per_s:.1f} tokens/s, "
-                    f"p50 {percentile([s.latency_s for s in phase.samples], 0.5) * 1e3:.0f} ms",
+                    f"p50 {percentile([s.latency_s for s in phase.samples], 50) * 1e3:.0f} ms",
                     flush=True,
                 )
     return figures(phases, gateway_cpu_s, args)
@@ -292,10 +225,10 @@ def figures(
         "throughput_ratio": round(statistics.median(round_ratios), 4),
         "throughput_ratio_pooled": round(tokens_per_s("gateway") / tokens_per_s("direct"), 4),
         "round_ratios": [round(r, 3) for r in round_ratios],
-        "direct_latency_ms_p50": round(percentile(direct, 0.5), 1),
-        "gateway_latency_ms_p50": round(percentile(through, 0.5), 1),
-        "added_latency_ms_p50": round(percentile(through, 0.5) - percentile(direct, 0.5), 1),
-        "added_latency_ms_p99": round(percentile(through, 0.99) - percentile(direct, 0.99), 1),
+        "direct_latency_ms_p50": round(percentile(direct, 50), 1),
+        "gateway_latency_ms_p50": round(percentile(through, 50), 1),
+        "added_latency_ms_p50": round(percentile(through, 50) - percentile(direct, 50), 1),
+        "added_latency_ms_p99": round(percentile(through, 99) - percentile(direct, 99), 1),
         "added_latency_ms_mean": round(statistics.fmean(through) - statistics.fmean(direct), 1),
         "gateway_cpu_ms_per_request": round(gateway_cpu_s * 1e3 / len(through), 2),
         "load_average_1m": round(os.getloadavg()[0], 2),
