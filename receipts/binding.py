@@ -136,4 +136,4 @@ def first_error(validator: Any, instance: Any) -> str:
         err = next(validator.iter_errors(instance))
     except (ValueError, StopIteration):
         return "the value does not match (nested too deep to report where)"
-    return f"{err.message} (at /{'/'.join(str(p) for p in err.instance_path)})"
+    return f"{err.message} (at /{'/'.join(_escape(str(p)) for p in err.instance_path)})"

@@ -374,3 +374,18 @@ def test_binding_names_a_subschema_it_cannot_compile_and_survives_deep_values() 
         {"valid": True},
     )
     assert reason is not None and "do not validate" in reason
+
+
+def test_binding_names_the_failing_value_by_an_escaped_json_pointer() -> None:
+    """A property named "a/b~c" is "/a~1b~0c" in the reason (RFC 6901), not a path that
+    points somewhere else."""
+    from receipts.binding import SchemaBinding
+    from receipts.manifest import schema_hash
+
+    params = {"properties": {"a/b~c": {"type": "integer"}}}
+    bound = {"anyOf": [{"properties": {"tool": {"const": "f"}, "arguments": params}}]}
+    call = {"id": "call_" + "0" * 24, "name": "f", "arguments": {"a/b~c": "x"}}
+    reason = SchemaBinding({schema_hash(bound): bound}).problem(
+        {"schema_hash": schema_hash(bound)}, {"tool_calls": [call]}, {"valid": True}
+    )
+    assert reason is not None and reason.endswith("(at /a~1b~0c)")
