@@ -11,6 +11,7 @@ from litestar.params import JSONBody, Parameter
 
 from gateway.apikeys import ApiKey, KeyNotFound, KeyStore
 from gateway.auth import BEARER, require_role
+from gateway.bodies import StrictBody
 from gateway.errors import APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
 
@@ -31,7 +32,13 @@ class AdminKeysController(Controller):
     ) -> list[KeyInfo]:
         return [_info(key) for key in await asyncio.to_thread(keys.list)]
 
-    @post("", summary="Create an API key; the secret is returned once", responses=documented())
+    @post(
+        "",
+        summary="Create an API key; the secret is returned once",
+        responses=documented(),
+        dto=StrictBody[KeyCreate],
+        return_dto=None,
+    )
     async def create_key(
         self,
         principal: NamedDependency[ApiKey],

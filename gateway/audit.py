@@ -21,6 +21,7 @@ from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
+from gateway.bodies import StrictBody
 from gateway.completion import Completions
 from gateway.errors import APIError, documented
 from gateway.replay import replay
@@ -210,6 +211,8 @@ class AuditController(Controller):
         status_code=200,
         summary="Verify a seq range of this chain",
         responses=documented(),
+        dto=StrictBody[VerifyRequest],
+        return_dto=None,
     )
     async def verify(
         self,
@@ -234,6 +237,8 @@ class AuditController(Controller):
         status_code=200,
         summary="Re-run a receipt's request",
         responses=documented(409, 422),
+        dto=StrictBody[ReplayRequest],
+        return_dto=None,
     )
     async def replay_receipt(
         self,

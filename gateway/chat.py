@@ -12,6 +12,7 @@ from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
+from gateway.bodies import StrictBody
 from gateway.completion import Completions, receipt_ref, usage_of
 from gateway.errors import documented
 from gateway.recording import finish_reason
@@ -45,6 +46,8 @@ class ChatController(Controller):
             "`text/event-stream` of chat.completion.chunk objects ending in `data: [DONE]`."
         ),
         responses=documented(422),
+        dto=StrictBody[ChatCompletionRequest],
+        return_dto=None,
     )
     async def create(
         self,

@@ -126,27 +126,22 @@ def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
 
 
 def _validation_body(exc: ValidationException) -> dict[str, Any]:
-    """msgspec/Litestar body validation: name the offending parameter like OpenAI does."""
-    param = None
-    message = exc.detail
+    """Litestar's parameter validation (query, path, header; JSON bodies are gateway.bodies'):
+    name the offending parameter like OpenAI does."""
     for item in exc.extra or []:
+        if isinstance(item, dict) and item.get("source") == "body":
+            return error_body(
+                400,
+                "the request body is empty; send a JSON object",
+                code="invalid_json",
+                param=None,
+            )
         if isinstance(item, dict):
-            message = item.get("message", message)
-            key = item.get("key")
-            param = key if key not in (None, "data", "body") else None
-            break
-    param = param or _param_from_message(message)
-    code = "unsupported_parameter" if "unknown field" in message else "invalid_value"
-    return error_body(400, f"invalid request: {message}", code=code, param=param)
-
-
-def _param_from_message(message: str) -> str | None:
-    """msgspec says 'Object contains unknown field `n2` - at `$`' or '... - at `$.messages[0]`'."""
-    if "unknown field `" in message:
-        return message.split("unknown field `", 1)[1].split("`", 1)[0]
-    if "at `$." in message:
-        return message.split("at `$.", 1)[1].split("`", 1)[0]
-    return None
+            message = item.get("message", exc.detail)
+            return error_body(
+                400, f"invalid request: {message}", code="invalid_value", param=item.get("key")
+            )
+    return error_body(400, f"invalid request: {exc.detail}", code="invalid_value", param=None)
 
 
 def _http_body(exc: HTTPException) -> dict[str, Any]:

@@ -178,6 +178,61 @@ def test_malformed_body_names_the_field(gateway: Any) -> None:
     assert err["param"] == "temperature"
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_tokens", "5"),
+        ("max_tokens", 5.0),
+        ("temperature", "0.5"),
+        ("seed", "5"),
+        ("stream", "true"),
+        ("parallel_tool_calls", "false"),
+        ("n", 1.0),
+    ],
+)
+def test_values_are_never_coerced_to_the_fields_type(gateway: Any, field: str, value: Any) -> None:
+    """OpenAI refuses "5" for an integer; so does the gateway (the receipt records what was
+    asked, not a guess). Litestar's own conversion is lax, so these once passed."""
+    err = error_of(post_chat(gateway, **{field: value}), 400)
+    assert err["param"] == field and err["code"] == "invalid_value"
+    assert "Expected" in err["message"]
+
+
+def _post_raw(gateway: Any, raw: bytes) -> Any:
+    with gateway.http("agent") as client:
+        return client.post(
+            "/v1/chat/completions", content=raw, headers={"Content-Type": "application/json"}
+        )
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b'{"model": "m", "messages": [{"role": "user", "content": "\xff\xfe"}]}', "UTF-8"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": ', "JSON"),
+        (b"", "JSON"),
+        (
+            b'{"model": "m", "tools": [{"function": {"name": "d", "parameters": {"x": '
+            + b"[" * 5000
+            + b"]" * 5000
+            + b"}}}]}",
+            "deeper",
+        ),
+    ],
+    ids=["not-utf8", "truncated", "empty", "nested-5000"],
+)
+def test_a_body_that_is_not_json_is_400(gateway: Any, raw: bytes, says: str) -> None:
+    err = error_of(_post_raw(gateway, raw), 400)
+    assert err["code"] == "invalid_json" and says in err["message"]
+
+
+def test_a_missing_field_is_named(gateway: Any) -> None:
+    err = error_of(_post_raw(gateway, b'{"messages": [{"role": "user", "content": "x"}]}'), 400)
+    assert err["param"] == "model" and "missing required field" in err["message"]
+    err = error_of(_post_raw(gateway, b'{"model": "m", "messages": [{"content": "x"}]}'), 400)
+    assert err["param"] == "messages[0].role"
+
+
 @pytest.mark.parametrize(("field", "value"), [("temperature", -0.5), ("top_p", 0), ("top_p", 1.5)])
 def test_out_of_range_sampling_is_400(gateway: Any, field: str, value: float) -> None:
     assert error_of(post_chat(gateway, **{field: value}), 400)["param"] == field

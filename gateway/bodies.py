@@ -1,0 +1,85 @@
+"""JSON request bodies decoded strictly: each value must already have its field's JSON type.
+
+Litestar converts bodies in msgspec's lax mode (meant for query strings and forms, where
+everything is a string), so `"max_tokens": "1e3"` became 1000 and `"stream": "true"` became
+true. OpenAI refuses such bodies, and a gateway whose receipts record what was asked must not
+guess either. `StrictBody` is the DTO every JSON body goes through: msgspec's strict decoder,
+and every way a body can fail (not UTF-8, not JSON, nested past the decoder's depth, a wrong
+type, an unknown or missing field) is a 400 in the OpenAI error shape naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+from litestar.dto import MsgspecDTO
+from litestar.typing import FieldDefinition
+
+from gateway.errors import APIError
+
+if TYPE_CHECKING:
+    from litestar._openapi.schema_generation import SchemaCreator
+    from litestar.openapi.spec import Reference, Schema
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class StrictBody(MsgspecDTO[T]):
+    """A handler's `dto=`: decodes its `data` with `decode_body`; documents the model itself."""
+
+    def decode_bytes(self, value: bytes) -> Any:
+        return decode_body(value, self.model_type)
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+    ) -> Reference | Schema:
+        """The Struct's own schema, not a DTO transfer model's: the body is the Struct."""
+        return schema_creator.for_field_definition(
+            FieldDefinition.from_annotation(
+                cls.model_type, kwarg_definition=field_definition.kwarg_definition
+            )
+        )
+
+
+def decode_body(raw: bytes, model: type[T]) -> T:
+    """``raw`` as a ``model``, or an APIError (400) that says what is wrong and where."""
+    try:
+        return msgspec.json.decode(raw, type=model)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        unknown = "unknown field `" in message
+        raise APIError(
+            400,
+            f"invalid request: {message}",
+            code="unsupported_parameter" if unknown else "invalid_value",
+            param=field_named_in(message),
+        ) from None
+    except msgspec.DecodeError as exc:
+        raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
+    except UnicodeDecodeError as exc:
+        raise APIError(
+            400,
+            f"the body is not valid JSON: byte {exc.start} is not UTF-8",
+            code="invalid_json",
+        ) from None
+    except RecursionError:
+        raise APIError(
+            400,
+            "the body nests arrays or objects deeper than the JSON decoder follows",
+            code="invalid_json",
+        ) from None
+
+
+def field_named_in(message: str) -> str | None:
+    """The request field a msgspec error is about: 'Object contains unknown field `n2`',
+    'Object missing required field `model`', '... - at `$.messages[0].role`'."""
+    for marker in ("unknown field `", "required field `"):
+        if marker in message:
+            field = message.split(marker, 1)[1].split("`", 1)[0]
+            where = message.split("at `$.", 1)[1].split("`", 1)[0] if "at `$." in message else ""
+            return f"{where}.{field}" if where else field
+    if "at `$." in message:
+        return message.split("at `$.", 1)[1].split("`", 1)[0]
+    return None
