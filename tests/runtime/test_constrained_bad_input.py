@@ -11,6 +11,7 @@ from runtime.backends import BackendChain
 from runtime.constrained import cfg_processor, json_schema_processor, regex_processor
 from runtime.constraint import Constraint
 from runtime.errors import (
+    BackendCannotCompile,
     ConstraintTooComplex,
     InvalidGrammar,
     InvalidRegex,
@@ -48,6 +49,8 @@ def _deep(levels: int) -> dict:
         (Constraint.ebnf('start: "a" ('), InvalidGrammar, "invalid grammar"),
         (Constraint.ebnf("  "), InvalidGrammar, "empty"),
         (Constraint.ebnf("root ::= [a-"), InvalidGrammar, "invalid grammar"),
+        (Constraint.ebnf('foo ::= "a"'), InvalidGrammar, "No 'root' rule"),
+        (Constraint.ebnf("root ::= foo"), InvalidGrammar, "Rule 'foo' not found"),
         (Constraint.regex("(a+)+$"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex(r"\d{5000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.regex("a" * 2000), ConstraintTooComplex, "max_regex_length"),
@@ -70,6 +73,15 @@ def test_typed_error_fast(chain, constraint, error, words):
         info.value.param
         == {"json": "response_format", "regex": "regex", "ebnf": "grammar"}[constraint.kind]
     )
+
+
+@pytest.mark.parametrize("pattern", ["(?=a)a", "x(a|(?!b)c)*"])
+def test_no_backend_takes_a_lookahead(chain, pattern):
+    """lm-format-enforcer used to drop a lookahead silently, and the output ignored it."""
+    with pytest.raises(BackendCannotCompile) as info:
+        chain.compile(Constraint.regex(pattern))
+    assert "lm-format-enforcer: lookaheads are not implemented" in info.value.message
+    assert info.value.status == 400 and info.value.param == "regex"
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("-inf")], ids=["nan", "infinity"])
