@@ -72,8 +72,16 @@ class StructuredOutputInvalid(RuntimeInputError):
     code = "structured_output_invalid"
     status = 422
 
-    def __init__(self, message: str, *, schema: Any, raw_output: str, pointer: str):
-        super().__init__(message, param="response_format")
+    def __init__(
+        self,
+        message: str,
+        *,
+        schema: Any,
+        raw_output: str,
+        pointer: str,
+        param: str = "response_format",
+    ):
+        super().__init__(message, param=param)
         self.schema = schema
         self.raw_output = raw_output
         self.pointer = pointer

@@ -114,6 +114,17 @@ class Plan:
             value = load_json(body, self.schema)
             validate(value, self.schema, body)
             return ParsedResponse("parsed", parsed=value, content=body)
+        if self.mode == "regex":
+            assert self.constraint is not None
+            if re.fullmatch(self.constraint.source, body) is None:
+                raise StructuredOutputInvalid(
+                    "output does not match the regex (truncated by max_tokens or stop, or a"
+                    " backend that does not enforce all of it)",
+                    schema=None,
+                    raw_output=body,
+                    pointer="",
+                    param="regex",
+                )
         if self.mode != "tools":
             return ParsedResponse("text", content=body)
         assert self.schema is not None and self.tool_choice is not None

@@ -9,6 +9,7 @@ than enforce less than was asked.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -22,6 +23,8 @@ from runtime.backends.base import (
 from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
+
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 
 # Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
 UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
@@ -69,7 +72,7 @@ class XGrammarBackend(GrammarBackend):
         try:
             compiled = self._xgr_compile(constraint)
         except (RuntimeError, ValueError) as exc:
-            raise BackendCannotCompile(f"xgrammar: {str(exc).strip()[:500]}") from None
+            raise BackendCannotCompile(f"xgrammar: {_message(exc)}") from None
         return CompiledGrammar(
             self.name,
             constraint,
@@ -86,3 +89,9 @@ class XGrammarBackend(GrammarBackend):
         if is_gbnf(constraint.source):  # xgrammar's own EBNF dialect is GBNF
             return self._compiler.compile_grammar(constraint.source)
         return self._compiler.compile_lark(constraint.source)
+
+
+def _message(exc: Exception) -> str:
+    """The reason alone: xgrammar prefixes its C++ log location ("[08:44:51]
+    /project/cpp/regex_converter.cc:83: "), which says nothing to the client."""
+    return _LOG_PREFIX.sub("", str(exc).strip(), count=1)[:500]

@@ -281,6 +281,17 @@ def test_strict_response_format_is_recorded() -> None:
         p.parse('{"summary": "x", "score": 1, "extra": true}')
 
 
+def test_regex_output_is_checked_again_after_decoding() -> None:
+    """The regex is checked on the output as the JSON schema is, so a backend that enforced
+    less than all of it (or output cut by max_tokens) is a 422, never a receipt saying valid."""
+    r = plan(regex=r"\d{3}-\d{4}")
+    assert r.parse("555-0100").content == "555-0100"
+    for output in ("555-010", "akafwa 555-0100"):
+        with pytest.raises(StructuredOutputInvalid) as info:
+            r.parse(output)
+        assert info.value.param == "regex" and info.value.raw_output == output
+
+
 def test_invalid_regex_and_grammar() -> None:
     with pytest.raises(InvalidRegex) as err:
         plan(regex="(unclosed")
@@ -414,9 +425,9 @@ def test_parse_json_mode() -> None:
 
 
 def test_parse_text_and_regex_modes_pass_through() -> None:
-    for p in (plan(), plan(regex=r"\d+")):
-        result = p.parse("123 ")
-        assert (result.kind, result.content, result.tool_calls) == ("text", "123 ", ())
+    for p, text in ((plan(), "123 "), (plan(regex=r"\d+"), "123")):
+        result = p.parse(text)
+        assert (result.kind, result.content, result.tool_calls) == ("text", text, ())
 
 
 def test_parse_strips_a_thinking_region() -> None:
