@@ -16,7 +16,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.errors import APIError
+import msgspec
+
+from gateway.errors import model_not_served
 from gateway.metrics import Metrics
 from gateway.recording import draft_for, manifest_for, request_record
 from gateway.schemas import ChatCompletionRequest, ReceiptRef, Usage, to_plain
@@ -30,6 +32,16 @@ from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.tools import ParsedResponse
 
 _SEED_BOUND = 2**31  # a seed every engine accepts
+# OpenAI parameters the gateway does not implement, accepted at the value that means "off"
+_NEUTRAL: dict[str, Any] = {
+    "frequency_penalty": 0,
+    "presence_penalty": 0,
+    "logprobs": False,
+    "top_logprobs": 0,
+    "logit_bias": {},
+    "store": False,
+    "metadata": {},
+}
 
 
 @dataclass(frozen=True)
@@ -53,17 +65,20 @@ def prepare(
     """Validate, plan and limit-check; `sampling` overrides the request's (replay)."""
     if request.n not in (None, 1):
         raise UnsupportedParameter("only n=1 is supported", param="n")
+    for name, neutral in _NEUTRAL.items():
+        value = getattr(request, name)
+        if value is not None and value != neutral:
+            raise UnsupportedParameter(
+                f"{name}={msgspec.json.encode(value).decode()} is not supported here;"
+                f" leave it out or send {msgspec.json.encode(neutral).decode()}",
+                param=name,
+            )
     if request.stream_options is not None and not request.stream:
         raise UnsupportedParameter(
             "stream_options is only allowed when stream is true", param="stream_options"
         )
     if request.model != served_model:
-        raise APIError(
-            404,
-            f"model {request.model!r} is not served here; GET /v1/models lists {served_model!r}",
-            code="model_not_found",
-            param="model",
-        )
+        raise model_not_served(request.model, served_model)
     limits = settings.limits
     if request.tools:
         check_tool_count(len(request.tools), limits)

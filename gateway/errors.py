@@ -66,6 +66,15 @@ class APIError(Exception):
         self.details = details or {}
 
 
+def model_not_served(requested: str, served: str) -> APIError:
+    return APIError(
+        404,
+        f"model {requested!r} is not served here; GET /v1/models lists {served!r}",
+        code="model_not_found",
+        param="model",
+    )
+
+
 def error_body(
     status: int, message: str, *, code: str | None, param: str | None, **details: Any
 ) -> dict[str, Any]:

@@ -1,14 +1,16 @@
-"""GET /v1/models: the model this gateway serves (one engine, one model)."""
+"""GET /v1/models and /v1/models/{model}: the model this gateway serves (one engine, one
+model)."""
 
 from __future__ import annotations
 
 from litestar import Controller, get
 from litestar.di import NamedDependency, Provide
+from litestar.params import FromPath
 
 from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.completion import Completions
-from gateway.errors import documented
+from gateway.errors import documented, model_not_served
 from gateway.schemas import ModelCard, ModelList
 
 
@@ -22,9 +24,21 @@ class ModelsController(Controller):
     async def list_models(
         self, principal: NamedDependency[ApiKey], completions: NamedDependency[Completions]
     ) -> ModelList:
-        identity = completions.engine.identity
-        return ModelList(
-            data=[
-                ModelCard(id=identity.model, created=completions.started_at, owned_by="callproof")
-            ]
-        )
+        return ModelList(data=[_card(completions)])
+
+    @get("/{model:path}", summary="One served model", responses=documented())
+    async def retrieve_model(
+        self,
+        principal: NamedDependency[ApiKey],
+        completions: NamedDependency[Completions],
+        model: FromPath[str],
+    ) -> ModelCard:
+        card = _card(completions)
+        if model.lstrip("/") != card.id:
+            raise model_not_served(model.lstrip("/"), card.id)
+        return card
+
+
+def _card(completions: Completions) -> ModelCard:
+    model = completions.engine.identity.model
+    return ModelCard(id=model, created=completions.started_at, owned_by="callproof")

@@ -126,6 +126,15 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # Accepted only at their neutral value (OpenAI clients such as LangChain send them by
+    # default); any other value is a 400, since the gateway does not implement them.
+    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    logit_bias: dict[str, int] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
 
 
 # --- chat completion response -------------------------------------------------------------

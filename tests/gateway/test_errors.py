@@ -161,6 +161,16 @@ def test_unknown_model_is_404(gateway: Any) -> None:
     assert (err["code"], err["param"]) == ("model_not_found", "model")
 
 
+def test_models_retrieve_names_the_served_model_and_404s_others(gateway: Any) -> None:
+    client = gateway.openai()
+    card = client.models.retrieve(gateway.model)
+    assert (card.id, card.object, card.owned_by) == (gateway.model, "model", "callproof")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("org/gpt-unknown")
+    assert caught.value.body["code"] == "model_not_found"
+    assert "'org/gpt-unknown' is not served here" in caught.value.body["message"]
+
+
 def test_stream_options_without_stream(gateway: Any) -> None:
     err = error_of(post_chat(gateway, stream_options={"include_usage": True}), 400)
     assert err["param"] == "stream_options"
@@ -236,6 +246,36 @@ def test_a_missing_field_is_named(gateway: Any) -> None:
 @pytest.mark.parametrize(("field", "value"), [("temperature", -0.5), ("top_p", 0), ("top_p", 1.5)])
 def test_out_of_range_sampling_is_400(gateway: Any, field: str, value: float) -> None:
     assert error_of(post_chat(gateway, **{field: value}), 400)["param"] == field
+
+
+def test_unimplemented_parameters_pass_only_at_their_neutral_value(gateway: Any) -> None:
+    """Clients such as LangChain send frequency_penalty=0, logprobs=false, ... by default:
+    those mean "off" and pass; any other value is refused by name, never ignored."""
+    completion = gateway.openai().chat.completions.create(
+        model=gateway.model,
+        messages=HELLO,
+        max_tokens=1,
+        frequency_penalty=0,
+        presence_penalty=0,
+        logprobs=False,
+        top_logprobs=0,
+        logit_bias={},
+        store=False,
+        metadata={},
+    )
+    assert completion.model_extra["receipt"]["seq"] >= 1
+    for field, value in [
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -1),
+        ("logprobs", True),
+        ("top_logprobs", 3),
+        ("logit_bias", {"50256": -100}),
+        ("store", True),
+        ("metadata", {"k": "v"}),
+    ]:
+        err = error_of(post_chat(gateway, **{field: value}), 400)
+        assert (err["param"], err["code"]) == (field, "unsupported_parameter")
+        assert "leave it out" in err["message"]
 
 
 def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
