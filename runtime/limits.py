@@ -8,6 +8,8 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 from __future__ import annotations
 
 import re
+import re._constants as re_constants
+import re._parser as re_parser
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,8 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
                 f"schema nests {depth} levels deep; max_schema_depth is {limits.max_schema_depth}",
                 param=param,
             )
+        for pattern in schema_patterns(constraint.schema()):
+            check_regex(pattern, limits, param)
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
     else:
@@ -75,30 +79,73 @@ def schema_depth(value: Any) -> int:
     return deepest
 
 
-_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
+def schema_patterns(schema: Any) -> list[str]:
+    """Every regex in a schema (``pattern`` values, ``patternProperties`` keys): the same
+    compilers build automata from them as from a ``regex`` constraint."""
+    found, stack = [], [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("pattern"), str):
+                found.append(node["pattern"])
+            if isinstance(node.get("patternProperties"), dict):
+                found.extend(node["patternProperties"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return found
+
+
 # A quantified group whose body itself ends in a quantifier: (a+)+, (\w*)*, (x{2,}){3,} ...
 _NESTED_QUANTIFIER = re.compile(r"[*+}]\)[*+{]|[*+]\)\?")
+_REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
 
 
-def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS) -> None:
+def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "regex") -> None:
     """Reject long patterns, huge counted repetitions and nested quantifiers. The DFA-based
     backends do not backtrack, but counted repetitions and nested stars blow up their
-    automata, and the post-hoc path checks output with Python's backtracking ``re``."""
+    automata, and the output is checked again with Python's backtracking ``re``."""
     if len(pattern) > limits.max_regex_length:
         raise ConstraintTooComplex(
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
-            param="regex",
+            param=param,
         )
-    for m in _REPEAT.finditer(pattern):
-        bound = max(int(m.group(1)), int(m.group(2) or 0))
-        if bound > limits.max_regex_repeat:
-            raise ConstraintTooComplex(
-                f"regex repetition {m.group(0)} exceeds max_regex_repeat {limits.max_regex_repeat}",
-                param="regex",
-            )
+    copies = repeated_copies(pattern)
+    if copies > limits.max_regex_repeat:
+        raise ConstraintTooComplex(
+            f"regex {pattern[:80]!r} repeats a piece {copies} times (counted repetitions"
+            f" multiply when nested); max_regex_repeat is {limits.max_regex_repeat}",
+            param=param,
+        )
     if _NESTED_QUANTIFIER.search(pattern):
         raise ConstraintTooComplex(
             "regex has a nested quantifier (a quantified group ending in a quantifier, as "
             "in (a+)+); rewrite it without nesting",
-            param="regex",
+            param=param,
         )
+
+
+def repeated_copies(pattern: str) -> int:
+    """How many copies of one piece the counted repetitions ask for: the product of the
+    bounds along each nesting path (``(a{10}b){20}`` is 200). Read from Python's own parse,
+    so every spelling counts (``{n}``, ``{m,n}``, ``{,n}``, ``{n,}``); an unbounded ``*``
+    or ``+`` is a loop, not copies. 0 when Python cannot parse it (validation says why)."""
+    try:
+        parsed = re_parser.parse(pattern)
+    except re.error:
+        return 0
+    most, pending = 1, [(parsed, 1)]
+    while pending:
+        node, copies = pending.pop()
+        if isinstance(node, re_parser.SubPattern):
+            for op, argument in node:
+                if op in _REPEATS:
+                    low, high, body = argument
+                    bound = low if high == re_constants.MAXREPEAT else high
+                    most = max(most, copies * max(bound, 1))
+                    pending.append((body, copies * max(bound, 1)))
+                else:
+                    pending.append((argument, copies))
+        elif isinstance(node, list | tuple):
+            pending.extend((child, copies) for child in node)
+    return most

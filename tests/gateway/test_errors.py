@@ -146,8 +146,11 @@ def test_schema_too_large(gateway: Any) -> None:
     assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
 
 
-def test_regex_too_complex(gateway: Any) -> None:
-    err = error_of(post_chat(gateway, regex="(a+)+b"), 400)
+@pytest.mark.parametrize("regex", ["(a+)+b", "a{,100000}", "(a{100}b){100}"])
+def test_regex_too_complex(gateway: Any, regex: str) -> None:
+    """``a{,100000}`` once passed the repeat limit, and its pure-Python automaton held a
+    grammar worker for minutes: two such requests stalled every constrained call."""
+    err = error_of(post_chat(gateway, regex=regex), 400)
     assert (err["code"], err["param"]) == ("constraint_too_complex", "regex")
 
 

@@ -53,6 +53,18 @@ def _deep(levels: int) -> dict:
         (Constraint.ebnf("root ::= foo"), InvalidGrammar, "Rule 'foo' not found"),
         (Constraint.regex("(a+)+$"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex(r"\d{5000}"), ConstraintTooComplex, "max_regex_repeat"),
+        (Constraint.regex("a{,100000}"), ConstraintTooComplex, "max_regex_repeat"),
+        (Constraint.regex("((a{100})b){100}"), ConstraintTooComplex, "10000 times"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^a{,100000}$"}),
+            ConstraintTooComplex,
+            "max_regex_repeat",
+        ),
+        (
+            Constraint.json_schema({"patternProperties": {"(x+)+": {}}}),
+            ConstraintTooComplex,
+            "nested quantifier",
+        ),
         (Constraint.regex("a" * 2000), ConstraintTooComplex, "max_regex_length"),
         (Constraint.json_schema(_deep(40)), ConstraintTooComplex, "max_schema_depth"),
         (
