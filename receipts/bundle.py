@@ -361,14 +361,27 @@ class LineChecker:
         last: Receipt | None = None
         leaves = []
         problem = None
-        for line in block.split(b"\n"):  # not splitlines: a bare \r is JSON whitespace
-            if not line.strip():
-                continue
+        lines = block.split(b"\n")  # not splitlines: a bare \r is JSON whitespace
+        if lines[-1] == b"":
+            lines.pop()  # the newline that ends the block's last line
+        for line in lines:
+            if not line:
+                problem = f"a blank line in {RECEIPTS}, where each line holds one receipt"
+                break
             plain = loads_plain(line)
             try:
-                receipt = Receipt.from_json_obj(json.loads(line) if plain is None else plain)
+                obj = json.loads(line) if plain is None else plain
+                receipt = Receipt.from_json_obj(obj)
             except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
                 problem = f"malformed receipt: {exc}"
+                break
+            if (canonical_json(obj) if plain is None else canonical_plain(obj)) != line:
+                # JSON readers disagree on duplicate keys (Python keeps the last, others the
+                # first): only the one spelling the writer uses leaves nothing to interpret.
+                problem = (
+                    "the receipt line is not the canonical JSON of its receipt (RFC 8785):"
+                    " a duplicate key, another key order or extra whitespace"
+                )
                 break
             body = None if plain is None else canonical_plain(receipt.body())
             problem = self.checker.problem(receipt, body)
@@ -424,12 +437,18 @@ def verify_bundle(
     progress: Progress | None = None,
     *,
     workers: int | None = None,
+    allow_range: bool = False,
 ) -> VerificationReport:
     """Verify a bundle offline: file hashes, every signature (by a trusted key), every chain
     link, the Merkle root against the signed checkpoint and the schema binding. Reports the
     first failing seq and why. `progress(done, total)` is called as receipts are checked.
     `workers` processes check receipts (default: one per CPU for bundles of 20,000+ receipts,
     else in this process; 1 forces in-process).
+
+    The bundle must hold the whole chain its checkpoint signs (seq 1 to tree_size) unless
+    `allow_range`: proofs.json is not signed, so whoever holds a whole-chain bundle can cut
+    receipts off either end and supply the compact ranges that still reach the signed root.
+    A range is only what its reader asked to check; the report names it either way.
 
     Raises BundleError only when `path` cannot be opened at all; everything else that is
     wrong with the bundle is a failed report.
@@ -442,12 +461,25 @@ def verify_bundle(
     except VerificationError as exc:
         return VerificationReport(ok=False, checked=0, reason=exc.reason)
     try:
-        return _verify_contents(contents, public_key_pem, progress, workers)
+        report = _verify_contents(contents, public_key_pem, progress, workers)
     except VerificationError as exc:
         return VerificationReport(ok=False, checked=0, first_failure_seq=exc.seq, reason=exc.reason)
     finally:
         if contents.receipts is not None:
             contents.receipts.close()
+    if report.ok and not allow_range and not _whole_chain(report):
+        return replace(
+            report,
+            ok=False,
+            reason=f"the bundle holds seq {report.first_seq}..{report.last_seq} of the"
+            f" {report.tree_size} receipts its checkpoint signs, not the whole chain (a range"
+            " export verifies only when asked for: --range)",
+        )
+    return report
+
+
+def _whole_chain(report: VerificationReport) -> bool:
+    return report.first_seq == 1 and report.last_seq == report.tree_size
 
 
 def _verify_contents(

@@ -98,6 +98,8 @@ class VerificationReport:
     tree_size: int | None = None
     root_hash: str | None = None
     notes: tuple[str, ...] = ()  # caveats of a passing report (e.g. which keys were trusted)
+    first_seq: int | None = None  # the seqs checked, first_seq..last_seq of tree_size
+    last_seq: int | None = None
 
     def to_json_obj(self) -> dict[str, Any]:
         return asdict(self)
@@ -218,6 +220,7 @@ class ChainLinker:
             except ReceiptFormatError as exc:
                 raise VerificationError(str(exc)) from exc
         self.chain = chain if chain is not None or checkpoint is None else checkpoint["chain"]
+        self.start_seq = start_seq
         self.next_seq = start_seq
         self.prev_hash = expected_prev_hash
         self.checkpoint = checkpoint
@@ -298,6 +301,8 @@ class ChainLinker:
             chain=self.chain,
             tree_size=cp["tree_size"] if cp else None,
             root_hash=cp["root_hash"] if cp else None,
+            first_seq=self.start_seq if self.checked else None,
+            last_seq=self.next_seq - 1 if self.checked else None,
         )
 
 

@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     verify = subparsers.add_parser("verify", help="verify an export bundle offline")
     verify.add_argument("bundle", type=Path)
+    verify.add_argument(
+        "--range",
+        action="store_true",
+        help="accept a bundle of part of the chain (an export with --from/--to); without it"
+        " the bundle must hold every receipt its checkpoint signs",
+    )
     _add_report_options(verify)
     verify.set_defaults(handler=_verify_bundle)
 
@@ -117,7 +123,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     try:
         pem = args.public_key.read_bytes() if args.public_key else None
         with _progress(args.json) as progress:
-            report = verify_bundle(args.bundle, pem, progress)
+            report = verify_bundle(args.bundle, pem, progress, allow_range=args.range)
     except (ReceiptsError, OSError) as exc:
         return _fail(BAD_INPUT, exc)
     return _report([report.to_json_obj()], args.json)
@@ -174,7 +180,10 @@ def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
         chain = r.get("chain") or "?"
         if r["ok"]:
             size = f", Merkle root at tree size {r['tree_size']}" if r.get("tree_size") else ""
-            print(f"OK: chain {chain!r}, {r['checked']} receipts verified{size}")
+            span = f" (seq {r['first_seq']}..{r['last_seq']} of tree size {r['tree_size']})"
+            whole = r.get("first_seq") == 1 and r.get("last_seq") == r.get("tree_size")
+            span = "" if whole or not r.get("first_seq") or not r.get("tree_size") else span
+            print(f"OK: chain {chain!r}, {r['checked']} receipts verified{span}{size}")
         else:
             where = f"seq {r['first_failure_seq']}" if r["first_failure_seq"] else "bundle"
             print(f"FAILED: chain {chain!r} at {where}: {r['reason']}")

@@ -150,13 +150,49 @@ def test_range_bundle_verifies_against_whole_chain_checkpoint(
     tmp_path: Path, chain, signer
 ) -> None:
     path = export(tmp_path / "range.tar.gz", chain, signer, first=9, last=21)
-    report = verify_bundle(path, public_key_pem=signer.public_key_pem())
+    report = verify_bundle(path, public_key_pem=signer.public_key_pem(), allow_range=True)
     assert report.ok and report.checked == 13 and report.tree_size == N, report
+    assert (report.first_seq, report.last_seq) == (9, 21)
     files = read(path)
     proofs = json.loads(files["proofs.json"])
     proofs["left"][0] = "00" * 32
-    bad = verify_bundle(rewrite(path, {**files, "proofs.json": canonical_json(proofs)}))
+    bad = verify_bundle(
+        rewrite(path, {**files, "proofs.json": canonical_json(proofs)}), allow_range=True
+    )
     assert not bad.ok and "Merkle root" in bad.reason
+
+
+@pytest.mark.parametrize(("first", "last"), [(3, N), (1, N - 2)], ids=["head-cut", "tail-cut"])
+def test_receipts_cut_off_an_end_fail_unless_a_range_was_asked_for(
+    tmp_path: Path, chain, signer, first: int, last: int
+) -> None:
+    """proofs.json is not signed: whoever holds a whole-chain bundle can drop receipts at
+    either end and supply the compact ranges that still reach the signed root. Only a
+    reader who asked for a range accepts one, and every report names the seqs it checked."""
+    path = export(tmp_path / "cut.tar.gz", chain, signer, first=first, last=last)
+    report = verify_bundle(path, public_key_pem=signer.public_key_pem())
+    assert not report.ok
+    assert f"seq {first}..{last} of the {N} receipts its checkpoint signs" in report.reason
+    assert verify_bundle(path, signer.public_key_pem(), allow_range=True).ok
+
+
+def test_a_duplicate_key_or_any_other_spelling_fails(bundle: Path, signer) -> None:
+    """Python keeps the last of two "output" keys, other readers the first: a line must be
+    the one canonical spelling of its receipt, so no reader sees another call."""
+    files = read(bundle)
+    raw = files[RECEIPTS].split(b"\n")
+    fake = b'{"output":{"tool_calls":[{"name":"get_weather","arguments":{"city":"Tokyo"}}]},'
+    for spelled, seq in [
+        (fake + raw[0][1:], 1),
+        (raw[0].replace(b",", b", ", 1), 1),
+        (raw[0] + b"\r", 1),
+        (b"", 1),
+    ]:
+        lines = [spelled, *raw[1:]] if spelled else [raw[0], b"", *raw[1:]]
+        report = verify_bundle(rewrite(bundle, {**files, RECEIPTS: b"\n".join(lines)}))
+        says = "canonical JSON" if spelled else "blank line"
+        assert not report.ok and says in report.reason, (spelled[:40], report)
+        assert report.first_failure_seq == (seq if spelled else 2)
 
 
 def test_edited_receipt(bundle: Path, signer) -> None:
@@ -232,8 +268,8 @@ def test_edited_schema(bundle: Path, signer) -> None:
 
 def test_file_hash_mismatch_without_a_bad_receipt(bundle: Path) -> None:
     files = read(bundle)
-    spaced = files[RECEIPTS].replace(b'{"chain"', b'{ "chain"', 1)  # same JSON, other bytes
-    report = verify_bundle(rewrite(bundle, {**files, RECEIPTS: spaced}, fix_manifest=False))
+    spaced = files["keys.json"].replace(b"[", b"[ ", 1)  # same JSON, other bytes
+    report = verify_bundle(rewrite(bundle, {**files, "keys.json": spaced}, fix_manifest=False))
     assert not report.ok and report.first_failure_seq is None
     assert "SHA-256" in report.reason and report.checked == N
 
@@ -297,7 +333,7 @@ def test_lines_longer_than_a_block_and_bare_carriage_returns(
     bundle: Path, signer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A receipt line longer than a worker's block is joined, not split; a \r inside a line
-    is JSON whitespace, not a line break."""
+    is not a line break (the line is read whole, and fails as not canonical)."""
     import receipts.bundle
 
     monkeypatch.setattr(receipts.bundle, "BLOCK", 300)  # lines are ~1,500 bytes
@@ -307,7 +343,8 @@ def test_lines_longer_than_a_block_and_bare_carriage_returns(
     spaced = files[RECEIPTS].replace(b'{"chain"', b'{\r"chain"', 1)
     tampered = rewrite(bundle, {**files, RECEIPTS: spaced}, fix_manifest=False)
     report = verify_bundle(tampered, pem, workers=1)
-    assert report.checked == N and "SHA-256" in report.reason  # parsed; only the file hash differs
+    assert (report.checked, report.first_failure_seq) == (0, 1)
+    assert "canonical JSON" in report.reason
 
 
 def test_writer_refuses_a_gap(tmp_path: Path, chain, signer) -> None:

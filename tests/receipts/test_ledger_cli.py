@@ -69,9 +69,14 @@ def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     argv = ["export", "--db", url, "--tenant", "acme", "--from", first, "--to", until]
     assert run(capsys, *argv, "-o", str(bundle), "--signing-key", str(key))[0] == 0
     code, out, _ = run(capsys, "verify", str(bundle), "--json")
+    assert code == 1 and "not the whole chain" in json.loads(out)["reason"]
+    code, out, _ = run(capsys, "verify", str(bundle), "--range", "--json")
     report = json.loads(out)
-    assert code == 0 and report["checked"] == 20  # seqs 10..29
+    assert code == 0 and report["checked"] == 20
+    assert (report["first_seq"], report["last_seq"]) == (10, 29)
     assert report["tree_size"] > 29  # tied to a later checkpoint by the right compact range
+    code, out, _ = run(capsys, "verify", str(bundle), "--range")
+    assert f"seq 10..29 of tree size {report['tree_size']}" in out
 
 
 def test_export_needs_a_tenant_when_there_are_several(filled, tmp_path: Path, capsys) -> None:
