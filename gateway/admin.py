@@ -9,8 +9,8 @@ from litestar import Controller, delete, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody, Parameter
 
-from gateway.apikeys import ApiKey, KeyNotFound, KeyStore
-from gateway.auth import BEARER, require_role
+from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore
+from gateway.auth import BEARER, Authenticator, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
@@ -45,7 +45,10 @@ class AdminKeysController(Controller):
         keys: NamedDependency[KeyStore],
         data: JSONBody[KeyCreate],
     ) -> CreatedKey:
-        key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
+        try:
+            key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
+        except InvalidKeyField as exc:
+            raise APIError(400, str(exc), code="invalid_value", param=exc.param) from None
         return CreatedKey(key=_info(key), secret=secret)
 
     @delete("/{key_id:str}", status_code=200, summary="Revoke an API key", responses=documented())
@@ -53,9 +56,12 @@ class AdminKeysController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         keys: NamedDependency[KeyStore],
+        authenticator: NamedDependency[Authenticator],
         key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$")],
     ) -> KeyInfo:
         try:
-            return _info(await asyncio.to_thread(keys.revoke, key_id))
+            revoked = await asyncio.to_thread(keys.revoke, key_id)
         except KeyNotFound as exc:
             raise APIError(404, str(exc), code="not_found", param="key_id") from None
+        authenticator.forget(key_id)
+        return _info(revoked)

@@ -45,6 +45,14 @@ class KeyNotFound(KeyStoreError, LookupError):
     pass
 
 
+class InvalidKeyField(KeyStoreError, ValueError):
+    """A role, tenant or name a key cannot have; `param` names which."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
 class KeyStoreUnavailable(KeyStoreError):
     """The database could not be reached: callers fail closed (503), never open."""
 
@@ -96,14 +104,15 @@ class KeyStore:
     def create(self, role: str, tenant: str, name: str | None = None) -> tuple[ApiKey, str]:
         """A new key and its secret; the secret is not stored and cannot be shown again."""
         if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+            raise InvalidKeyField(f"role must be one of {', '.join(ROLES)}, not {role!r}", "role")
         if not re.fullmatch(TENANT_PATTERN, tenant):
-            raise ValueError(
+            raise InvalidKeyField(
                 f"tenant {tenant!r} must be 1-128 letters, digits, '.', '_', '@' or '-', "
-                "starting with a letter or digit"
+                "starting with a letter or digit",
+                "tenant",
             )
         if name is not None and not re.fullmatch(NAME_PATTERN, name):
-            raise ValueError("name must be 1-200 printable characters")
+            raise InvalidKeyField("name must be 1-200 printable characters", "name")
         secret = "cp_" + secrets.token_hex(24)
         key = ApiKey(
             id="key_" + secrets.token_hex(8),

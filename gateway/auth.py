@@ -51,6 +51,12 @@ class Authenticator:
             raise APIError(401, "invalid or revoked API key", code="invalid_api_key")
         return key
 
+    def forget(self, key_id: str) -> None:
+        """Drop a key from the cache at once (revoked here; other processes wait the TTL)."""
+        for digest, (key, _) in list(self._cache.items()):
+            if key.id == key_id:
+                del self._cache[digest]
+
     async def _lookup(self, digest: str, secret: str) -> ApiKey | None:
         try:
             key = await asyncio.to_thread(self._store.lookup, secret)
