@@ -6,6 +6,7 @@ under the data directory (SQLite ledger, 0600 signing key) and an admin key is p
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gateway.apikeys import KeyStore
@@ -30,10 +31,17 @@ class Resources:
 
 
 def prepare_database(settings: Settings) -> None:
-    """Create the data directory and bring the database schema up to date (idempotent)."""
+    """Create the data directory and bring the database schema up to date (idempotent).
+
+    The directory (0700) and the default SQLite file (0600) are the owner's alone: they hold
+    receipts, key hashes and, with retain_payloads, the messages. SQLite gives its -wal and
+    -shm files the database file's mode."""
     from migrations.runner import upgrade
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if settings.db is None:
+        ledger_file = settings.data_dir / "ledger.db"
+        os.close(os.open(ledger_file, os.O_CREAT | os.O_WRONLY, 0o600))  # no-op if it exists
     upgrade(settings.db_url)
 
 

@@ -78,7 +78,11 @@ def test_serve_first_run_creates_everything_it_needs(tmp_path: Path) -> None:
         keys = httpx.get(url + "/admin/keys", headers={"Authorization": f"Bearer {admin_secret}"})
         assert keys.status_code == 200 and keys.json()[0]["role"] == "admin"
         data = tmp_path / "data"
-        assert (data / "ledger.db").exists()
+        assert data.stat().st_mode & 0o777 == 0o700
+        assert (data / "ledger.db").stat().st_mode & 0o777 == 0o600  # so are -wal and -shm
+        assert all(f.stat().st_mode & 0o077 == 0 for f in data.iterdir()), [
+            (f.name, oct(f.stat().st_mode)) for f in data.iterdir()
+        ]
         assert (data / "signing-key.pem").stat().st_mode & 0o777 == 0o600
     finally:
         server.send_signal(signal.SIGINT)
