@@ -83,9 +83,14 @@ def require_role(role: Role) -> Callable[[Request, Authenticator], Awaitable[Api
         if key.role != role:
             raise APIError(
                 403,
-                f"a {key.role} key cannot use {request.url.path}: it needs a {role} key",
+                f"{_article(key.role)} {key.role} key cannot use {request.url.path}:"
+                f" it needs {_article(role)} {role} key",
                 code="wrong_role",
             )
         return key
 
     return principal
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"

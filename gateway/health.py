@@ -43,4 +43,4 @@ class HealthController(Controller):
 
     @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
     async def metrics(self, metrics: NamedDependency[Metrics]) -> Response[bytes]:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")  # + charset

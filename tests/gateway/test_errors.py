@@ -296,7 +296,9 @@ def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
 
 @pytest.mark.parametrize("role", ["auditor", "admin"])
 def test_non_agent_keys_cannot_call_v1(gateway: Any, role: str) -> None:
-    assert error_of(post_chat(gateway, role=role), 403)["code"] == "wrong_role"
+    err = error_of(post_chat(gateway, role=role), 403)
+    assert err["code"] == "wrong_role"
+    assert f"an {role} key cannot use /v1/chat/completions: it needs an agent key" == err["message"]
 
 
 def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:

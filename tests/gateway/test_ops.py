@@ -42,7 +42,7 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
     gateway.openai().models.list()
     with gateway.http() as client:
         response = client.get("/metrics")
-    assert response.headers["content-type"].startswith("text/plain")
+    assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     text = response.text
     assert 'callproof_http_requests_total{method="GET",route="/v1/models",status="200"}' in text
     assert "callproof_http_request_duration_seconds_bucket" in text
