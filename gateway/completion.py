@@ -26,7 +26,7 @@ from gateway.settings import Settings
 from receipts.ledger import Ledger
 from receipts.record import Receipt
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
-from runtime.errors import UnsupportedParameter
+from runtime.errors import StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.tools import ParsedResponse
@@ -148,7 +148,10 @@ class Completions:
         generation = await self.engine.generate(
             plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
         )
-        return generation, plan.parse(generation.text)
+        try:
+            return generation, plan.parse(generation.text)
+        except StructuredOutputInvalid as exc:
+            raise cut_short(exc, generation, prepared) from None
 
     async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
         """The engine's event stream, started: engine faults raise here, before any byte."""
@@ -196,6 +199,24 @@ class Completions:
             return links
 
         return await asyncio.to_thread(lookup)
+
+
+def cut_short(
+    error: StructuredOutputInvalid, generation: Generation, prepared: PreparedChat
+) -> StructuredOutputInvalid:
+    """An output the token limit cut off fails for that reason, and raising the limit is
+    the fix: say so, and name the limit, instead of only where the JSON broke."""
+    if generation.finish_reason != "length":
+        return error
+    param = "max_completion_tokens" if "max_completion_tokens" in prepared.body else "max_tokens"
+    return StructuredOutputInvalid(
+        f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
+        f" complete; raise {param} ({error.message})",
+        schema=error.schema,
+        raw_output=error.raw_output,
+        pointer=error.pointer,
+        param=param,
+    )
 
 
 async def _prepend(

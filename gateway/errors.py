@@ -160,7 +160,13 @@ def _http_body(exc: HTTPException) -> dict[str, Any]:
         404: "no such route",
         413: "request body too large",
     }
-    codes = {401: "invalid_api_key", 403: "forbidden", 404: "not_found", 413: "body_too_large"}
+    codes = {
+        401: "invalid_api_key",
+        403: "forbidden",
+        404: "not_found",
+        405: "method_not_allowed",
+        413: "body_too_large",
+    }
     generic = exc.detail in (None, "", HTTPStatus(status).phrase)
     message = defaults.get(status, exc.detail) if generic else exc.detail
     return error_body(status, message, code=codes.get(status), param=None)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from gateway.completion import Completions, PreparedChat, receipt_ref, usage_of
+from gateway.completion import Completions, PreparedChat, cut_short, receipt_ref, usage_of
 from gateway.errors import error_for
 from gateway.recording import finish_reason
 from gateway.schemas import (
@@ -27,6 +27,7 @@ from gateway.schemas import (
     Usage,
 )
 from runtime.engines.base import Generation, StreamEvent, TextDelta
+from runtime.errors import StructuredOutputInvalid
 from runtime.streaming import (
     AnswerDelta,
     ContentDelta,
@@ -83,7 +84,10 @@ async def stream_completion(
                 generation = item
         if generation is None:
             raise RuntimeError("engine stream ended without a final Generation")
-        rest, parsed = decoder.finish()
+        try:
+            rest, parsed = decoder.finish()
+        except StructuredOutputInvalid as exc:
+            raise cut_short(exc, generation, prepared) from None
         for chunk in _live(writer, rest, held):
             yield chunk
         receipt = await completions.record(prepared, tenant, generation, parsed)

@@ -13,7 +13,7 @@ from typing import Any
 class RuntimeInputError(ValueError):
     """The request cannot be served as given; fixing the request fixes the error (HTTP 400)."""
 
-    code: str = "invalid_request"
+    code: str = "invalid_value"  # the generic code docs/api.md lists for a 400
     status: int = 400
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None):

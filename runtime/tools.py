@@ -711,7 +711,7 @@ def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise StructuredOutputInvalid(
-            f"output is not valid JSON ({exc.msg} at char {exc.pos})",
+            f"output is not valid JSON ({exc.msg}, char {exc.pos})",
             schema=schema,
             raw_output=text,
             pointer=pointer,

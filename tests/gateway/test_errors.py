@@ -307,9 +307,12 @@ def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:
         assert error_of(client.get("/admin/keys"), 403)["code"] == "wrong_role"
 
 
-def test_unknown_route_is_404_in_the_error_shape(gateway: Any) -> None:
+def test_unknown_route_and_wrong_method_in_the_error_shape(gateway: Any) -> None:
     with gateway.http("agent") as client:
-        error_of(client.get("/v1/nothing-here"), 404)
+        assert error_of(client.get("/v1/nothing-here"), 404)["code"] == "not_found"
+        assert error_of(client.get("/v1/chat/completions"), 405)["code"] == "method_not_allowed"
+    tool_choice_alone = error_of(post_chat(gateway, tool_choice="required"), 400)
+    assert tool_choice_alone["code"] == "invalid_value"  # a code docs/api.md lists
 
 
 @pytest.mark.model
@@ -322,5 +325,19 @@ def test_truncated_constrained_output_is_422_and_not_receipted(gateway: Any) -> 
     error = err.body
     assert error["code"] == "structured_output_invalid"
     assert error["raw_output"] and "pointer" in error and error["schema"]["$defs"]
+    assert error["param"] == "max_tokens"
+    assert error["message"].startswith("max_tokens=3 ran out before the constrained output")
+    with pytest.raises(openai.APIError) as streamed:  # the stream's error event says the same
+        for _ in gateway.openai().chat.completions.create(
+            model=gateway.model,
+            messages=HELLO,
+            tools=[TOOL],
+            tool_choice="required",
+            max_completion_tokens=3,
+            temperature=0,
+            stream=True,
+        ):
+            pass
+    assert streamed.value.body["param"] == "max_completion_tokens"
     after = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, limit=1000)).items
     assert [r.id for r in after] == [r.id for r in before]
