@@ -35,7 +35,7 @@ class AdminKeysController(Controller):
     @post(
         "",
         summary="Create an API key; the secret is returned once",
-        responses=documented(),
+        responses=documented(413),
         dto=StrictBody[KeyCreate],
         return_dto=None,
     )

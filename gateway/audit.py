@@ -210,7 +210,7 @@ class AuditController(Controller):
         "/verify",
         status_code=200,
         summary="Verify a seq range of this chain",
-        responses=documented(),
+        responses=documented(413),
         dto=StrictBody[VerifyRequest],
         return_dto=None,
     )
@@ -236,7 +236,7 @@ class AuditController(Controller):
         "/replay/{receipt_id:str}",
         status_code=200,
         summary="Re-run a receipt's request",
-        responses=documented(409, 422),
+        responses=documented(409, 413, 422),
         dto=StrictBody[ReplayRequest],
         return_dto=None,
     )

@@ -15,6 +15,7 @@ from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions, receipt_ref, usage_of
 from gateway.errors import documented
+from gateway.openapi import ChatOperation
 from gateway.recording import finish_reason
 from gateway.schemas import (
     AssistantMessage,
@@ -45,7 +46,8 @@ class ChatController(Controller):
             "receipt is committed before any tool call leaves. With `stream: true` the body is "
             "`text/event-stream` of chat.completion.chunk objects ending in `data: [DONE]`."
         ),
-        responses=documented(422),
+        responses=documented(413, 422),
+        operation_class=ChatOperation,
         dto=StrictBody[ChatCompletionRequest],
         return_dto=None,
     )

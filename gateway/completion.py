@@ -63,8 +63,6 @@ def prepare(
     sampling: Sampling | None = None,
 ) -> PreparedChat:
     """Validate, plan and limit-check; `sampling` overrides the request's (replay)."""
-    if request.n not in (None, 1):
-        raise UnsupportedParameter("only n=1 is supported", param="n")
     for name, neutral in _NEUTRAL.items():
         value = getattr(request, name)
         if value is not None and value != neutral:

@@ -36,8 +36,9 @@ _TYPES = {
 
 
 def documented(*extra: int) -> dict[int, ResponseSpec]:
-    """OpenAPI entries for the error statuses an authenticated route can answer with."""
-    statuses = sorted({400, 401, 403, 404, 413, 503, *extra})
+    """OpenAPI entries for the error statuses an authenticated route can answer with; a
+    route that reads a body adds 413."""
+    statuses = sorted({400, 401, 403, 404, 500, 503, *extra})
     return {
         status: ResponseSpec(
             data_container=ErrorBody, description=HTTPStatus(status).phrase, generate_examples=False

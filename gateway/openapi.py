@@ -1,21 +1,33 @@
 """OpenAPI document details Litestar does not derive by itself.
 
-Request bodies declared with `forbid_unknown_fields` refuse unknown keys (a 400 naming the
-parameter), so their schemas must say `additionalProperties: false`; otherwise the document
-promises that such requests are accepted.
+* Request bodies declared with `forbid_unknown_fields` refuse unknown keys (a 400 naming the
+  parameter), so their schemas say `additionalProperties: false`; otherwise the document
+  promises that such requests are accepted.
+* Litestar drops a field's numeric and length bounds when the field is optional
+  (`Annotated[float, Meta(ge=0)] | None`), and any bound of 0; they are copied here from
+  msgspec's own view of the Struct, so the document refuses what the server refuses.
+* The chat endpoint answers `text/event-stream` when `stream` is true.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Schema
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator
-    from litestar.openapi.spec import Schema
     from litestar.typing import FieldDefinition
+
+_NUMBER_BOUNDS = {
+    "ge": "minimum",
+    "le": "maximum",
+    "gt": "exclusive_minimum",
+    "lt": "exclusive_maximum",
+}
 
 
 class StrictStructSchemaPlugin(StructSchemaPlugin):
@@ -23,6 +35,53 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
         self, field_definition: FieldDefinition, schema_creator: SchemaCreator
     ) -> Schema:
         schema = super().to_openapi_schema(field_definition, schema_creator)
-        if msgspec.inspect.type_info(field_definition.type_).forbid_unknown_fields:
+        info = msgspec.inspect.type_info(field_definition.type_)
+        if info.forbid_unknown_fields:
             schema.additional_properties = False
+        for field in info.fields:
+            prop = (schema.properties or {}).get(field.encode_name)
+            if isinstance(prop, Schema):
+                _copy_bounds(field.type, prop)
         return schema
+
+
+def _copy_bounds(field_type: msgspec.inspect.Type, prop: Schema) -> None:
+    """Put msgspec's bounds of each member of the field's type where the document says it."""
+    members = field_type.types if isinstance(field_type, msgspec.inspect.UnionType) else ()
+    for member in members or (field_type,):
+        if isinstance(member, msgspec.inspect.IntType | msgspec.inspect.FloatType):
+            for bound, keyword in _NUMBER_BOUNDS.items():
+                if getattr(member, bound) is not None:
+                    setattr(prop, keyword, getattr(member, bound))
+        elif isinstance(member, msgspec.inspect.ListType):
+            target = next(
+                (
+                    s
+                    for s in prop.one_of or ()
+                    if isinstance(s, Schema) and s.type == OpenAPIType.ARRAY
+                ),
+                prop,
+            )
+            if member.min_length is not None:
+                target.min_items = member.min_length
+            if member.max_length is not None:
+                target.max_items = member.max_length
+
+
+@dataclass
+class ChatOperation(Operation):
+    """POST /v1/chat/completions: its 200 is JSON, or with `stream: true` server-sent events."""
+
+    def __post_init__(self) -> None:
+        ok = (self.responses or {}).get("200")
+        if ok is not None and not isinstance(ok, dict) and hasattr(ok, "content"):
+            ok.content = {
+                **(ok.content or {}),
+                "text/event-stream": OpenAPIMediaType(
+                    schema=Schema(
+                        type=OpenAPIType.STRING,
+                        description="`data: <chat.completion.chunk JSON>` events, the last one"
+                        " carrying `receipt`, then `data: [DONE]` (docs/api.md, Streaming)",
+                    )
+                ),
+            }

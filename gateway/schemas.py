@@ -22,6 +22,10 @@ class ErrorDetail(Struct):
     type: str
     param: str | None
     code: str | None
+    # structured_output_invalid (422) only: the schema, what the model wrote, where it failed
+    schema: dict[str, Any] | None = None
+    raw_output: str | None = None
+    pointer: str | None = None
 
 
 class ErrorBody(Struct):
@@ -122,7 +126,7 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     max_completion_tokens: PositiveInt | None = None
     seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
-    n: PositiveInt | None = None
+    n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

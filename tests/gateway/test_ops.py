@@ -68,9 +68,18 @@ def test_openapi_document_is_served(gateway: Any) -> None:
         "/readyz",
     ):
         assert path in paths, path
-    request = document["components"]["schemas"]["ChatCompletionRequest"]
+    schemas = document["components"]["schemas"]
+    request = schemas["ChatCompletionRequest"]
     assert request["additionalProperties"] is False
     assert {"messages", "tools", "tool_choice", "regex", "grammar"} <= set(request["properties"])
+    fields = request["properties"]  # bounds of optional fields (Litestar alone drops them)
+    assert (fields["temperature"]["minimum"], fields["temperature"]["maximum"]) == (0, 2)
+    assert fields["top_p"]["exclusiveMinimum"] == 0 and fields["n"]["maximum"] == 1
+    assert {"type": "array", "items": {"type": "string"}, "maxItems": 4} in fields["stop"]["oneOf"]
+    chat = document["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert set(chat["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert {"schema", "raw_output", "pointer"} <= set(schemas["ErrorDetail"]["properties"])
+    assert "413" not in document["paths"]["/audit/receipts"]["get"]["responses"]
 
 
 def test_admin_key_api_and_revocation(gateway: Any) -> None:
