@@ -709,6 +709,7 @@ class Ledger:
             end = to_seq if to_seq is not None else max(head_seq, last)
             if start < 1 or end < start - 1:
                 raise ReceiptFormatError(f"bad seq range {start}..{end}")
+            pinned = keyring is not None
             keyring = keyring or KeyRing.from_public_keys(queries.public_keys(conn, tenant))
             checkpoint = checkpoint or self._covering_checkpoint(conn, tenant, start, to_seq)
             left, right = self._range_context(conn, tenant, start, end, checkpoint, to_seq)
@@ -741,7 +742,7 @@ class Ledger:
             missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
             problems.append((start + rows.seen, missing))
         if not problems:
-            return report
+            return dataclasses.replace(report, notes=(_trust_note(keyring, pinned),))
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
         return _failure(seq, reason, tenant, checked=report.checked)
 
@@ -1077,3 +1078,15 @@ def _short(exc: BaseException) -> str:
     """First line of a driver error: enough to diagnose, no SQL or parameters (no payloads)."""
     orig = getattr(exc, "orig", None) or exc
     return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"
+
+
+def _trust_note(keyring: KeyRing, pinned: bool) -> str:
+    """On whose authority a passing verification of the database stands."""
+    ids = ", ".join(keyring.key_ids())
+    if pinned:
+        return f"trusted only the pinned key(s): {ids}"
+    return (
+        f"trusted the key(s) the database lists ({ids}): someone with write access to it"
+        " could add one; pin the operator's key (callproof ledger verify --public-key) to"
+        " rule that out"
+    )

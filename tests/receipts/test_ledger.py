@@ -199,13 +199,21 @@ def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
             old.key_id: [{"chain": "acme", "first_seq": 1, "last_seq": 10}],
             new.key_id: [{"chain": "acme", "first_seq": 11, "last_seq": None}],
         }
-        assert led.verify("acme").ok
+        report = led.verify("acme")
+        assert report.ok
+        # a passing report says on whose authority: both listed keys, not pinned
+        (note,) = report.notes
+        assert "the database lists" in note and old.key_id in note and new.key_id in note
         # pinned to the new key only, the old receipts are signed by an unknown key
         pinned = KeyRing()
         pinned.add(new.public_key)
         report = led.verify("acme", keyring=pinned)
         assert not report.ok and report.first_failure_seq == 1
         assert "unknown key" in report.reason
+        both = KeyRing()
+        both.add(old.public_key)
+        both.add(new.public_key)
+        assert led.verify("acme", keyring=both).notes[0].startswith("trusted only the pinned")
 
 
 def test_a_tenant_with_no_receipts_lists_no_keys(db_url: str) -> None:
