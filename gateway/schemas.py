@@ -101,7 +101,7 @@ class JsonSchemaFormat(Struct, tag_field="type", tag="json_schema"):
     json_schema: JsonSchemaSpec
 
 
-class StreamOptions(Struct, omit_defaults=True):
+class StreamOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
     include_usage: bool = False
 
 

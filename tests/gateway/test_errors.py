@@ -177,6 +177,12 @@ def test_models_retrieve_names_the_served_model_and_404s_others(gateway: Any) ->
 def test_stream_options_without_stream(gateway: Any) -> None:
     err = error_of(post_chat(gateway, stream_options={"include_usage": True}), 400)
     assert err["param"] == "stream_options"
+    unknown = {"include_usage": True, "include_obfuscation": True}
+    err = error_of(post_chat(gateway, stream=True, stream_options=unknown), 400)
+    assert (err["param"], err["code"]) == (
+        "stream_options.include_obfuscation",
+        "unsupported_parameter",
+    )
 
 
 def test_max_tokens_over_the_limit(gateway: Any) -> None:
