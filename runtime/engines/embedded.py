@@ -325,6 +325,8 @@ class EmbeddedEngine:
                     emit(text[sent:safe])
                     sent = safe
                 step_input = torch.tensor([[token]])
+        if finish == "length":  # the limit may cut a character's bytes: that half is not text
+            text = text[: whole_characters(text)]
         if len(text) > sent:
             emit(text[sent:])
         return Generation(
@@ -349,14 +351,21 @@ class _StopScanner:
         return min(hits) if hits else None
 
     def safe_length(self, text: str) -> int:
-        end = len(text)
-        while end and text[end - 1] == "\ufffd":  # an incomplete multi-byte character
-            end -= 1
+        end = whole_characters(text)
         for k in range(min(self._longest - 1, end), 0, -1):
             tail = text[end - k : end]
             if any(s.startswith(tail) for s in self.stops):
                 return end - k
         return end
+
+
+def whole_characters(text: str) -> int:
+    """Where the decoded text stops being whole characters: tokens that end inside a UTF-8
+    sequence decode to trailing U+FFFD until the next token completes it."""
+    end = len(text)
+    while end and text[end - 1] == "\ufffd":
+        end -= 1
+    return end
 
 
 def _generator(sampling: Sampling) -> Any:

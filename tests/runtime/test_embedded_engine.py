@@ -299,3 +299,17 @@ def test_always_mode_of_a_thinking_model_opens_a_free_thinking_region(
     ).text
     assert text.startswith("<think>")
     assert not text.removeprefix("<think>").lstrip().startswith("{")  # thinking is not masked
+
+
+def test_a_character_cut_by_the_token_limit_is_not_text(engine: EmbeddedEngine) -> None:
+    """🙂 is two tokens here: a limit of one ends inside its UTF-8 bytes. That half decodes
+    to U+FFFD, which is not what the model wrote: neither the text nor a delta carries it."""
+    smile = Constraint.regex("🙂+")
+    sampling = Sampling(temperature=0, max_tokens=1)
+    events = run(collect(engine, FRANCE, smile, sampling))
+    final = events[-1]
+    assert isinstance(final, Generation) and final.finish_reason == "length"
+    assert final.completion_tokens == 1 and final.text == ""
+    assert all("\ufffd" not in e.text for e in events if isinstance(e, TextDelta))
+    whole = run(engine.generate(FRANCE, smile, Sampling(temperature=0, max_tokens=4)))
+    assert whole.text == "🙂🙂" and whole.finish_reason == "length"
