@@ -63,7 +63,7 @@ class ChatController(Controller):
         created = int(time.time())
         if prepared.stream:
             events = await completions.open_stream(prepared)
-            writer = ChunkWriter(completion_id, created, model)
+            writer = ChunkWriter(completion_id, created, model, prepared.include_usage)
             return Stream(  # type: ignore[return-value]
                 stream_completion(completions, prepared, principal.tenant, events, writer),
                 media_type="text/event-stream",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
 
@@ -205,6 +205,7 @@ class ToolCallDelta(Struct, omit_defaults=True):
 class Delta(Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    refusal: str | None | UnsetType = UNSET  # null in the first chunk, as OpenAI sends it
     tool_calls: list[ToolCallDelta] | None = None
 
 
@@ -215,16 +216,19 @@ class ChunkChoice(Struct):
     logprobs: None = None
 
 
-class ChatCompletionChunk(Struct, omit_defaults=True):
-    """One SSE event; `usage` only in the usage chunk, `receipt` only in the last chunk."""
+class ChatCompletionChunk(Struct):
+    """One SSE event. As OpenAI's: `usage` is null in every chunk but the usage chunk when
+    stream_options.include_usage is set, and absent otherwise; `receipt` is in the last
+    chunk only (UNSET fields are left out of the JSON)."""
 
     id: str
-    object: Literal["chat.completion.chunk"]  # no default: omit_defaults must not drop it
+    object: Literal["chat.completion.chunk"]
     created: int
     model: str
     choices: list[ChunkChoice]
-    usage: Usage | None = None
-    receipt: ReceiptRef | None = None
+    system_fingerprint: str | None = None
+    usage: Usage | None | UnsetType = UNSET
+    receipt: ReceiptRef | UnsetType = UNSET
 
 
 # --- models ---------------------------------------------------------------------------------

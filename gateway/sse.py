@@ -47,12 +47,13 @@ def event(payload: object) -> bytes:
 class ChunkWriter:
     """Builds the chunks of one completion (shared id, created time and model name)."""
 
-    def __init__(self, completion_id: str, created: int, model: str):
+    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool):
         self._base = {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
+            **({"usage": None} if include_usage else {}),
         }
 
     def delta(self, delta: Delta, finish: str | None = None, **extra: object) -> bytes:
@@ -60,7 +61,8 @@ class ChunkWriter:
         return event(ChatCompletionChunk(**self._base, choices=[choice], **extra))
 
     def usage(self, usage: Usage, receipt: ReceiptRef) -> bytes:
-        return event(ChatCompletionChunk(**self._base, choices=[], usage=usage, receipt=receipt))
+        base = {**self._base, "usage": usage}
+        return event(ChatCompletionChunk(**base, choices=[], receipt=receipt))
 
 
 async def stream_completion(
@@ -72,7 +74,7 @@ async def stream_completion(
 ) -> AsyncIterator[bytes]:
     """The SSE body; `events` is the engine's stream (its first event already checked)."""
     try:
-        yield writer.delta(Delta(role="assistant"))
+        yield writer.delta(Delta(role="assistant", content="", refusal=None))
         decoder = EnvelopeStreamDecoder(prepared.plan)
         held: list[ToolCallStart | ToolArgumentsDelta] = []  # released after the commit
         generation: Generation | None = None

@@ -209,6 +209,38 @@ def test_streamed_answer_with_usage_chunk(gateway: Any) -> None:
     assert stored.output["kind"] == "text" and stored.output["content_sha256"]
 
 
+def test_chunks_carry_the_fields_openai_sends(gateway: Any) -> None:
+    """Field by field as OpenAI's stream: the role chunk has content "" and refusal null;
+    system_fingerprint is in every chunk; with include_usage every chunk but the usage chunk
+    has usage null, and without it there is no usage key at all."""
+    body = {
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 3,
+        "stream": True,
+    }
+    for include_usage in (True, False):
+        options = {"stream_options": {"include_usage": True}} if include_usage else {}
+        with gateway.http("agent") as client:
+            raw = client.post("/v1/chat/completions", json={**body, **options}).text
+        events = [line[len("data: ") :] for line in raw.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[0]["choices"][0]["delta"] == {
+            "role": "assistant",
+            "content": "",
+            "refusal": None,
+        }
+        assert all(c["system_fingerprint"] is None for c in chunks)
+        assert len({c["id"] for c in chunks}) == 1
+        if include_usage:
+            assert all(c["usage"] is None for c in chunks[:-1])
+            assert chunks[-1]["usage"]["total_tokens"] > 0 and chunks[-1]["choices"] == []
+        else:
+            assert not any("usage" in c for c in chunks)
+        assert "receipt" in chunks[-1] and not any("receipt" in c for c in chunks[:-1])
+
+
 class CityFact(BaseModel):
     city: Literal["Paris", "Tokyo", "Lima"]
     country: Literal["France", "Japan", "Peru"]
