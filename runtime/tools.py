@@ -698,7 +698,7 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") 
         path, message = [], "the value does not match (nested too deep to report where)"
     pointer = prefix + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
     raise StructuredOutputInvalid(
-        f"output fails its schema at '{pointer or '/'}': {message}",
+        f"output fails its schema at {repr(pointer) if pointer else 'the root'}: {message}",
         schema=schema,
         raw_output=raw,
         pointer=pointer,

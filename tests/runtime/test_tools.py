@@ -23,6 +23,7 @@ from runtime.tools import (
     parse_tools_field,
     union_calls,
     union_schema,
+    validate,
 )
 
 SPECS = parse_tools_field(TOOLS)
@@ -475,3 +476,14 @@ def test_null_description_is_no_description() -> None:
     with pytest.raises(InvalidTools) as err:
         parse_tools_field([tool])
     assert err.value.param == "tools[0].function.description"
+
+
+def test_a_failure_at_the_root_is_named_so() -> None:
+    """The root's JSON pointer is "" (RFC 6901); the message says "the root", not "/", which
+    points at a key named ""."""
+    with pytest.raises(StructuredOutputInvalid) as info:
+        validate(1, {"type": "string"}, "1")
+    assert info.value.pointer == "" and "fails its schema at the root:" in info.value.message
+    with pytest.raises(StructuredOutputInvalid) as info:
+        validate({"a/b": 1}, {"properties": {"a/b": {"type": "string"}}}, "{}")
+    assert "fails its schema at '/a~1b':" in info.value.message
