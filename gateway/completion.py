@@ -202,14 +202,23 @@ class Completions:
 def cut_short(
     error: StructuredOutputInvalid, generation: Generation, prepared: PreparedChat
 ) -> StructuredOutputInvalid:
-    """An output the token limit cut off fails for that reason, and raising the limit is
-    the fix: say so, and name the limit, instead of only where the JSON broke."""
-    if generation.finish_reason != "length":
+    """An output the token limit or a stop string cut off fails for that reason, and the fix
+    is in that parameter: say so and name it, instead of only where the JSON broke. (A
+    constrained decode ends by itself only where the output is complete, so an incomplete
+    one that stopped was stopped by a stop string.)"""
+    if generation.finish_reason == "length":
+        param = (
+            "max_completion_tokens" if "max_completion_tokens" in prepared.body else "max_tokens"
+        )
+        why = f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
+        fix = f"raise {param}"
+    elif prepared.sampling.stop:
+        param, why = "stop", "a stop string ended the output before the constrained output was"
+        fix = "use stop strings the output cannot contain"
+    else:
         return error
-    param = "max_completion_tokens" if "max_completion_tokens" in prepared.body else "max_tokens"
     return StructuredOutputInvalid(
-        f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
-        f" complete; raise {param} ({error.message})",
+        f"{why} complete; {fix} ({error.message})",
         schema=error.schema,
         raw_output=error.raw_output,
         pointer=error.pointer,

@@ -347,3 +347,14 @@ def test_truncated_constrained_output_is_422_and_not_receipted(gateway: Any) -> 
     assert streamed.value.body["param"] == "max_completion_tokens"
     after = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, limit=1000)).items
     assert [r.id for r in after] == [r.id for r in before]
+
+
+@pytest.mark.model
+def test_a_stop_string_inside_the_constrained_output_is_named(gateway: Any) -> None:
+    """A stop string the JSON itself contains cuts the call short: the 422 names `stop`."""
+    err = sdk_error(
+        gateway, tools=[TOOL], tool_choice="required", stop=['"'], max_tokens=40, temperature=0
+    )
+    assert isinstance(err, openai.UnprocessableEntityError)
+    assert err.body["param"] == "stop"
+    assert err.body["message"].startswith("a stop string ended the output before")
