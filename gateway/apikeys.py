@@ -163,14 +163,13 @@ class KeyStore:
             ).first()
         return _row_to_key(row) if row is not None else None
 
-    def has_active_admin(self) -> bool:
+    def has_admin(self, *, active: bool) -> bool:
+        """Whether an admin key exists (``active``: one not revoked)."""
+        query = sa.select(api_keys.c.id).where(api_keys.c.role == "admin")
+        if active:
+            query = query.where(api_keys.c.revoked_at.is_(None))
         with self._begin() as conn:
-            found = conn.execute(
-                sa.select(api_keys.c.id)
-                .where(api_keys.c.role == "admin", api_keys.c.revoked_at.is_(None))
-                .limit(1)
-            ).first()
-        return found is not None
+            return conn.execute(query.limit(1)).first() is not None
 
     @contextmanager
     def _begin(self) -> Iterator[sa.Connection]:

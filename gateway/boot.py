@@ -50,9 +50,11 @@ def load_signer(settings: Settings) -> Signer:
     return signer_from_env() or load_or_create_signer(settings.signing_key_path)
 
 
-def ensure_admin_key(keys: KeyStore) -> str | None:
-    """On first run (no active admin key) create one and return its secret, else None."""
-    if keys.has_active_admin():
+def first_run_admin_key(keys: KeyStore) -> str | None:
+    """On first run (no admin key has ever existed) create one and return its secret, else
+    None. Not when every admin key was revoked: then whoever can restart the service (or
+    read its stdout) would get a fresh admin key; an operator makes one with the CLI."""
+    if keys.has_admin(active=False):
         return None
     _, secret = keys.create("admin", "admin", name="first-run admin")
     return secret

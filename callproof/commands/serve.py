@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
-    from gateway.boot import ensure_admin_key, load_engine, open_resources, prepare_database
+    from gateway.boot import first_run_admin_key, load_engine, open_resources, prepare_database
     from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args
 
@@ -38,10 +38,17 @@ def run(args: argparse.Namespace) -> int:
     prepare_database(settings)
     resources = open_resources(settings, load_engine(settings))
     try:
-        secret = ensure_admin_key(resources.keys)
+        secret = first_run_admin_key(resources.keys)
         if secret is not None:
             print("First run: created an admin API key. It is shown only this once:", flush=True)
             print(secret, flush=True)
+        elif not resources.keys.has_admin(active=True):
+            print(
+                "callproof: every admin key is revoked; make one with"
+                " `callproof keys create --role admin --tenant admin`",
+                file=sys.stderr,
+                flush=True,
+            )
         print(f"callproof listening on http://{settings.host}:{settings.port}", flush=True)
         app = create_app(settings, resources.engine, resources.ledger, resources.keys)
         # Everything built so far (engine, app, libraries) lives as long as the process: keep

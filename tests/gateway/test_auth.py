@@ -52,3 +52,21 @@ def test_concurrent_misses_share_one_lookup_and_revocation_applies_after_ttl(
         assert err.value.status == 401
     finally:
         store.close()
+
+
+def test_an_admin_key_is_minted_on_the_first_run_only(fresh_sqlite_url: str) -> None:
+    """Revoking every admin key must not make the next restart print a fresh one to stdout
+    (whoever can restart the service or read its logs would hold it)."""
+    from gateway.boot import first_run_admin_key
+
+    upgrade(fresh_sqlite_url)
+    store = KeyStore.open(fresh_sqlite_url)
+    try:
+        secret = first_run_admin_key(store)
+        assert secret is not None and store.lookup(secret).role == "admin"
+        assert first_run_admin_key(store) is None  # a restart
+        store.revoke(store.lookup(secret).id)
+        assert not store.has_admin(active=True) and store.has_admin(active=False)
+        assert first_run_admin_key(store) is None
+    finally:
+        store.close()
