@@ -22,6 +22,7 @@ from runtime.errors import EngineError, RuntimeInputError, StructuredOutputInval
 
 log = logging.getLogger("callproof.gateway")
 
+_CLIENT_LEFT = "client disconnected prematurely"  # Litestar's words for a body cut short
 _TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -124,6 +125,12 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, ValidationException):
         return 400, _validation_body(exc)
+    if isinstance(exc, HTTPException) and exc.detail == _CLIENT_LEFT:
+        # Nobody reads this answer; 499 (nginx's "client closed request") keeps the gateway's
+        # own 500 count for its own faults.
+        return 499, error_body(
+            499, "the client disconnected before sending the whole body", code=None, param=None
+        )
     if isinstance(exc, HTTPException):
         return exc.status_code, _http_body(exc)
     log.error("unhandled error", exc_info=exc, extra={"event": "internal_error"})

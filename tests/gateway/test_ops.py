@@ -3,6 +3,7 @@ ledger's database failing under a running gateway (503, nothing returned, then r
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -36,6 +37,34 @@ def test_health_and_readiness(gateway: Any) -> None:
         ready = client.get("/readyz")
     assert ready.status_code == 200
     assert ready.json() == {"status": "ready", "engine": True, "database": True}
+
+
+def test_a_client_that_leaves_mid_body_is_not_a_server_error(gateway: Any) -> None:
+    """Half a body, then the connection closes: counted as 499 (client closed request),
+    not as one of the gateway's own 500s."""
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            + f"Authorization: Bearer {gateway.secrets['agent']}\r\n".encode()
+            + b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+        )
+
+    def chat_lines(status: str) -> list[str]:
+        with gateway.http() as client:
+            text = client.get("/metrics").text
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith("callproof_http_requests_total")
+            and 'route="/v1/chat/completions"' in line
+            and f'status="{status}"' in line
+        ]
+
+    deadline = time.monotonic() + 30
+    while not chat_lines("499") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert chat_lines("499") and not chat_lines("500")
 
 
 def test_metrics_in_prometheus_text(gateway: Any) -> None:
