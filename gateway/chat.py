@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from litestar import Controller, Response, post
+from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 from litestar.response import Stream
@@ -14,6 +14,7 @@ from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions, receipt_ref, usage_of
+from gateway.disconnect import unless_client_leaves
 from gateway.errors import documented
 from gateway.openapi import ChatOperation
 from gateway.recording import finish_reason
@@ -53,6 +54,7 @@ class ChatController(Controller):
     )
     async def create(
         self,
+        request: Request,
         data: JSONBody[ChatCompletionRequest],
         principal: NamedDependency[ApiKey],
         completions: NamedDependency[Completions],
@@ -69,7 +71,9 @@ class ChatController(Controller):
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        generation, parsed = await completions.generate(prepared)
+        generation, parsed = await unless_client_leaves(
+            request.receive, completions.generate(prepared)
+        )
         receipt = await completions.record(prepared, principal.tenant, generation, parsed)
         calls = [
             ToolCallOut(call.id, FunctionCall(call.name, call.arguments_json()))

@@ -67,6 +67,41 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(gateway: Any) -> No
     assert chat_lines("499") and not chat_lines("500")
 
 
+@pytest.mark.model
+def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
+    """The OpenAI SDK times out and goes: the gateway cancels the decode (the embedded engine
+    is free again at once), counts a 499 and records nothing."""
+    from datetime import UTC, datetime
+
+    from receipts.queries import ReceiptQuery
+
+    test_started = datetime.now(UTC)
+    client = openai.OpenAI(
+        base_url=gateway.url + "/v1", api_key=gateway.secrets["agent"], max_retries=0, timeout=1
+    )
+    with pytest.raises(openai.APITimeoutError):
+        client.chat.completions.create(  # 256 tokens that cannot end early: seconds of work
+            model=gateway.model,
+            messages=[{"role": "user", "content": "Write letters."}],
+            max_tokens=gateway.settings.max_tokens_limit,
+            extra_body={"regex": "[a-z ]{900}"},
+        )
+    started = time.monotonic()
+    quick = gateway.openai().chat.completions.create(
+        model=gateway.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+    )
+    if gateway.engine.identity.engine == "embedded":  # one decode at a time: it was freed
+        assert time.monotonic() - started < 4
+    since = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, since=test_started)).items
+    assert [r.id for r in since] == [quick.model_extra["receipt"]["id"]]  # none abandoned
+    with gateway.http() as http:
+        metrics = http.get("/metrics").text
+    assert any(
+        'route="/v1/chat/completions"' in line and 'status="499"' in line
+        for line in metrics.splitlines()
+    )
+
+
 def test_metrics_in_prometheus_text(gateway: Any) -> None:
     gateway.openai().models.list()
     with gateway.http() as client:
