@@ -9,6 +9,7 @@ time on this hardware, and verification is most of what an offline verifier does
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -18,6 +19,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+log = logging.getLogger(__name__)
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
@@ -124,8 +127,15 @@ def load_or_create_signer(path: str | os.PathLike[str]) -> Signer:
             os.unlink(tmp)
     try:
         pem = target.read_bytes()
+        mode = target.stat().st_mode
     except OSError as exc:
         raise SigningKeyError(f"cannot read signing key {target}: {exc}") from exc
+    if os.name == "posix" and mode & 0o077:
+        log.warning(
+            "signing key %s is readable by other users (mode %o): chmod 600 it",
+            target,
+            mode & 0o777,
+        )
     return Signer.from_pem(pem)
 
 

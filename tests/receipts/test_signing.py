@@ -104,3 +104,14 @@ def test_keyring_round_trips_through_public_key_dicts() -> None:
     forged[0]["key_id"] = "ed25519:" + "0" * 32
     with pytest.raises(SigningKeyError, match="does not match"):
         KeyRing.from_public_keys(forged)
+
+
+def test_a_key_file_others_can_read_is_loaded_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "signing-key.pem"
+    created = load_or_create_signer(path)
+    assert not caplog.records  # created 0600: nothing to say
+    path.chmod(0o644)
+    assert load_or_create_signer(path).key_id == created.key_id
+    assert "readable by other users (mode 644)" in caplog.text
