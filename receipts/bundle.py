@@ -372,10 +372,11 @@ class LineChecker:
             try:
                 obj = json.loads(line) if plain is None else plain
                 receipt = Receipt.from_json_obj(obj)
+                spelled = canonical_json(obj) if plain is None else canonical_plain(obj)
             except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
                 problem = f"malformed receipt: {exc}"
                 break
-            if (canonical_json(obj) if plain is None else canonical_plain(obj)) != line:
+            if spelled != line:
                 # JSON readers disagree on duplicate keys (Python keeps the last, others the
                 # first): only the one spelling the writer uses leaves nothing to interpret.
                 problem = (

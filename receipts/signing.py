@@ -19,12 +19,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
-log = logging.getLogger(__name__)
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
 from receipts.errors import ReceiptFormatError, SigningKeyError
+
+log = logging.getLogger(__name__)
 
 KEY_ID_PREFIX = "ed25519:"
 
