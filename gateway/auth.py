@@ -28,6 +28,7 @@ class Authenticator:
         self._ttl_s = ttl_s
         self._cache: dict[str, tuple[ApiKey, float]] = {}
         self._lookups: dict[str, asyncio.Task[ApiKey | None]] = {}  # in flight, by digest
+        self._revocations = 0  # a lookup that began before a revocation must not cache
 
     async def authenticate(self, authorization: str | None) -> ApiKey:
         """The active key named by an `Authorization: Bearer cp_...` header, else 401."""
@@ -53,18 +54,20 @@ class Authenticator:
 
     def forget(self, key_id: str) -> None:
         """Drop a key from the cache at once (revoked here; other processes wait the TTL)."""
+        self._revocations += 1
         for digest, (key, _) in list(self._cache.items()):
             if key.id == key_id:
                 del self._cache[digest]
 
     async def _lookup(self, digest: str, secret: str) -> ApiKey | None:
+        revocations = self._revocations
         try:
             key = await asyncio.to_thread(self._store.lookup, secret)
         finally:
             del self._lookups[digest]
         if key is None:
             self._cache.pop(digest, None)
-        else:
+        elif revocations == self._revocations:  # else it may have read a key since revoked
             self._cache[digest] = (key, time.monotonic() + self._ttl_s)
         return key
 

@@ -203,16 +203,16 @@ def cut_short(
     error: StructuredOutputInvalid, generation: Generation, prepared: PreparedChat
 ) -> StructuredOutputInvalid:
     """An output the token limit or a stop string cut off fails for that reason, and the fix
-    is in that parameter: say so and name it, instead of only where the JSON broke. (A
-    constrained decode ends by itself only where the output is complete, so an incomplete
-    one that stopped was stopped by a stop string.)"""
+    is in that parameter: say so and name it, instead of only where the JSON broke. (A decode
+    a grammar backend constrained ends by itself only where the output is complete, so an
+    incomplete one that stopped was stopped by a stop string; not so for the post-hoc path.)"""
     if generation.finish_reason == "length":
         param = (
             "max_completion_tokens" if "max_completion_tokens" in prepared.body else "max_tokens"
         )
         why = f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
         fix = f"raise {param}"
-    elif prepared.sampling.stop:
+    elif prepared.sampling.stop and generation.backend != "none" and not generation.fallback:
         param, why = "stop", "a stop string ended the output before the constrained output was"
         fix = "use stop strings the output cannot contain"
     else:

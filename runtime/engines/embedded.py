@@ -325,8 +325,8 @@ class EmbeddedEngine:
                     emit(text[sent:safe])
                     sent = safe
                 step_input = torch.tensor([[token]])
-        if finish == "length":  # the limit may cut a character's bytes: that half is not text
-            text = text[: whole_characters(text)]
+        # A decode that ends (limit, EOS, cancel) inside a character's bytes: that half is not text
+        text = text[: whole_characters(text)]
         if len(text) > sent:
             emit(text[sent:])
         return Generation(

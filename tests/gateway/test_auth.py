@@ -70,3 +70,38 @@ def test_an_admin_key_is_minted_on_the_first_run_only(fresh_sqlite_url: str) -> 
         assert first_run_admin_key(store) is None
     finally:
         store.close()
+
+
+def test_a_lookup_in_flight_when_its_key_is_revoked_is_not_cached(fresh_sqlite_url: str) -> None:
+    """A lookup that read the key just before the admin API revoked it must not put it back
+    in the cache after `forget`, where it would work for another TTL."""
+    upgrade(fresh_sqlite_url)
+    store = KeyStore.open(fresh_sqlite_url)
+    try:
+        key, secret = store.create("agent", "acme")
+        read, release = threading.Event(), threading.Event()
+        real_lookup = store.lookup
+
+        def read_then_wait(value: str):
+            found = real_lookup(value)
+            read.set()
+            release.wait(5)
+            return found
+
+        store.lookup = read_then_wait  # type: ignore[method-assign]
+        auth = Authenticator(store, ttl_s=60)
+
+        async def scenario() -> None:
+            in_flight = asyncio.ensure_future(auth.authenticate(f"Bearer {secret}"))
+            await asyncio.to_thread(read.wait, 5)
+            store.revoke(key.id)
+            auth.forget(key.id)
+            release.set()
+            assert (await in_flight).id == key.id  # the request already under way
+            with pytest.raises(APIError) as refused:
+                await auth.authenticate(f"Bearer {secret}")
+            assert refused.value.status == 401
+
+        asyncio.run(scenario())
+    finally:
+        store.close()
