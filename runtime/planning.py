@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import regex as regex_engine
+
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
 from runtime.errors import (
@@ -116,14 +118,10 @@ class Plan:
             return ParsedResponse("parsed", parsed=value, content=body)
         if self.mode == "regex":
             assert self.constraint is not None
-            if re.fullmatch(self.constraint.source, body) is None:
+            problem = _regex_mismatch(self.constraint.source, body)
+            if problem:
                 raise StructuredOutputInvalid(
-                    "output does not match the regex (truncated by max_tokens or stop, or a"
-                    " backend that does not enforce all of it)",
-                    schema=None,
-                    raw_output=body,
-                    pointer="",
-                    param="regex",
+                    problem, schema=None, raw_output=body, pointer="", param="regex"
                 )
         if self.mode != "tools":
             return ParsedResponse("text", content=body)
@@ -297,6 +295,27 @@ def _parallel_flag(value: Any) -> bool:
             "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls"
         )
     return value
+
+
+REGEX_CHECK_TIMEOUT_S = 0.05
+
+
+def _regex_mismatch(pattern: str, text: str) -> str | None:
+    """Why ``text`` fails the regex, or None. Python's engine backtracks, and a client's
+    regex such as ``(a|aa){40}b`` takes seconds on output built to miss it; the check runs
+    on the event loop, so it has a deadline, and output it cannot clear in time fails."""
+    try:
+        if regex_engine.fullmatch(pattern, text, timeout=REGEX_CHECK_TIMEOUT_S) is not None:
+            return None
+    except TimeoutError:
+        return (
+            f"output could not be checked against the regex within {REGEX_CHECK_TIMEOUT_S} s"
+            " (it backtracks heavily); nothing is returned unchecked"
+        )
+    return (
+        "output does not match the regex (truncated by max_tokens or stop, or a backend that"
+        " does not enforce all of it)"
+    )
 
 
 def _regex(pattern: Any) -> Constraint:

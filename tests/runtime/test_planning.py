@@ -4,6 +4,7 @@ and the parse of the model's output; every bad input is a typed error before gen
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import jsonschema
@@ -290,6 +291,19 @@ def test_regex_output_is_checked_again_after_decoding() -> None:
         with pytest.raises(StructuredOutputInvalid) as info:
             r.parse(output)
         assert info.value.param == "regex" and info.value.raw_output == output
+
+
+def test_a_backtracking_regex_check_has_a_deadline() -> None:
+    """(a|aa){40}b on 44 a's takes Python's engine about 45 s; the check runs on the event
+    loop, so it gives up in REGEX_CHECK_TIMEOUT_S and fails closed."""
+    from runtime.planning import REGEX_CHECK_TIMEOUT_S
+
+    r = plan(regex="(a|aa){40}b")
+    started = time.perf_counter()
+    with pytest.raises(StructuredOutputInvalid) as info:
+        r.parse("a" * 44)
+    assert time.perf_counter() - started < REGEX_CHECK_TIMEOUT_S + 0.5
+    assert "could not be checked against the regex" in info.value.message
 
 
 def test_invalid_regex_and_grammar() -> None:
