@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import re._constants as re_constants
 import re._parser as re_parser
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +114,9 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
     copies = repeated_copies(pattern)
     if copies > limits.max_regex_repeat:
         raise ConstraintTooComplex(
-            f"regex {pattern[:80]!r} repeats a piece {copies} times (counted repetitions"
-            f" multiply when nested); max_regex_repeat is {limits.max_regex_repeat}",
+            f"regex {pattern[:80]!r} asks for {copies} copies of pieces (counted repetitions,"
+            f" multiplied when nested, summed over the pattern); max_regex_repeat is"
+            f" {limits.max_regex_repeat}",
             param=param,
         )
     if _NESTED_QUANTIFIER.search(pattern):
@@ -126,26 +128,55 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
 
 
 def repeated_copies(pattern: str) -> int:
-    """How many copies of one piece the counted repetitions ask for: the product of the
-    bounds along each nesting path (``(a{10}b){20}`` is 200). Read from Python's own parse,
-    so every spelling counts (``{n}``, ``{m,n}``, ``{,n}``, ``{n,}``); an unbounded ``*``
-    or ``+`` is a loop, not copies. 0 when Python cannot parse it (validation says why)."""
+    """How many copies of pieces the counted repetitions ask for, in total: each repetition's
+    bound times the bounds around it (``(a{10}b){20}`` is 20 + 200), summed over the pattern
+    (``a{999}`` written 150 times is 149,850, though no one bound is over the limit). Read
+    from Python's own parse, so every spelling counts (``{n}``, ``{m,n}``, ``{,n}``,
+    ``{n,}``); an unbounded ``*`` or ``+`` is a loop, not copies. 0 when Python cannot parse
+    it (validation says why)."""
+    total = 0
+    for op, argument, copies in _regex_nodes(pattern):
+        if op in _REPEATS:
+            low, high, _ = argument
+            total += copies * max(low if high == re_constants.MAXREPEAT else high, 1)
+    return total
+
+
+def uses_lookaround(constraint: Constraint) -> bool:
+    """Whether a regex constraint, or a pattern in a JSON schema, holds a lookahead or a
+    lookbehind: automaton backends cannot enforce them, and two of ours dropped them
+    silently (``(?=a)a`` let any text through)."""
+    if constraint.kind == "regex":
+        patterns = [constraint.source]
+    elif constraint.is_json:
+        patterns = schema_patterns(constraint.schema())
+    else:
+        return False
+    return any(op in _LOOKAROUNDS for pattern in patterns for op, _, _ in _regex_nodes(pattern))
+
+
+_LOOKAROUNDS = (re_constants.ASSERT, re_constants.ASSERT_NOT)
+
+
+def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
+    """Every node of Python's parse of ``pattern``, nested ones too, as (opcode, argument,
+    copies): how many times the counted repetitions around the node repeat it. Nothing when
+    Python cannot parse the pattern."""
     try:
         parsed = re_parser.parse(pattern)
     except re.error:
-        return 0
-    most, pending = 1, [(parsed, 1)]
+        return
+    pending: list[tuple[Any, int]] = [(parsed, 1)]
     while pending:
         node, copies = pending.pop()
         if isinstance(node, re_parser.SubPattern):
             for op, argument in node:
+                yield op, argument, copies
                 if op in _REPEATS:
                     low, high, body = argument
                     bound = low if high == re_constants.MAXREPEAT else high
-                    most = max(most, copies * max(bound, 1))
                     pending.append((body, copies * max(bound, 1)))
                 else:
                     pending.append((argument, copies))
         elif isinstance(node, list | tuple):
             pending.extend((child, copies) for child in node)
-    return most

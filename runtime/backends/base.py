@@ -25,6 +25,7 @@ import torch
 from runtime.backends.schema_keywords import refuse_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.limits import uses_lookaround
 
 
 class GrammarMatcher(ABC):
@@ -85,6 +86,8 @@ class GrammarBackend(ABC):
             raise BackendCannotCompile(f"{self.name}: no {constraint.kind} support")
         if constraint.is_json and self.unenforced:
             refuse_keywords(self.name, constraint.schema(), self.unenforced)
+        if uses_lookaround(constraint):
+            raise BackendCannotCompile(f"{self.name}: lookaheads and lookbehinds are not enforced")
         return self._compile(constraint)
 
     @abstractmethod

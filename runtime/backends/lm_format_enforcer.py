@@ -7,8 +7,6 @@ computed in Python per token, which makes it the slowest mask here. JSON schema 
 
 from __future__ import annotations
 
-import re._constants as re_constants
-import re._parser as re_parser
 from typing import Any
 
 import torch
@@ -77,31 +75,13 @@ class LMFormatEnforcerBackend(GrammarBackend):
             if constraint.is_json:
                 parser: CharacterLevelParser = JsonSchemaParser(constraint.schema())
             else:
-                _refuse_lookahead(constraint.source)
                 parser = RegexParser(constraint.source)
-        except BackendCannotCompile:
-            raise
         except Exception as exc:  # noqa: BLE001 - its parsers raise bare Exception on unsupported input
             raise BackendCannotCompile(f"lm-format-enforcer: {str(exc)[:500]}") from None
         eos = self.tokenizer.eos_token_id
         return CompiledGrammar(
             self.name, constraint, lambda: LMFEMatcher(self._data, parser, self.vocab_size, eos)
         )
-
-
-def _refuse_lookahead(pattern: str) -> None:
-    """interegular drops a lookahead without a word, so ``(?=a)a`` would let "akafwa"
-    through: refuse it here, as it refuses lookbehinds itself."""
-    pending: list[Any] = [re_parser.parse(pattern)]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, re_parser.SubPattern):
-            for op, argument in node:
-                if op in (re_constants.ASSERT, re_constants.ASSERT_NOT):
-                    raise BackendCannotCompile("lm-format-enforcer: lookaheads are not implemented")
-                pending.append(argument)
-        elif isinstance(node, list | tuple):
-            pending.extend(node)
 
 
 def _tokenizer_data(tokenizer: Any, vocab_size: int) -> TokenEnforcerTokenizerData:
