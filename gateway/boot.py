@@ -6,6 +6,7 @@ under the data directory (SQLite ledger, 0600 signing key) and an admin key is p
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
@@ -14,6 +15,8 @@ from gateway.settings import Settings, SettingsError
 from receipts.ledger import Ledger
 from receipts.signing import Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
+
+log = logging.getLogger("callproof.gateway")
 
 
 @dataclass
@@ -39,9 +42,15 @@ def prepare_database(settings: Settings) -> None:
     from migrations.runner import upgrade
 
     settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private = [settings.data_dir]
     if settings.db is None:
         ledger_file = settings.data_dir / "ledger.db"
-        os.close(os.open(ledger_file, os.O_CREAT | os.O_WRONLY, 0o600))  # no-op if it exists
+        os.close(os.open(ledger_file, os.O_CREAT | os.O_RDONLY, 0o600))  # no-op if it exists
+        private.append(ledger_file)
+    for path in private:  # made by an earlier version, or by hand: say so, change nothing
+        mode = path.stat().st_mode & 0o777
+        if os.name == "posix" and mode & 0o077:
+            log.warning("%s is open to other users (mode %o): chmod go-rwx it", path, mode)
     upgrade(settings.db_url)
 
 

@@ -54,24 +54,6 @@ def test_concurrent_misses_share_one_lookup_and_revocation_applies_after_ttl(
         store.close()
 
 
-def test_an_admin_key_is_minted_on_the_first_run_only(fresh_sqlite_url: str) -> None:
-    """Revoking every admin key must not make the next restart print a fresh one to stdout
-    (whoever can restart the service or read its logs would hold it)."""
-    from gateway.boot import first_run_admin_key
-
-    upgrade(fresh_sqlite_url)
-    store = KeyStore.open(fresh_sqlite_url)
-    try:
-        secret = first_run_admin_key(store)
-        assert secret is not None and store.lookup(secret).role == "admin"
-        assert first_run_admin_key(store) is None  # a restart
-        store.revoke(store.lookup(secret).id)
-        assert not store.has_admin(active=True) and store.has_admin(active=False)
-        assert first_run_admin_key(store) is None
-    finally:
-        store.close()
-
-
 def test_a_lookup_in_flight_when_its_key_is_revoked_is_not_cached(fresh_sqlite_url: str) -> None:
     """A lookup that read the key just before the admin API revoked it must not put it back
     in the cache after `forget`, where it would work for another TTL."""

@@ -1,4 +1,5 @@
-"""`callproof keys` and the zero-configuration first run of `callproof serve`, as subprocesses."""
+"""`callproof keys` and the zero-configuration first run of `callproof serve` (as subprocesses),
+and what the first run creates: the admin key, once; a data directory only its owner reads."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import httpx
 import pytest
 
 from callproof.devpg import free_port
+from gateway.apikeys import KeyStore
+from migrations.runner import upgrade
 
 SECRET = re.compile(r"^cp_[0-9a-f]{48}$")
 
@@ -87,3 +90,41 @@ def test_serve_first_run_creates_everything_it_needs(tmp_path: Path) -> None:
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(30)
+
+
+def test_an_admin_key_is_minted_on_the_first_run_only(fresh_sqlite_url: str) -> None:
+    """Revoking every admin key must not make the next restart print a fresh one to stdout
+    (whoever can restart the service or read its logs would hold it)."""
+    from gateway.boot import first_run_admin_key
+
+    upgrade(fresh_sqlite_url)
+    store = KeyStore.open(fresh_sqlite_url)
+    try:
+        secret = first_run_admin_key(store)
+        assert secret is not None and store.lookup(secret).role == "admin"
+        assert first_run_admin_key(store) is None  # a restart
+        store.revoke(store.lookup(secret).id)
+        assert not store.has_admin(active=True) and store.has_admin(active=False)
+        assert first_run_admin_key(store) is None
+    finally:
+        store.close()
+
+
+def test_a_data_directory_open_to_others_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fresh one is 0700 with a 0600 ledger; one an earlier version left open is named in
+    a warning (never silently changed)."""
+    from gateway.boot import prepare_database
+    from gateway.settings import Settings
+
+    fresh = Settings(data_dir=tmp_path / "fresh")
+    prepare_database(fresh)
+    assert (tmp_path / "fresh").stat().st_mode & 0o777 == 0o700
+    assert (tmp_path / "fresh" / "ledger.db").stat().st_mode & 0o777 == 0o600
+    assert not caplog.records
+    old = tmp_path / "old"
+    old.mkdir(mode=0o755)
+    old.chmod(0o755)
+    prepare_database(Settings(data_dir=old))
+    assert f"{old} is open to other users (mode 755)" in caplog.text
