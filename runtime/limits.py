@@ -7,6 +7,7 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 
 from __future__ import annotations
 
+import functools
 import re
 import re._constants as re_constants
 import re._parser as re_parser
@@ -33,8 +34,11 @@ DEFAULT_LIMITS = Limits()
 _PARAM = {"json": "response_format", "tools": "tools", "regex": "regex", "ebnf": "grammar"}
 
 
+@functools.lru_cache(maxsize=4096)
 def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Raise ConstraintTooComplex when the constraint is over a limit."""
+    """Raise ConstraintTooComplex when the constraint is over a limit. Every request checks
+    its constraint and agents resend the same tools, so a constraint that passed is
+    remembered (one that fails raises, which the cache does not keep)."""
     param = _PARAM[constraint.kind]
     if constraint.is_json:
         size = len(constraint.source.encode())
@@ -43,13 +47,14 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
                 f"schema is {size} bytes; max_schema_bytes is {limits.max_schema_bytes}",
                 param=param,
             )
-        depth = schema_depth(constraint.schema())
+        schema = constraint.schema()
+        depth = schema_depth(schema)
         if depth > limits.max_schema_depth:
             raise ConstraintTooComplex(
                 f"schema nests {depth} levels deep; max_schema_depth is {limits.max_schema_depth}",
                 param=param,
             )
-        for pattern in schema_patterns(constraint.schema()):
+        for pattern in schema_patterns(schema):
             check_regex(pattern, limits, param)
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
@@ -134,12 +139,11 @@ def repeated_copies(pattern: str) -> int:
     from Python's own parse, so every spelling counts (``{n}``, ``{m,n}``, ``{,n}``,
     ``{n,}``); an unbounded ``*`` or ``+`` is a loop, not copies. 0 when Python cannot parse
     it (validation says why)."""
-    total = 0
-    for op, argument, copies in _regex_nodes(pattern):
-        if op in _REPEATS:
-            low, high, _ = argument
-            total += copies * max(low if high == re_constants.MAXREPEAT else high, 1)
-    return total
+    return sum(
+        copies * _bound(argument)
+        for op, argument, copies in _regex_nodes(pattern)
+        if op in _REPEATS
+    )
 
 
 def uses_lookaround(constraint: Constraint) -> bool:
@@ -173,10 +177,15 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
             for op, argument in node:
                 yield op, argument, copies
                 if op in _REPEATS:
-                    low, high, body = argument
-                    bound = low if high == re_constants.MAXREPEAT else high
-                    pending.append((body, copies * max(bound, 1)))
+                    pending.append((argument[2], copies * _bound(argument)))
                 else:
                     pending.append((argument, copies))
         elif isinstance(node, list | tuple):
             pending.extend((child, copies) for child in node)
+
+
+def _bound(repeat: tuple[int, int, Any]) -> int:
+    """The copies one repetition (min, max, body) asks for: its upper bound, or its lower
+    one when unbounded (``{5,}`` unrolls 5, then loops); at least 1."""
+    low, high, _ = repeat
+    return max(low if high == re_constants.MAXREPEAT else high, 1)
