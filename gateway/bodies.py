@@ -75,11 +75,9 @@ def decode_body(raw: bytes, model: type[T]) -> T:
 def field_named_in(message: str) -> str | None:
     """The request field a msgspec error is about: 'Object contains unknown field `n2`',
     'Object missing required field `model`', '... - at `$.messages[0].role`'."""
+    where = message.split("at `$.", 1)[1].split("`", 1)[0] if "at `$." in message else None
     for marker in ("unknown field `", "required field `"):
         if marker in message:
             field = message.split(marker, 1)[1].split("`", 1)[0]
-            where = message.split("at `$.", 1)[1].split("`", 1)[0] if "at `$." in message else ""
             return f"{where}.{field}" if where else field
-    if "at `$." in message:
-        return message.split("at `$.", 1)[1].split("`", 1)[0]
-    return None
+    return where

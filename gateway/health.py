@@ -43,4 +43,5 @@ class HealthController(Controller):
 
     @get("/metrics", summary="Prometheus metrics", media_type="text/plain; version=0.0.4")
     async def metrics(self, metrics: NamedDependency[Metrics]) -> Response[bytes]:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")  # + charset
+        # Litestar appends "; charset=utf-8" to text/* media types itself
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")

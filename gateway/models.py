@@ -33,9 +33,9 @@ class ModelsController(Controller):
         completions: NamedDependency[Completions],
         model: FromPath[str],
     ) -> ModelCard:
-        card = _card(completions)
-        if model.lstrip("/") != card.id:
-            raise model_not_served(model.lstrip("/"), card.id)
+        card, requested = _card(completions), model.lstrip("/")
+        if requested != card.id:
+            raise model_not_served(requested, card.id)
         return card
 
 

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING
 
 import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
-from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Schema
+from litestar.openapi.spec import (
+    OpenAPIMediaType,
+    OpenAPIResponse,
+    OpenAPIType,
+    Operation,
+    Schema,
+)
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator
@@ -74,7 +80,7 @@ class ChatOperation(Operation):
 
     def __post_init__(self) -> None:
         ok = (self.responses or {}).get("200")
-        if ok is not None and not isinstance(ok, dict) and hasattr(ok, "content"):
+        if isinstance(ok, OpenAPIResponse):
             ok.content = {
                 **(ok.content or {}),
                 "text/event-stream": OpenAPIMediaType(
