@@ -468,7 +468,7 @@ def verify_bundle(
     finally:
         if contents.receipts is not None:
             contents.receipts.close()
-    if report.ok and not allow_range and not _whole_chain(report):
+    if report.ok and not allow_range and not report.whole_chain:
         return replace(
             report,
             ok=False,
@@ -477,10 +477,6 @@ def verify_bundle(
             " export verifies only when asked for: --range)",
         )
     return report
-
-
-def _whole_chain(report: VerificationReport) -> bool:
-    return report.first_seq == 1 and report.last_seq == report.tree_size
 
 
 def _verify_contents(

@@ -101,6 +101,11 @@ class VerificationReport:
     first_seq: int | None = None  # the seqs checked, first_seq..last_seq of tree_size
     last_seq: int | None = None
 
+    @property
+    def whole_chain(self) -> bool:
+        """Whether the receipts checked are every one the checkpoint signs (seq 1..tree_size)."""
+        return self.first_seq == 1 and self.last_seq == self.tree_size
+
     def to_json_obj(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -172,6 +172,8 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
+    from receipts.chain import VerificationReport
+
     ok = all(r["ok"] for r in reports)
     if as_json:
         print(json.dumps(reports[0] if len(reports) == 1 else {"ok": ok, "chains": reports}))
@@ -180,9 +182,13 @@ def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
         chain = r.get("chain") or "?"
         if r["ok"]:
             size = f", Merkle root at tree size {r['tree_size']}" if r.get("tree_size") else ""
-            span = f" (seq {r['first_seq']}..{r['last_seq']} of tree size {r['tree_size']})"
-            whole = r.get("first_seq") == 1 and r.get("last_seq") == r.get("tree_size")
-            span = "" if whole or not r.get("first_seq") or not r.get("tree_size") else span
+            span = ""
+            if (
+                r.get("first_seq")
+                and r.get("tree_size")
+                and not VerificationReport(**r).whole_chain
+            ):
+                span = f" (seq {r['first_seq']}..{r['last_seq']} of tree size {r['tree_size']})"
             print(f"OK: chain {chain!r}, {r['checked']} receipts verified{span}{size}")
         else:
             where = f"seq {r['first_failure_seq']}" if r["first_failure_seq"] else "bundle"
