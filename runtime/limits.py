@@ -110,7 +110,8 @@ _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSE
 def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "regex") -> None:
     """Reject long patterns, huge counted repetitions and nested quantifiers. The DFA-based
     backends do not backtrack, but counted repetitions and nested stars blow up their
-    automata, and the output is checked again with Python's backtracking ``re``."""
+    automata, and the output is checked again by a backtracking engine (under a deadline:
+    runtime.planning)."""
     if len(pattern) > limits.max_regex_length:
         raise ConstraintTooComplex(
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
