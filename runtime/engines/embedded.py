@@ -194,10 +194,13 @@ class EmbeddedEngine:
     def _check_length(self, prompt: list[int], sampling: Sampling) -> None:
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit and len(prompt) + sampling.max_tokens > limit:
+            # Name what the caller should shorten: the messages when they alone leave no room.
             raise RuntimeInputError(
-                f"{len(prompt)} prompt tokens + max_tokens {sampling.max_tokens} exceed the "
-                f"model's context of {limit} tokens",
-                param="max_tokens",
+                f"this model's maximum context length is {limit} tokens; the request asks for "
+                f"{len(prompt) + sampling.max_tokens} ({len(prompt)} in the messages, "
+                f"{sampling.max_tokens} in the completion): shorten the messages or lower "
+                "max_tokens",
+                param="messages" if len(prompt) >= limit else "max_tokens",
                 code="context_length_exceeded",
             )
 

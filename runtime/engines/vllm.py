@@ -15,7 +15,8 @@ reasoning, the constraint starts when the reasoning region ends.
 Faults fail closed and typed: unreachable, timed out, 5xx, or a server that refuses the
 gateway's own credentials or model name -> EngineUnavailable (the gateway answers 503 and
 writes no receipt); a 400/413/422 about the request itself -> EngineRejected with vLLM's
-message, which the gateway passes on as the matching 4xx.
+message, which the gateway passes on as the matching 4xx, except a prompt over the model's
+context window, which is the same ``context_length_exceeded`` the embedded engine raises.
 
 The HTTP client is aiohttp: measured against a local server that answers at once, it costs
 0.13 ms of CPU per request where httpx costs 0.62 ms, and 0.08 ms against 2.5 ms with 32
@@ -45,13 +46,15 @@ from runtime.engines.base import (
     StreamEvent,
     TextDelta,
 )
-from runtime.errors import EngineError, EngineRejected, EngineUnavailable
+from runtime.errors import EngineError, EngineRejected, EngineUnavailable, RuntimeInputError
 from runtime.thinking import Enforcement
 from runtime.tools import union_calls
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+# How vLLM's prompt length checks (vllm/renderers/params.py) begin their 400 message.
+_CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
 # Structural-tag JSON regions ignore the engine's disable_any_whitespace; without a cap a weak
 # model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
 TAG_MAX_WHITESPACE = 1
@@ -309,8 +312,13 @@ def _unavailable(exc: BaseException) -> EngineUnavailable:
     return EngineUnavailable(f"the vLLM server is unreachable: {exc or type(exc).__name__}")
 
 
-def _status_error(status: int, raw: bytes) -> EngineRejected | EngineUnavailable:
+def _status_error(
+    status: int, raw: bytes
+) -> RuntimeInputError | EngineRejected | EngineUnavailable:
     message = _error_message(raw)
+    if status in CLIENT_FAULT_STATUSES and _CONTEXT_WINDOW_WORDS in message:
+        # vLLM lowers max_tokens to the room left, so only the prompt itself can be too long.
+        return RuntimeInputError(message, param="messages", code="context_length_exceeded")
     if status in CLIENT_FAULT_STATUSES:
         return EngineRejected(status, message)
     return EngineUnavailable(f"the vLLM server answered {status}: {message}")

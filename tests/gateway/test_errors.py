@@ -190,6 +190,27 @@ def test_max_tokens_over_the_limit(gateway: Any) -> None:
     assert err["param"] == "max_tokens"
 
 
+def test_a_prompt_over_the_context_window_is_400_naming_messages(gateway: Any) -> None:
+    """9,000 words of "hello " are 9,000 tokens, over SmolLM2's 8,192 and the test vLLM
+    server's 2,048."""
+    err = sdk_error(gateway, messages=[{"role": "user", "content": "hello " * 9_000}])
+    assert isinstance(err, openai.BadRequestError)
+    assert (err.body["code"], err.body["param"]) == ("context_length_exceeded", "messages")
+    assert "maximum context length is" in err.body["message"]
+
+
+def test_max_tokens_past_the_context_window_is_400_naming_max_tokens(gateway: Any) -> None:
+    if gateway.engine.identity.engine == "vllm":
+        pytest.skip("vLLM lowers max_tokens to the room the prompt leaves")
+    err = sdk_error(
+        gateway,
+        messages=[{"role": "user", "content": "hello " * 8_000}],
+        max_tokens=gateway.settings.max_tokens_limit,
+    )
+    assert (err.body["code"], err.body["param"]) == ("context_length_exceeded", "max_tokens")
+    assert f"{gateway.settings.max_tokens_limit} in the completion" in err.body["message"]
+
+
 def test_malformed_body_names_the_field(gateway: Any) -> None:
     err = error_of(post_chat(gateway, messages=[]), 400)
     assert err["param"] == "messages"
