@@ -76,6 +76,8 @@ def field_named_in(message: str) -> str | None:
     """The request field a msgspec error is about: 'Object contains unknown field `n2`',
     'Object missing required field `model`', '... - at `$.messages[0].role`'."""
     where = message.split("at `$.", 1)[1].split("`", 1)[0] if "at `$." in message else None
+    if where:  # inside a free-form value msgspec writes `[...]` for each key below the field
+        where = where.split("[...]", 1)[0]
     for marker in ("unknown field `", "required field `"):
         if marker in message:
             field = message.split(marker, 1)[1].split("`", 1)[0]

@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
+from runtime.tools import MAX_EXACT_INTEGER
 
 # --- errors ---------------------------------------------------------------------------------
 
@@ -124,7 +125,8 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
-    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None
+    # the receipt records the seed, and RFC 8785 JSON holds integers exactly up to 2**53 - 1
+    seed: Annotated[int, Meta(ge=-MAX_EXACT_INTEGER, le=MAX_EXACT_INTEGER)] | None = None
     stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
     n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] | None = None
     stream: bool = False

@@ -103,6 +103,10 @@ def check_schema(schema: Any, param: str) -> None:
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
     try:
         _check_metaschema(canonical)
+    except _Inexact as exc:  # the manifest binds the schema in RFC 8785 canonical form
+        raise InvalidSchema(
+            f"'{param}' holds a number a receipt cannot record exactly ({exc})", param=param
+        ) from None
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise InvalidSchema(
@@ -678,7 +682,7 @@ def _canonical(schema: dict[str, Any]) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def _check_metaschema(canonical: bytes) -> None:
-    jsonschema.Draft202012Validator.check_schema(json.loads(canonical))
+    jsonschema.Draft202012Validator.check_schema(_load_exact(canonical))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -705,21 +709,57 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") 
     )
 
 
+# I-JSON's exact numbers (RFC 7493 section 2.2), the values a receipt's RFC 8785 canonical
+# form holds without loss: integers within +-(2**53 - 1), finite doubles, no NaN.
+MAX_EXACT_INTEGER = 2**53 - 1
+
+
+class _Inexact(ValueError):
+    """A number in the output that a receipt cannot hold exactly."""
+
+
+def _exact_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > MAX_EXACT_INTEGER:
+        raise _Inexact(f"the integer {text} is outside +-(2**53 - 1)")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _Inexact(f"the number {text} overflows a double")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise _Inexact(f"{name} is not JSON")
+
+
+def _load_exact(text: str | bytes) -> Any:
+    return json.loads(
+        text, parse_int=_exact_int, parse_float=_finite_float, parse_constant=_no_constant
+    )
+
+
 def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
-    """``json.loads`` whose failure is a StructuredOutputInvalid carrying the schema."""
+    """``json.loads`` of model output whose failure is a StructuredOutputInvalid carrying the
+    schema. Numbers a receipt cannot hold exactly (NaN, overflow, integers past 2**53) fail
+    here too: the schema may allow them, the signed receipt could not record them."""
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise StructuredOutputInvalid(
-            f"output is not valid JSON ({exc.msg}, char {exc.pos})",
-            schema=schema,
-            raw_output=text,
-            pointer=pointer,
-        ) from None
+        return _load_exact(text)
+    except _Inexact as exc:
+        why = f"output holds a number a receipt cannot record exactly ({exc})"
+    except json.JSONDecodeError as exc:
+        why = f"output is not valid JSON ({exc.msg}, char {exc.pos})"
+    except RecursionError:
+        why = "output is not JSON this gateway can read (nested too deep)"
+    raise StructuredOutputInvalid(why, schema=schema, raw_output=text, pointer=pointer)
 
 
 __all__ = [
     "CALL_ID_RE",
+    "MAX_EXACT_INTEGER",
     "CallIds",
     "ParsedResponse",
     "ResponseFormat",

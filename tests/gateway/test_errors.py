@@ -6,6 +6,7 @@ the request (so its exception classes are checked too) and through raw HTTP wher
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -266,6 +267,21 @@ def test_a_body_that_is_not_json_is_400(gateway: Any, raw: bytes, says: str) -> 
     assert err["code"] == "invalid_json" and says in err["message"]
 
 
+@pytest.mark.parametrize(
+    ("number", "says"), [("1e400", "out of range"), ("20000000000000001", "2**53")]
+)
+def test_a_number_a_receipt_cannot_hold_names_the_schema(
+    gateway: Any, number: str, says: str
+) -> None:
+    """JSON has no such limits; Python's json and msgspec would pass the number as it is."""
+    parameters = {"type": "object", "properties": {"n": {"maximum": "NUMBER"}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    body = json.dumps({"model": gateway.model, "messages": HELLO, "tools": tools})
+    err = error_of(_post_raw(gateway, body.replace('"NUMBER"', number).encode()), 400)
+    assert err["param"] == "tools[0].function.parameters"
+    assert says in err["message"]
+
+
 def test_a_missing_field_is_named(gateway: Any) -> None:
     err = error_of(_post_raw(gateway, b'{"messages": [{"role": "user", "content": "x"}]}'), 400)
     assert err["param"] == "model" and "missing required field" in err["message"]
@@ -273,7 +289,10 @@ def test_a_missing_field_is_named(gateway: Any) -> None:
     assert err["param"] == "messages[0].role"
 
 
-@pytest.mark.parametrize(("field", "value"), [("temperature", -0.5), ("top_p", 0), ("top_p", 1.5)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("temperature", -0.5), ("top_p", 0), ("top_p", 1.5), ("seed", 2**53), ("seed", -(2**53))],
+)
 def test_out_of_range_sampling_is_400(gateway: Any, field: str, value: float) -> None:
     assert error_of(post_chat(gateway, **{field: value}), 400)["param"] == field
 

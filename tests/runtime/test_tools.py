@@ -15,6 +15,7 @@ from runtime.tools import (
     CALL_ID_RE,
     CallIds,
     ToolCall,
+    check_schema,
     closed_schema,
     new_call_id,
     parse_envelope,
@@ -400,6 +401,36 @@ def test_union_violations_are_caught_by_the_bound_schema() -> None:
     named = union_schema(SPECS, {"type": "function", "function": {"name": "book_room"}})
     with pytest.raises(StructuredOutputInvalid):
         parse_envelope(json.dumps(WEATHER_CALL), SPECS, schema=named)
+
+
+COUNTER = parse_tools_field([function_tool("count", {"type": "object", "properties": {"n": {}}})])
+
+
+@pytest.mark.parametrize("number", ["9007199254740992", "-1e400", "NaN", "-Infinity"])
+def test_numbers_a_receipt_cannot_hold_exactly_fail_the_parse(number: str) -> None:
+    """The schema allows any number; the receipt's canonical JSON (RFC 8785) does not."""
+    raw = f'{{"tool": "count", "arguments": {{"n": {number}}}}}'
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_envelope(raw, COUNTER)
+    assert "cannot record exactly" in err.value.message
+    assert number.lstrip("-") in err.value.message
+    assert err.value.status == 422
+
+
+def test_a_schema_holding_an_inexact_integer_is_refused() -> None:
+    """The manifest binds the schema as RFC 8785 JSON, exact only within +-(2**53 - 1)."""
+    with pytest.raises(InvalidSchema) as err:
+        check_schema({"type": "integer", "maximum": 2**53}, "tools[0].function.parameters")
+    assert "9007199254740992" in err.value.message
+    assert err.value.param == "tools[0].function.parameters"
+    check_schema({"type": "integer", "maximum": 2**53 - 1}, "tools[0].function.parameters")
+
+
+@pytest.mark.parametrize("number", ["9007199254740991", "-9007199254740991", "1.5e300", "-0.0"])
+def test_numbers_at_the_exact_range_edges_parse(number: str) -> None:
+    raw = f'{{"tool": "count", "arguments": {{"n": {number}}}}}'
+    (call,) = parse_envelope(raw, COUNTER).tool_calls
+    assert call.arguments["n"] == float(number)
 
 
 @pytest.mark.parametrize("raw", ['{"tool": "get_weather", "argum', "", "[]", '{"other": 1}'])
