@@ -72,6 +72,12 @@ def decode_body(raw: bytes, model: type[T]) -> T:
         ) from None
 
 
+def decode_as_sent(raw: bytes) -> dict[str, Any]:
+    """A body `decode_body` accepted, as plain JSON: members in the client's order, unknown
+    nested members kept, no defaults filled in (what a receipt's request digests cover)."""
+    return msgspec.json.decode(raw)  # type: ignore[no-any-return]
+
+
 def field_named_in(message: str) -> str | None:
     """The request field a msgspec error is about: 'Object contains unknown field `n2`',
     'Object missing required field `model`', '... - at `$.messages[0].role`'."""

@@ -12,7 +12,7 @@ from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
-from gateway.bodies import StrictBody
+from gateway.bodies import StrictBody, decode_as_sent
 from gateway.completion import Completions, receipt_ref, usage_of
 from gateway.disconnect import unless_client_leaves
 from gateway.errors import documented
@@ -60,7 +60,7 @@ class ChatController(Controller):
         completions: NamedDependency[Completions],
     ) -> Response[ChatCompletion]:
         model = completions.engine.identity.model
-        prepared = completions.prepare(data)
+        prepared = completions.prepare(data, sent=decode_as_sent(await request.body()))
         completion_id = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         if prepared.stream:

@@ -23,10 +23,11 @@ from gateway.metrics import Metrics
 from gateway.recording import draft_for, manifest_for, request_record
 from gateway.schemas import ChatCompletionRequest, ReceiptRef, Usage, to_plain
 from gateway.settings import Settings
+from receipts.errors import CanonicalizationError
 from receipts.ledger import Ledger
 from receipts.record import Receipt
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
-from runtime.errors import StructuredOutputInvalid, UnsupportedParameter
+from runtime.errors import RuntimeInputError, StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.tools import ParsedResponse
@@ -48,7 +49,8 @@ _NEUTRAL: dict[str, Any] = {
 class PreparedChat:
     """A request that passed every check that does not need the model."""
 
-    body: dict[str, Any]  # the JSON the client sent (unset parameters absent)
+    body: dict[str, Any]  # the request as the gateway read it (unset parameters absent)
+    request_record: dict[str, Any]  # the receipt's digests of the request as the client sent it
     plan: Plan
     sampling: Sampling
     stream: bool
@@ -60,9 +62,12 @@ def prepare(
     settings: Settings,
     served_model: str,
     *,
+    sent: dict[str, Any] | None = None,
     sampling: Sampling | None = None,
 ) -> PreparedChat:
-    """Validate, plan and limit-check; `sampling` overrides the request's (replay)."""
+    """Validate, plan and limit-check. `sent` is the body exactly as the client sent it, which
+    the receipt's digests cover (default: the request itself); `sampling` overrides the
+    request's (replay)."""
     for name, neutral in _NEUTRAL.items():
         value = getattr(request, name)
         if value is not None and value != neutral:
@@ -96,8 +101,15 @@ def prepare(
     )
     if plan.constraint is not None:
         check_constraint(plan.constraint, limits)
+    try:
+        digests = request_record(
+            body if sent is None else sent, retain_payload=settings.retain_payloads
+        )
+    except CanonicalizationError as exc:
+        raise RuntimeInputError(f"the request cannot be recorded exactly: {exc}") from None
     return PreparedChat(
         body=body,
+        request_record=digests,
         plan=plan,
         sampling=sampling or _sampling(request, settings),
         stream=request.stream,
@@ -136,10 +148,16 @@ class Completions:
         self.metrics = metrics
 
     def prepare(
-        self, request: ChatCompletionRequest, sampling: Sampling | None = None
+        self,
+        request: ChatCompletionRequest,
+        *,
+        sent: dict[str, Any] | None = None,
+        sampling: Sampling | None = None,
     ) -> PreparedChat:
         """`prepare` for this gateway's settings and served model."""
-        return prepare(request, self.settings, self.engine.identity.model, sampling=sampling)
+        return prepare(
+            request, self.settings, self.engine.identity.model, sent=sent, sampling=sampling
+        )
 
     async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
         plan = prepared.plan
@@ -171,7 +189,7 @@ class Completions:
             manifest=manifest_for(
                 plan, self.engine.identity, prepared.sampling, generation.backend
             ),
-            request=request_record(prepared.body, retain_payload=self.settings.retain_payloads),
+            request=prepared.request_record,
             generation=generation,
             parsed=parsed,
             links=await self._links(tenant, plan.tool_call_ids_answered),

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from receipts.canonical import hash_json, sha256_hex
 from receipts.manifest import build_manifest, schema_hash
 from receipts.record import ReceiptDraft
@@ -18,16 +20,29 @@ from runtime.planning import Plan
 from runtime.tools import ParsedResponse
 
 
-def request_record(body: dict[str, Any], *, retain_payload: bool) -> dict[str, Any]:
-    """Digests of the request as the client sent it (`body`: the decoded JSON, no defaults)."""
-    params = {k: v for k, v in body.items() if k != "messages"}
+def request_record(sent: dict[str, Any], *, retain_payload: bool) -> dict[str, Any]:
+    """Digests of the request exactly as the client sent it (`sent`: its JSON body decoded
+    as it is, with no defaults filled in and unknown nested members kept).
+
+    Raises CanonicalizationError when the body holds a number RFC 8785 cannot hash exactly.
+    """
+    params = {k: v for k, v in sent.items() if k != "messages"}
     record: dict[str, Any] = {
-        "messages_sha256": hash_json(body["messages"]),
+        "messages_sha256": hash_json(sent["messages"]),
         "params_sha256": hash_json(params),
     }
     if retain_payload:
-        record["payload"] = {"messages": body["messages"], "params": params}
+        # JSON text, not objects: a receipt is canonical JSON, which sorts object members, and
+        # the order of a schema's properties is part of the prompt that replay sends again.
+        record["payload"] = {
+            "messages": _json_text(sent["messages"]),
+            "params": _json_text(params),
+        }
     return record
+
+
+def _json_text(value: Any) -> str:
+    return msgspec.json.encode(value).decode()
 
 
 def manifest_for(

@@ -46,10 +46,16 @@ def recorded_request(receipt: Receipt, served_model: str) -> ChatCompletionReque
             "off when it was recorded), so there is nothing to replay",
             code="payload_not_retained",
         )
-    body = {**payload["params"], "messages": payload["messages"]}
+    body = {**_value(payload["params"]), "messages": _value(payload["messages"])}
     body.update(model=served_model, stream=False)
     body.pop("stream_options", None)
     return msgspec.convert(body, ChatCompletionRequest)
+
+
+def _value(recorded: Any) -> Any:
+    """A payload part: JSON text in the client's member order (receipts recorded before
+    2026-11-22 hold the value itself, its members sorted)."""
+    return msgspec.json.decode(recorded) if isinstance(recorded, str) else recorded
 
 
 def recorded_sampling(manifest: dict[str, Any]) -> Sampling:

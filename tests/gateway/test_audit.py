@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -230,3 +231,51 @@ def test_replay_needs_the_retained_payload(gateway: Any, audited: dict[str, Any]
         refused = client.post(f"/audit/replay/{receipt_id}", json={})
     assert refused.status_code == 409
     assert refused.json()["error"]["code"] == "payload_not_retained"
+
+
+def test_the_receipt_digests_the_request_exactly_as_sent(gateway: Any) -> None:
+    """What an auditor holding the agent's transcript can recompute: members the gateway does
+    not read (the SDK's `parsed`), explicit nulls and the client's member order included."""
+    sent = {
+        "model": gateway.model,
+        "messages": [
+            {"role": "user", "content": "Wake me at 7."},
+            {"content": None, "refusal": None, "role": "assistant", "parsed": None},
+            {"role": "user", "content": "Please."},
+        ],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 40,
+        "user": None,
+    }
+    with gateway.http("agent") as client:
+        response = client.post("/v1/chat/completions", json=sent)
+    assert response.status_code == 200, response.text
+    request = gateway.ledger.get(gateway.tenant, response.json()["receipt"]["id"]).request
+    params = {k: v for k, v in sent.items() if k != "messages"}
+    assert request["messages_sha256"] == hash_json(sent["messages"])
+    assert request["params_sha256"] == hash_json(params)
+    assert json.loads(request["payload"]["params"]) == params
+    assert list(json.loads(request["payload"]["params"])) == list(params)  # the client's order
+
+
+def test_replay_sends_the_schema_in_the_clients_property_order(gateway: Any) -> None:
+    """Property order is part of the prompt and of the grammar: "zone" is decoded first."""
+    schema = {
+        "type": "object",
+        "properties": {"zone": {"enum": ["north", "south"]}, "hour": {"enum": [6, 7, 8]}},
+        "required": ["zone", "hour"],
+        "additionalProperties": False,
+    }
+    completion = gateway.openai().chat.completions.create(
+        model=gateway.model,
+        temperature=0,
+        messages=[{"role": "user", "content": "Wake me at 7 in the north."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "alarm", "schema": schema}},
+    )
+    assert completion.choices[0].message.content.startswith('{"zone"')
+    with gateway.http("auditor") as client:
+        report = client.post(f"/audit/replay/{completion.model_extra['receipt']['id']}", json={})
+    assert report.status_code == 200, report.text
+    assert report.json()["match"] is True, report.json()["diff"]
