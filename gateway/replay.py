@@ -19,6 +19,7 @@ from gateway.schemas import ChatCompletionRequest, ReplayReport
 from receipts.manifest import schema_hash
 from receipts.record import Receipt
 from runtime.engines.base import EngineIdentity, Sampling
+from runtime.errors import StructuredOutputInvalid
 
 _FREE_TEXT_BACKEND = "none"  # no constraint was enforced: any backend replays it
 
@@ -93,14 +94,21 @@ async def replay(
         )
     request = recorded_request(receipt, identity.model)
     prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
-    generation, parsed = await completions.generate(prepared)
     recorded = _comparable(receipt.output, receipt.finish_reason)
-    replayed = _comparable(output_record(parsed), finish_reason(parsed, generation))
-    diff = [
-        f"{field}: recorded {recorded[field]!r}, replayed {replayed[field]!r}"
-        for field in recorded
-        if recorded[field] != replayed[field]
-    ]
+    try:
+        generation, parsed = await completions.generate(prepared)
+    except StructuredOutputInvalid as exc:
+        # The recorded output was valid; a replayed one that is not is a mismatch to report,
+        # not a fault in the auditor's request.
+        replayed: dict[str, Any] = {"error": exc.message}
+        diff = [f"output: recorded a valid {recorded['kind']!r} output, replayed none: {exc}"]
+    else:
+        replayed = _comparable(output_record(parsed), finish_reason(parsed, generation))
+        diff = [
+            f"{field}: recorded {recorded[field]!r}, replayed {replayed[field]!r}"
+            for field in recorded
+            if recorded[field] != replayed[field]
+        ]
     bound = receipt.manifest["schema_hash"]
     current = schema_hash(prepared.plan.schema) if prepared.plan.schema is not None else None
     if bound != current:

@@ -281,9 +281,9 @@ class ReplayReport(Struct):
     match: bool
     forced: bool
     differences: list[str]  # manifest fields that differ from the current engine (forced runs)
-    recorded: dict[str, Any]
-    replayed: dict[str, Any]
-    diff: list[str]
+    recorded: dict[str, Any]  # kind, tool_calls, content_sha256, finish_reason
+    replayed: dict[str, Any]  # the same fields, or {"error": ...} when no valid output came
+    diff: list[str]  # where the replayed output differs from the recorded one; empty: match
 
 
 class Readiness(Struct):

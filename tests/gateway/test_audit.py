@@ -279,3 +279,19 @@ def test_replay_sends_the_schema_in_the_clients_property_order(gateway: Any) -> 
         report = client.post(f"/audit/replay/{completion.model_extra['receipt']['id']}", json={})
     assert report.status_code == 200, report.text
     assert report.json()["match"] is True, report.json()["diff"]
+
+
+def test_a_replay_without_valid_output_is_a_mismatch_not_an_error(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    sampling = {**original.manifest["sampling"], "max_tokens": 2}
+    cut = _recorded_elsewhere(
+        gateway, original.id, manifest={**original.manifest, "sampling": sampling}
+    )
+    with gateway.http("auditor") as client:
+        response = client.post(f"/audit/replay/{cut}", json={})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["match"] is False and "max_tokens=2 ran out" in report["replayed"]["error"]
+    assert report["diff"][0].startswith("output: recorded a valid 'tool_calls' output")
