@@ -46,7 +46,7 @@ from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, Veri
 from receipts.manifest import is_hex64
 from receipts.merkle import leaf_hash
 from receipts.record import GENESIS_PREV_HASH, KEY_ID, Receipt
-from receipts.signing import KeyRing, key_id_for, load_public_key_pem
+from receipts.signing import KeyRing
 
 BUNDLE_FORMAT = "callproof-bundle"
 BUNDLE_VERSION = 1
@@ -302,39 +302,54 @@ def _bundle_keys(contents: _Contents) -> list[dict[str, Any]]:
         raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
 
 
-def split_pems(pem: str | bytes) -> list[str]:
-    """Every PEM public key block in `pem` (a pinned-keys file may list several)."""
-    text = pem.decode("ascii") if isinstance(pem, bytes) else pem
+def pinned_keys(pinned: str | bytes) -> tuple[KeyRing, bool]:
+    """The keys a verifier pins, and whether they come with seq ranges.
+
+    Either PEM public keys (one or more blocks; no ranges, so each key is trusted for every
+    seq) or the JSON list `GET /audit/keys` returns, each key with the seq ranges it signed,
+    which are then enforced: a retired key cannot sign past its range."""
+    text = pinned.decode("utf-8", errors="replace") if isinstance(pinned, bytes) else pinned
+    if text.lstrip().startswith("["):
+        try:
+            return KeyRing.from_public_keys(json.loads(text)), True
+        except (ValueError, ReceiptsError) as exc:
+            raise BundleError(f"--public-key is not the JSON of GET /audit/keys: {exc}") from None
     blocks = re.findall(r"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
     if not blocks:
-        raise BundleError("--public-key holds no PEM public key")
-    return blocks
+        raise BundleError(
+            "--public-key holds no PEM public key (nor the JSON list of GET /audit/keys)"
+        )
+    ring = KeyRing()
+    for block in blocks:
+        ring.add_pem(block)
+    return ring, False
 
 
 def trusted_keys(
-    bundle_keys: list[dict[str, Any]], public_key_pem: str | bytes | None
+    bundle_keys: list[dict[str, Any]], pinned: str | bytes | None
 ) -> tuple[KeyRing, str]:
     """The key ring the verifier trusts and a note saying on what authority.
 
-    Unpinned, the bundle's own keys are trusted: that proves the bundle is intact and
-    self-consistent, not who made it. Pinned, only the given keys are trusted; the bundle's
-    seq ranges still apply to them (ranges can only narrow what a key may sign)."""
-    try:
-        bundle_ring = KeyRing.from_public_keys(bundle_keys)
-    except ReceiptsError as exc:
-        raise VerificationError(f"bundle keys: {exc}") from exc
-    if public_key_pem is None:
+    Unpinned, the bundle's own keys and ranges are trusted: that proves the bundle is intact
+    and self-consistent, not who made it. Pinned, only the pinned keys are trusted, with the
+    pinned ranges if any: the bundle's keys.json is not signed, so its ranges prove nothing."""
+    if pinned is None:
+        try:
+            bundle_ring = KeyRing.from_public_keys(bundle_keys)
+        except ReceiptsError as exc:
+            raise VerificationError(f"bundle keys: {exc}") from exc
         return bundle_ring, (
             "trusted the bundle's own keys: this proves integrity, not origin;"
-            " pin the operator's key with --public-key"
+            " pin the operator's keys with --public-key"
         )
-    listed = {e["key_id"]: e["ranges"] for e in bundle_keys}
-    pinned_entries = []
-    for block in split_pems(public_key_pem):
-        key_id = key_id_for(load_public_key_pem(block))
-        pinned_entries.append({"public_key_pem": block, "ranges": listed.get(key_id, [])})
-    pinned = KeyRing.from_public_keys(pinned_entries)
-    return pinned, f"trusted only the pinned key(s): {', '.join(pinned.key_ids())}"
+    ring, with_ranges = pinned_keys(pinned)
+    note = f"trusted only the pinned key(s): {', '.join(ring.key_ids())}"
+    if with_ranges:
+        return ring, note + ", each within its pinned seq ranges"
+    return ring, note + (
+        "; a PEM file pins no seq ranges, so each key is trusted for every seq"
+        " (pin the JSON of GET /audit/keys to hold retired keys to their ranges)"
+    )
 
 
 # ------------------------------------------------------------------ per-receipt checks
@@ -527,10 +542,15 @@ def _verify_contents(
             first_failure_seq=exc.seq,
             reason=exc.reason,
             chain=linker.chain,
+            notes=(trust,),
         )
     if file_problem:
         return VerificationReport(
-            ok=False, checked=linker.checked, reason=file_problem, chain=linker.chain
+            ok=False,
+            checked=linker.checked,
+            reason=file_problem,
+            chain=linker.chain,
+            notes=(trust,),
         )
     if linker.checked != total:
         return VerificationReport(
@@ -538,6 +558,7 @@ def _verify_contents(
             checked=linker.checked,
             reason=f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}",
             chain=linker.chain,
+            notes=(trust,),
         )
     return replace(linker.report(), notes=(trust,))
 

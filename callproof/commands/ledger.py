@@ -79,8 +79,11 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--public-key",
         type=Path,
-        metavar="PEM",
-        help="trust only the public key(s) in this PEM file",
+        metavar="FILE",
+        help=(
+            "trust only these keys: PEM public key(s), or the JSON saved from GET /audit/keys,"
+            " whose seq ranges then hold retired keys to the receipts they signed"
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print one JSON report")
 
@@ -132,16 +135,13 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 def _verify_db(args: argparse.Namespace) -> int:
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
-    from receipts.signing import KeyRing
 
     try:
         keyring = None
         if args.public_key:
-            from receipts.bundle import split_pems
+            from receipts.bundle import pinned_keys
 
-            keyring = KeyRing()
-            for block in split_pems(args.public_key.read_bytes()):
-                keyring.add_pem(block)
+            keyring, _ = pinned_keys(args.public_key.read_bytes())
         checkpoint = json.loads(args.checkpoint.read_text()) if args.checkpoint else None
         with Ledger.open(args.db, None) as ledger:
             tenants = [args.tenant] if args.tenant else ledger.chains()

@@ -19,7 +19,7 @@ from receipts.chain import entry_hash_of, seal
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError
 from receipts.merkle import MerkleTree
-from receipts.record import BODY_FIELDS, Receipt
+from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt
 from receipts.signing import Signer
 
 N = 30
@@ -366,3 +366,37 @@ def test_a_bundle_unpacked_and_packed_again_still_verifies(
     repacked = tmp_path / "repacked.tar.gz"
     subprocess.run(["tar", "czf", str(repacked), "-C", str(unpacked), "."], check=True)
     assert verify_bundle(repacked, signer.public_key_pem()).ok
+
+
+def test_pinned_ranges_hold_a_leaked_retired_key_to_the_receipts_it_signed(
+    tmp_path: Path,
+) -> None:
+    """Keys.json is not signed: a thief of the retired key can widen its range there. The
+    ranges saved from GET /audit/keys before the leak are what hold it back."""
+    old, new = Signer.generate(), Signer.generate()
+    chain, prev = [], GENESIS_PREV_HASH
+    for seq in range(1, 12):  # old signs 1..5, new 6..10, the thief (old) appends 11
+        signer = new if 6 <= seq <= 10 else old
+        chain.append(seal(draft(city=f"City {seq}"), seq=seq, prev_hash=prev, signer=signer))
+        prev = chain[-1].entry_hash
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    claimed = keys_of(old, new)  # both "current": the thief's keys.json
+    path = tmp_path / "forged.tar.gz"
+    write_bundle(
+        path,
+        [r.to_json_obj() for r in chain],
+        SCHEMAS,
+        claimed,
+        make_checkpoint("acme", len(chain), tree.root().hex(), old),
+        prev_entry_hash="0" * 64,
+        proofs={"left": [], "right": []},
+    )
+    saved = keys_of(old, new)  # what GET /audit/keys said after the rotation
+    saved[0]["ranges"][0]["last_seq"] = 5
+    saved[1]["ranges"][0]["first_seq"] = 6
+
+    report = verify_bundle(path, json.dumps(saved))
+    assert not report.ok and report.first_failure_seq == 11, report
+    assert "each within its pinned seq ranges" in report.notes[0]
+    with_pems = verify_bundle(path, old.public_key_pem() + new.public_key_pem())
+    assert with_pems.ok and "pins no seq ranges" in with_pems.notes[0]
