@@ -58,7 +58,7 @@ MEMBER = re.compile(
     r"|keys/ed25519_[0-9a-f]{32}\.pem|schemas/[0-9a-f]{64}\.json"
 )
 DIRECTORIES = frozenset({"", ".", "keys", "schemas"})
-MAX_SMALL_FILE = 64 << 20  # metadata and schemas are small; refuse a decompression bomb
+MAX_SMALL_FILE = 64 << 20  # metadata, schemas and receipt lines are small: refuse a bomb
 BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker process
 PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
 
@@ -264,6 +264,8 @@ def _json(contents: _Contents, name: str) -> Any:
         return json.loads(contents.small[name])
     except ValueError as exc:
         raise VerificationError(f"{name} is not JSON: {exc}") from exc
+    except RecursionError:
+        raise VerificationError(f"{name} nests deeper than any file of a bundle") from None
 
 
 class _Proofs(NamedTuple):
@@ -391,6 +393,9 @@ class LineChecker:
             except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
                 problem = f"malformed receipt: {exc}"
                 break
+            except RecursionError:
+                problem = "malformed receipt: it nests deeper than any receipt does"
+                break
             if spelled != line:
                 # JSON readers disagree on duplicate keys (Python keeps the last, others the
                 # first): only the one spelling the writer uses leaves nothing to interpret.
@@ -437,6 +442,11 @@ def _blocks(source: IO[bytes]) -> Iterator[bytes]:
         cut = data.rfind(b"\n") + 1  # only the new data is searched: linear in the file
         if not cut:
             partial.append(data)
+            if len(partial) * BLOCK > MAX_SMALL_FILE:  # a bomb, not a receipt: memory bound
+                raise VerificationError(
+                    f"a line of {RECEIPTS} runs past {MAX_SMALL_FILE >> 20} MiB; no receipt is"
+                    " that long"
+                )
             continue
         yield b"".join([*partial, data[:cut]])
         partial = [data[cut:]]

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
-from receipts.bundle import MANIFEST, RECEIPTS, key_file, verify_bundle, write_bundle
+from receipts.bundle import (
+    MANIFEST,
+    MAX_SMALL_FILE,
+    RECEIPTS,
+    key_file,
+    verify_bundle,
+    write_bundle,
+)
 from receipts.canonical import canonical_json
 from receipts.chain import entry_hash_of, seal
 from receipts.checkpoint import make_checkpoint
@@ -400,3 +407,19 @@ def test_pinned_ranges_hold_a_leaked_retired_key_to_the_receipts_it_signed(
     assert "each within its pinned seq ranges" in report.notes[0]
     with_pems = verify_bundle(path, old.public_key_pem() + new.public_key_pem())
     assert with_pems.ok and "pins no seq ranges" in with_pems.notes[0]
+
+
+@pytest.mark.parametrize("name", [RECEIPTS, "checkpoint.json"])
+def test_a_file_nested_past_the_json_readers_depth_fails_cleanly(bundle: Path, name: str) -> None:
+    deep = rewrite(bundle, {**read(bundle), name: b"[" * 200_000 + b"]" * 200_000 + b"\n"})
+    report = verify_bundle(deep)
+    assert not report.ok and "nests deeper" in report.reason
+
+
+def test_a_receipt_line_past_any_plausible_size_fails_without_reading_it_whole(
+    bundle: Path, tmp_path: Path
+) -> None:
+    files = read(bundle)
+    files[RECEIPTS] = files[RECEIPTS] + b"x" * (MAX_SMALL_FILE + (2 << 20)) + b"\n"
+    report = verify_bundle(rewrite(bundle, files))
+    assert not report.ok and "no receipt is that long" in report.reason
