@@ -24,6 +24,7 @@ from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
 from gateway.errors import APIError, documented
+from gateway.query import refuse_unknown_query
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts.chain import VerificationReport
@@ -63,6 +64,7 @@ class AuditController(Controller):
     path = "/audit"
     tags = ["audit"]
     dependencies = {"principal": Provide(require_role("auditor"))}
+    before_request = refuse_unknown_query
     security = BEARER
 
     @get(

@@ -295,3 +295,30 @@ def test_a_replay_without_valid_output_is_a_mismatch_not_an_error(
     report = response.json()
     assert report["match"] is False and "max_tokens=2 ran out" in report["replayed"]["error"]
     assert report["diff"][0].startswith("output: recorded a valid 'tool_calls' output")
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "param"),
+    [
+        ("/audit/receipts", "tool=set_alarm", "tool"),  # tool_name mistyped
+        ("/audit/receipts", "tool_name=a&tool_name=b", "tool_name"),
+        ("/audit/export", "from=3", "from"),
+        ("/audit/keys", "tenant=globex", "tenant"),
+    ],
+)
+def test_a_query_parameter_the_route_does_not_take_or_given_twice_is_400(
+    gateway: Any, path: str, query: str, param: str
+) -> None:
+    """Not silently dropped: a mistyped filter would read as "everything matched"."""
+    with gateway.http("auditor") as client:
+        response = client.get(f"{path}?{query}")
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    with gateway.http("auditor") as client:
+        assert client.get("/audit/receipts?tool_name=set_alarm&limit=5").status_code == 200
+
+
+def test_admin_routes_refuse_unknown_query_parameters_too(gateway: Any) -> None:
+    with gateway.http("admin") as client:
+        response = client.get("/admin/keys?role=agent")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "role"
