@@ -31,9 +31,9 @@ def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> 
         for name in ("model", "weights_digest")
         if manifest[name] != getattr(identity, name)
     ]
-    if manifest["backend"] not in (_FREE_TEXT_BACKEND, identity.backend):
+    if manifest["backend"] not in (_FREE_TEXT_BACKEND, *identity.backends):
         differences.append(
-            f"backend: recorded {manifest['backend']!r}, current {identity.backend!r}"
+            f"backend: recorded {manifest['backend']!r}, current {' then '.join(identity.backends)}"
         )
     return differences
 

@@ -56,7 +56,12 @@ class EngineIdentity:
     weights_digest: str | None
     tokenizer_digest: str | None
     engine: str  # "embedded" | "vllm"
-    backend: str  # grammar backend that enforces constraints, e.g. "llguidance"
+    backends: tuple[str, ...]  # grammar backends that may enforce a constraint, in the order tried
+
+    @property
+    def backend(self) -> str:
+        """The first choice: what enforces every constraint it can compile."""
+        return self.backends[0]
 
 
 @dataclass(frozen=True)

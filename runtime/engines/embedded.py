@@ -128,7 +128,7 @@ class EmbeddedEngine:
             weights_digest=digests.weights,
             tokenizer_digest=digests.tokenizer,
             engine="embedded",
-            backend=chain.names[0],
+            backends=tuple(chain.names),
         )
         return cls(model, tokenizer, identity, GrammarCache(chain))
 

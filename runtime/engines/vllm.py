@@ -96,7 +96,7 @@ class VllmEngine:
             weights_digest=weights_digest,
             tokenizer_digest=tokenizer_digest,
             engine="vllm",
-            backend=backend,
+            backends=(backend,),
         )
         self.think_budget = think_budget
         self._base_url = base_url.rstrip("/")

@@ -322,3 +322,19 @@ def test_admin_routes_refuse_unknown_query_parameters_too(gateway: Any) -> None:
     with gateway.http("admin") as client:
         response = client.get("/admin/keys?role=agent")
     assert response.status_code == 400 and response.json()["error"]["param"] == "role"
+
+
+def test_replay_takes_a_receipt_a_fallback_backend_enforced(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """The embedded engine tries its backends in order; the one that compiled is recorded."""
+    backends = gateway.engine.identity.backends
+    if len(backends) < 2:
+        pytest.skip(f"this engine enforces with {backends[0]} alone")
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    manifest = {**original.manifest, "backend": backends[-1]}
+    fallback = _recorded_elsewhere(gateway, original.id, manifest=manifest)
+    with gateway.http("auditor") as client:
+        response = client.post(f"/audit/replay/{fallback}", json={})
+    assert response.status_code == 200, response.text
+    assert response.json()["differences"] == []
