@@ -223,14 +223,22 @@ class AuditController(Controller):
         data: JSONBody[VerifyRequest | None] = None,
     ) -> dict[str, Any]:
         data = data or VerifyRequest()
-        if await _chain_is_empty(ledger, principal.tenant):
+        head = await _read(ledger.last_seq, principal.tenant)
+        if head == 0:
             return VerificationReport(ok=True, checked=0, chain=principal.tenant).to_json_obj()
         for name in ("from_seq", "to_seq"):  # a range must lie inside the chain
             seq = getattr(data, name)
-            if seq is not None and await _read(ledger.get_by_seq, principal.tenant, seq) is None:
-                raise APIError(400, f"{name} {seq} is beyond this chain's head", param=name)
+            if seq is not None and seq > head:
+                raise APIError(
+                    400,
+                    f"{name} {seq} is beyond this chain's head (seq {head})",
+                    code="invalid_value",
+                    param=name,
+                )
         if data.from_seq and data.to_seq and data.from_seq > data.to_seq:
-            raise APIError(400, "from_seq must not be after to_seq", param="from_seq")
+            raise APIError(
+                400, "from_seq must not be after to_seq", code="invalid_value", param="from_seq"
+            )
         report = await _read(ledger.verify, principal.tenant, data.from_seq, data.to_seq)
         return report.to_json_obj()
 

@@ -594,6 +594,13 @@ class Ledger:
         with self._reading() as conn:
             return queries.public_keys(conn, tenant)
 
+    def last_seq(self, tenant: str) -> int:
+        """How far the chain reaches (0: no chain yet): its head row's seq, or a higher stored
+        receipt's. Deleting a receipt moves neither, so a range check on this cannot hide one."""
+        with self._reading() as conn:
+            head = queries.chain_head(conn, tenant)
+            return max(head.head_seq if head else 0, queries.last_seq(conn, tenant))
+
     def latest_checkpoint(self, tenant: str) -> dict[str, Any] | None:
         with self._reading() as conn:
             return queries.latest_checkpoint(conn, tenant)

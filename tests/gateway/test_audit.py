@@ -8,9 +8,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import sqlalchemy as sa
+from conftest import gateway_settings
 
+from gateway.app import create_app
+from migrations.runner import upgrade
 from receipts.canonical import hash_json
+from receipts.ledger import Ledger
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import ReceiptDraft
 from receipts.signing import KeyRing
@@ -338,3 +344,45 @@ def test_replay_takes_a_receipt_a_fallback_backend_enforced(
         response = client.post(f"/audit/replay/{fallback}", json={})
     assert response.status_code == 200, response.text
     assert response.json()["differences"] == []
+
+
+def test_verify_reports_a_deleted_receipt_instead_of_refusing_the_range(
+    gateway: Any, audited: dict[str, Any], server_loop: Any, tmp_path: Path
+) -> None:
+    """A range check on which rows exist answered 400 to `from_seq` = the deleted seq."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    copy = {
+        name: getattr(original, name)
+        for name in (
+            "tenant",
+            "manifest",
+            "request",
+            "output",
+            "finish_reason",
+            "usage",
+            "validation",
+        )
+    }
+    schema = gateway.ledger.schema(original.manifest["schema_hash"])
+    with Ledger.open(url, gateway.signer) as ledger:
+        for _ in range(3):
+            calls = [{**c, "id": new_call_id()} for c in original.tool_calls]
+            output = {**original.output, "tool_calls": calls}
+            ledger.append(ReceiptDraft(**{**copy, "output": output}, schema=schema, links=[]))
+        with sa.create_engine(url).begin() as conn:  # an attacker: append-only triggers off
+            triggers = conn.execute(sa.text("SELECT name FROM sqlite_master WHERE type='trigger'"))
+            for name in triggers.scalars().all():
+                conn.execute(sa.text(f'DROP TRIGGER "{name}"'))
+            conn.execute(sa.text("DELETE FROM receipts WHERE seq = 2"))
+        app = create_app(gateway_settings(tmp_path, url), gateway.engine, ledger, gateway.keys)
+        base, stop = server_loop.serve(app)
+        try:
+            headers = {"Authorization": f"Bearer {gateway.secrets['auditor']}"}
+            response = httpx.post(f"{base}/audit/verify", json={"from_seq": 2}, headers=headers)
+        finally:
+            stop()
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["ok"] is False and report["first_failure_seq"] == 2, report
