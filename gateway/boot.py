@@ -55,8 +55,12 @@ def prepare_database(settings: Settings) -> None:
 
 
 def load_signer(settings: Settings) -> Signer:
-    """CALLPROOF_SIGNING_KEY (PEM text) when set, else the key file, generated on first run."""
-    return signer_from_env() or load_or_create_signer(settings.signing_key_path)
+    """CALLPROOF_SIGNING_KEY (PEM text) when set, else the key file. Only the default file
+    is generated on first run: a key file named in the settings that is missing (a secret
+    mount that failed) must stop the gateway, not give it a new signing identity."""
+    return signer_from_env() or load_or_create_signer(
+        settings.signing_key_path, create=settings.signing_key_file is None
+    )
 
 
 def first_run_admin_key(keys: KeyStore) -> str | None:
@@ -89,10 +93,10 @@ def load_engine(settings: Settings) -> Engine:
     return EmbeddedEngine.load(settings.model)
 
 
-def open_resources(settings: Settings, engine: Engine) -> Resources:
+def open_resources(settings: Settings, engine: Engine, signer: Signer) -> Resources:
     ledger = Ledger.open(
         settings.db_url,
-        load_signer(settings),
+        signer,
         checkpoint_every=settings.checkpoint_every,
         checkpoint_interval_s=settings.checkpoint_interval_s,
         retain_payloads=settings.retain_payloads,

@@ -103,13 +103,18 @@ class Signer:
         return f"Signer(key_id={self.key_id!r})"
 
 
-def load_or_create_signer(path: str | os.PathLike[str]) -> Signer:
-    """The key in `path`, generated on first use and written with mode 0600.
+def load_or_create_signer(path: str | os.PathLike[str], *, create: bool = True) -> Signer:
+    """The key in `path`, generated on first use (when `create`) and written with mode 0600.
 
     Creation is atomic (write a private temp file, then hard-link it into place), so two
     processes starting together end up with the same key instead of overwriting each other.
     """
     target = Path(path)
+    if not target.exists() and not create:
+        raise SigningKeyError(
+            f"signing key file {target} does not exist (a key is generated only at the"
+            " default place, <data_dir>/signing-key.pem)"
+        )
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         signer = Signer.generate()

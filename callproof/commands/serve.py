@@ -23,20 +23,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
 
     from gateway.app import create_app
-    from gateway.boot import first_run_admin_key, load_engine, open_resources, prepare_database
+    from gateway.boot import (
+        first_run_admin_key,
+        load_engine,
+        load_signer,
+        open_resources,
+        prepare_database,
+    )
     from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args
+    from receipts.errors import ReceiptsError
+    from runtime.errors import EngineError
 
-    try:
+    try:  # everything an operator can get wrong is one line and exit 2, not a traceback
         settings = settings_from_args(args)
-    except SettingsError as exc:
-        print(f"callproof serve: {exc}", file=sys.stderr)
+        configure_logging(settings.log_level)
+        prepare_database(settings)
+        signer = load_signer(settings)  # before the engine: seconds to load a model
+        resources = open_resources(settings, load_engine(settings), signer)
+    except (
+        SettingsError,
+        ReceiptsError,
+        EngineError,
+        SQLAlchemyError,
+        OSError,
+        ImportError,
+    ) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"callproof serve: cannot start: {detail}", file=sys.stderr)
         return 2
-    configure_logging(settings.log_level)
-    prepare_database(settings)
-    resources = open_resources(settings, load_engine(settings))
+    print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
         secret = first_run_admin_key(resources.keys)
         if secret is not None:

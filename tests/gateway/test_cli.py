@@ -128,3 +128,34 @@ def test_a_data_directory_open_to_others_is_reported(
     old.chmod(0o755)
     prepare_database(Settings(data_dir=old))
     assert f"{old} is open to other users (mode 755)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--signing-key-file", "{tmp}/mount/signing.pem"], "does not exist"),
+        (["--engine", "vllm"], "needs --vllm-url"),
+        (["--db", "postgresql+psycopg://callproof@127.0.0.1:1/none"], "127.0.0.1"),
+        (["--log-level", "LOUD"], "must be one of DEBUG"),
+        (["--data-dir", "{tmp}/a-file/data"], "a-file"),
+    ],
+)
+def test_serve_that_cannot_start_says_why_in_one_line(
+    tmp_path: Path, flags: list[str], says: str
+) -> None:
+    """Exit 2 and one line on stderr, before any model is loaded; a signing key file named in
+    the settings is never generated (a failed secret mount must not mean a new identity)."""
+    (tmp_path / "a-file").write_text("")
+    command = [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
+    if "--data-dir" not in flags:
+        command += ["--data-dir", str(tmp_path / "data")]
+    done = subprocess.run(
+        command + [flag.format(tmp=tmp_path) for flag in flags],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and says in done.stderr, done.stderr
+    assert not (tmp_path / "mount").exists()
