@@ -17,6 +17,8 @@ from typing import Literal, get_args
 
 import sqlalchemy as sa
 
+from receipts.store import POSTGRES_CONNECT_ARGS
+
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
 # A tenant names a receipt chain, a database value and an export file name: keep it plain.
@@ -96,7 +98,14 @@ class KeyStore:
 
     @classmethod
     def open(cls, url: str) -> KeyStore:
-        return cls(sa.create_engine(url, pool_pre_ping=True))
+        postgres = url.startswith("postgresql")
+        return cls(
+            sa.create_engine(
+                url,
+                pool_pre_ping=True,
+                connect_args=POSTGRES_CONNECT_ARGS if postgres else {},
+            )
+        )
 
     def close(self) -> None:
         self._engine.dispose()

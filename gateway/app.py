@@ -52,7 +52,9 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             "ledger": _singleton(ledger),
             "keys": _singleton(keys),
             "metrics": _singleton(metrics),
-            "authenticator": _singleton(Authenticator(keys, settings.key_cache_ttl_s)),
+            "authenticator": _singleton(
+                Authenticator(keys, settings.key_cache_ttl_s, settings.db_timeout_s)
+            ),
         },
         exception_handlers={Exception: handle_exception},
         middleware=[DefineMiddleware(metrics.middleware)],

@@ -16,16 +16,17 @@ from collections.abc import Awaitable, Callable
 from litestar import Request
 from litestar.di import NamedDependency
 
-from gateway.apikeys import ApiKey, KeyStore, Role, hash_secret
+from gateway.apikeys import ApiKey, KeyStore, KeyStoreUnavailable, Role, hash_secret
 from gateway.errors import APIError
 
 BEARER = [{"apiKey": []}]  # OpenAPI security requirement of every authenticated controller
 
 
 class Authenticator:
-    def __init__(self, store: KeyStore, ttl_s: float):
+    def __init__(self, store: KeyStore, ttl_s: float, timeout_s: float):
         self._store = store
         self._ttl_s = ttl_s
+        self._timeout_s = timeout_s  # a database that hangs fails closed in bounded time
         self._cache: dict[str, tuple[ApiKey, float]] = {}
         self._lookups: dict[str, asyncio.Task[ApiKey | None]] = {}  # in flight, by digest
         self._revocations = 0  # a lookup that began before a revocation must not cache
@@ -62,7 +63,12 @@ class Authenticator:
     async def _lookup(self, digest: str, secret: str) -> ApiKey | None:
         revocations = self._revocations
         try:
-            key = await asyncio.to_thread(self._store.lookup, secret)
+            async with asyncio.timeout(self._timeout_s):
+                key = await asyncio.to_thread(self._store.lookup, secret)
+        except TimeoutError:
+            raise KeyStoreUnavailable(
+                f"the key lookup took longer than {self._timeout_s:g} s"
+            ) from None
         finally:
             del self._lookups[digest]
         if key is None:

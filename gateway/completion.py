@@ -23,7 +23,7 @@ from gateway.metrics import Metrics
 from gateway.recording import draft_for, manifest_for, request_record
 from gateway.schemas import ChatCompletionRequest, ReceiptRef, Usage, to_plain
 from gateway.settings import Settings
-from receipts.errors import CanonicalizationError
+from receipts.errors import CanonicalizationError, LedgerUnavailable
 from receipts.ledger import Ledger
 from receipts.record import Receipt
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
@@ -181,7 +181,19 @@ class Completions:
     async def record(
         self, prepared: PreparedChat, tenant: str, generation: Generation, parsed: ParsedResponse
     ) -> Receipt:
-        """Append the receipt; returns once it is durable (raises LedgerUnavailable if not)."""
+        """Append the receipt; returns once it is durable (raises LedgerUnavailable if not, or
+        if the database does not answer within db_timeout_s: a hung server fails closed)."""
+        try:
+            async with asyncio.timeout(self.settings.db_timeout_s):
+                return await self._record(prepared, tenant, generation, parsed)
+        except TimeoutError:
+            raise LedgerUnavailable(
+                f"no commit within db_timeout_s ({self.settings.db_timeout_s:g} s)"
+            ) from None
+
+    async def _record(
+        self, prepared: PreparedChat, tenant: str, generation: Generation, parsed: ParsedResponse
+    ) -> Receipt:
         plan = prepared.plan
         draft = draft_for(
             tenant=tenant,

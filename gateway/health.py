@@ -13,6 +13,9 @@ from gateway.metrics import Metrics
 from gateway.schemas import Readiness
 from receipts.errors import LedgerUnavailable
 
+# A probe that hangs is a "not ready" (orchestrators give up on probes after a second or so).
+PROBE_TIMEOUT_S = 2.0
+
 
 class HealthController(Controller):
     path = "/"
@@ -29,13 +32,15 @@ class HealthController(Controller):
     )
     async def readyz(self, completions: NamedDependency[Completions]) -> Response[Readiness]:
         try:
-            engine_ready = await completions.engine.ready()
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                engine_ready = await completions.engine.ready()
         except Exception:  # noqa: BLE001 - an engine that cannot answer is not ready
             engine_ready = False
         try:
-            await asyncio.to_thread(completions.ledger.ping)
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await asyncio.to_thread(completions.ledger.ping)
             database = True
-        except LedgerUnavailable:
+        except (LedgerUnavailable, TimeoutError):
             database = False
         ready = engine_ready and database
         body = Readiness("ready" if ready else "not ready", engine_ready, database)

@@ -55,6 +55,7 @@ class Settings:
     checkpoint_every: int = 1000
     checkpoint_interval_s: float = 60.0
     key_cache_ttl_s: float = 2.0  # how long a looked-up API key is trusted before re-checking
+    db_timeout_s: float = 10.0  # a key lookup or receipt commit slower than this fails closed
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @property

@@ -180,6 +180,17 @@ def insert_ignore(table: sa.Table, dialect: sa.Dialect) -> sa.Insert:
     return insert(table).on_conflict_do_nothing()
 
 
+# Postgres connections that give up instead of hanging: a connect attempt after 5 s, and an
+# idle connection whose peer is gone (a partition, a dead host) after about 25 s of keepalives.
+POSTGRES_CONNECT_ARGS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+}
+
+
 def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
     """An engine tuned for the ledger.
 
@@ -190,7 +201,13 @@ def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
     that lock is what serialises appends across processes on SQLite.
     """
     if not url.startswith("sqlite"):
-        return sa.create_engine(url, pool_pre_ping=True, pool_size=4, max_overflow=8)
+        return sa.create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=4,
+            max_overflow=8,
+            connect_args=POSTGRES_CONNECT_ARGS if url.startswith("postgresql") else {},
+        )
     engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
     begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
 

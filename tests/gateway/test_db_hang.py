@@ -1,0 +1,141 @@
+"""A database that hangs (a frozen server, a partition: connections open, no bytes) must fail
+closed in bounded time, like one that refuses connections: 503, never a request that waits
+forever, and service again when it answers, with no restart."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import gateway_settings
+
+from gateway.apikeys import KeyStore
+from gateway.app import create_app
+from migrations.runner import upgrade
+from receipts.ledger import Ledger
+from receipts.signing import Signer
+
+pytestmark = pytest.mark.model
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ping",
+        "parameters": {
+            "type": "object",
+            "properties": {"host": {"enum": ["alpha", "beta"]}},
+            "required": ["host"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+class FreezableProxy:
+    """A TCP proxy to Postgres that, while frozen, keeps every connection open and moves no
+    byte either way: what a client sees of a stopped server or a partitioned network."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(a, selectors.EVENT_READ, b)
+        selector.register(b, selectors.EVENT_READ, a)
+        with a, b:
+            while not self._closed:
+                if self.frozen.is_set():
+                    time.sleep(0.01)
+                    continue
+                for key, _ in selector.select(timeout=0.05):
+                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
+                    if not data:
+                        return
+                    key.data.sendall(data)
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+
+
+@pytest.fixture
+def hung_db_gateway(
+    fresh_postgres_url: str, gateway_engine: Any, server_loop: Any, tmp_path: Path
+) -> Iterator[tuple[str, str, FreezableProxy]]:
+    upgrade(fresh_postgres_url)
+    host_port = fresh_postgres_url.split("@", 1)[1].split("/", 1)[0]
+    proxy = FreezableProxy(int(host_port.rsplit(":", 1)[1]))
+    url = fresh_postgres_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+    settings = gateway_settings(tmp_path, url, db_timeout_s=1.0, key_cache_ttl_s=1.0)
+    ledger = Ledger.open(url, Signer.generate())
+    keys = KeyStore.open(url)
+    _, secret = keys.create("agent", "acme")
+    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
+    try:
+        yield base, secret, proxy
+    finally:
+        proxy.frozen.clear()
+        stop()
+        ledger.close()
+        keys.close()
+        proxy.close()
+
+
+def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
+    hung_db_gateway: tuple[str, str, FreezableProxy], gateway_engine: Any
+) -> None:
+    base, secret, proxy = hung_db_gateway
+    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+    body = {
+        "model": gateway_engine.identity.model,
+        "messages": [{"role": "user", "content": "Ping alpha."}],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "temperature": 0,
+    }
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+
+    proxy.frozen.set()
+    time.sleep(1.1)  # the cached key expires: the lookup goes to the hung database
+    for path, method in (("/v1/models", "GET"), ("/readyz", "GET")):
+        started = time.monotonic()
+        response = client.request(method, path)
+        assert response.status_code == 503, response.text
+        assert time.monotonic() - started < 5, path
+    assert response.json()["database"] is False
+
+    proxy.frozen.clear()
+    assert client.get("/v1/models").status_code == 200  # the key is cached again, for 1 s
+    proxy.frozen.set()  # now the commit, not the key lookup, meets the hung database
+    started = time.monotonic()
+    refused = client.post("/v1/chat/completions", json=body)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "ledger_unavailable"
+    assert time.monotonic() - started < 30  # generation plus db_timeout_s, not forever
+
+    proxy.frozen.clear()
+    deadline = time.monotonic() + 30
+    while (answer := client.post("/v1/chat/completions", json=body)).status_code != 200:
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.5)
+    assert client.get("/readyz").status_code == 200
