@@ -87,6 +87,7 @@ def load_engine(settings: Settings) -> Engine:
             model_dir=settings.vllm_model_dir,
             backend=settings.vllm_backend,
             think_budget=settings.vllm_think_budget,
+            request_timeout=settings.vllm_timeout_s,
         )
     from runtime.engines.embedded import EmbeddedEngine
 

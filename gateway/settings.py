@@ -39,6 +39,7 @@ class Settings:
     vllm_backend: Literal["xgrammar", "guidance"] = "xgrammar"  # the server's, for manifests
     vllm_model_dir: Path | None = None  # vllm: local copy of the served weights, for digests
     vllm_think_budget: int | None = None  # vllm: tokens of free reasoning before the grammar
+    vllm_timeout_s: float = 600.0  # vllm: the longest one request may take, stream included
     reasoning: bool | None = None  # thinking model (free <think> region); None: from its name
     signing_key_file: Path | None = None  # default <data_dir>/signing-key.pem, made on first run
     retain_payloads: bool = False  # keep request messages+params in receipts (needed by replay)

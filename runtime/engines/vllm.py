@@ -76,6 +76,7 @@ class VllmEngine:
         model_dir: Path | str | None = None,
         timeout: float = 120.0,
         connect_timeout: float = 5.0,
+        request_timeout: float = 600.0,
         backend: str = "xgrammar",
         think_budget: int | None = None,
         max_connections: int = 64,
@@ -84,6 +85,9 @@ class VllmEngine:
         records it; the server, not this client, picks it). ``model_dir``: a local copy of the
         served weights to compute the digests from when they are not given. ``think_budget``
         caps the free reasoning region before an "always" constraint (tokens; None: no cap).
+        ``timeout`` bounds each wait for the server (a read, a free connection) and
+        ``request_timeout`` a whole request, stream included: a server that trickles bytes
+        cannot hold a request, and the client that waits on it, for longer.
         """
         if model_dir is not None and (weights_digest is None or tokenizer_digest is None):
             from runtime.model_store import model_digests
@@ -103,10 +107,9 @@ class VllmEngine:
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
-        # per socket operation, like a read timeout: a long stream that keeps sending is fine;
         # `connect` bounds the wait for a pooled connection (all busy) and DNS as well
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeout, sock_connect=connect_timeout, sock_read=timeout
+            total=request_timeout, connect=timeout, sock_connect=connect_timeout, sock_read=timeout
         )
         self._max_connections = max_connections
         self._client: aiohttp.ClientSession | None = None

@@ -4,7 +4,9 @@ for every constraint kind and enforcement mode. Structural tags are also compile
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from typing import Any
 
 import jsonschema
@@ -168,3 +170,35 @@ def test_an_upstream_body_that_is_not_a_json_object_is_engine_unavailable(raw: b
     """What a broken proxy in front of vLLM may send: a 503 naming the engine, not a 500."""
     with pytest.raises(EngineUnavailable, match="the vLLM server sent"):
         _json(raw)
+
+
+def test_a_server_that_trickles_its_answer_is_cut_off_at_the_request_deadline() -> None:
+    """Every read succeeds (one byte each 0.1 s), so only the whole-request deadline ends it:
+    what a wedged proxy in front of vLLM can do."""
+
+    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+        writer.write(b"Content-Length: 100000\r\n\r\n")
+        try:
+            for _ in range(100_000):
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.1)
+        except ConnectionError:
+            pass
+
+    async def go() -> float:
+        server = await asyncio.start_server(trickle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        engine = VllmEngine(f"http://127.0.0.1:{port}", "m", timeout=5, request_timeout=1)
+        started = time.monotonic()
+        try:
+            with pytest.raises(EngineUnavailable, match="timed out"):
+                await engine.generate([ChatMessage("user", "hi")], None, Sampling(max_tokens=4))
+            return time.monotonic() - started
+        finally:
+            await engine.aclose()
+            server.close()
+
+    assert asyncio.run(go()) < 3
