@@ -11,7 +11,6 @@ from typing import Any
 
 from litestar import Litestar
 from litestar.di import Provide
-from litestar.middleware import DefineMiddleware
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
@@ -39,7 +38,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
     grammars = getattr(engine, "grammars", None)  # in-process engines expose their cache
     metrics = Metrics(grammar_stats=grammars.stats if grammars is not None else None)
     completions = Completions(engine, ledger, settings, metrics)
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             ChatController,
             ModelsController,
@@ -57,7 +56,6 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             ),
         },
         exception_handlers={Exception: handle_exception},
-        middleware=[DefineMiddleware(metrics.middleware)],
         request_max_body_size=settings.max_body_bytes,
         plugins=[StrictStructSchemaPlugin()],
         openapi_config=OpenAPIConfig(
@@ -77,3 +75,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         logging_config=None,  # logging is the process owner's (gateway.logs for `serve`)
         debug=False,
     )
+    # Outside the router, unlike Litestar's middleware: a request that matches no route is
+    # timed and logged as well.
+    app.asgi_handler = metrics.middleware(app.asgi_handler)
+    return app

@@ -42,6 +42,12 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.stream_errors = Counter(
+            "callproof_stream_errors",
+            "Streams ended by an error event after their 200 status was sent, by error code",
+            ["code"],
+            registry=self.registry,
+        )
         self.tokens = Counter(
             "callproof_tokens", "Tokens processed by the engine", ["kind"], registry=self.registry
         )
@@ -63,7 +69,8 @@ class Metrics:
         return generate_latest(self.registry)
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
-        """ASGI middleware timing every routed HTTP request."""
+        """ASGI middleware timing every HTTP request; wrapped around the whole app, so requests
+        no route matches (404, 405) are counted too, under route "unrouted"."""
 
         async def timed(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http":

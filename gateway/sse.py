@@ -105,6 +105,8 @@ async def stream_completion(
         yield DONE
     except Exception as exc:  # noqa: BLE001 - every fault becomes the stream's error event
         _, body = error_for(exc)
+        # the response's status (200) went out with the headers: count the failure here
+        completions.metrics.stream_errors.labels(str(body["error"]["code"])).inc()
         yield event(body)
     finally:
         await events.aclose()

@@ -105,11 +105,30 @@ def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
 def test_metrics_in_prometheus_text(gateway: Any) -> None:
     gateway.openai().models.list()
     with gateway.http() as client:
+        assert client.get("/no/such/route").status_code == 404
+        assert client.delete("/healthz").status_code == 405
+    with gateway.http("agent") as client:  # cut off by max_tokens after the 200 went out
+        streamed = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": gateway.model,
+                "messages": [{"role": "user", "content": "Ping alpha."}],
+                "tools": [TOOL],
+                "tool_choice": "required",
+                "max_tokens": 2,
+                "stream": True,
+            },
+        )
+        assert streamed.status_code == 200 and "structured_output_invalid" in streamed.text
+    with gateway.http() as client:
         response = client.get("/metrics")
     assert response.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     text = response.text
     assert 'callproof_http_requests_total{method="GET",route="/v1/models",status="200"}' in text
     assert "callproof_http_request_duration_seconds_bucket" in text
+    assert 'callproof_http_requests_total{method="GET",route="unrouted",status="404"}' in text
+    assert 'callproof_http_requests_total{method="DELETE",route="unrouted",status="405"}' in text
+    assert 'callproof_stream_errors_total{code="structured_output_invalid"}' in text
     for name in (
         "callproof_receipts_appended_total",
         "callproof_receipt_append_duration_seconds_count",
