@@ -829,7 +829,7 @@ class Ledger:
         )
         if checkpoint is None or checkpoint["tree_size"] < first:
             raise ReceiptsError(
-                f"no signed checkpoint covers seq {last} of chain {tenant!r}:"
+                f"no signed checkpoint covers seq {first} of chain {tenant!r}:"
                 " export with the signing key so one can be signed"
             )
         if until is None:

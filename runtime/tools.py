@@ -46,7 +46,7 @@ from runtime.errors import (
     UnknownTool,
 )
 
-TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
 CALL_ID_RE = re.compile(r"^call_[0-9a-f]{24}$")
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -145,7 +145,7 @@ def parse_tools_field(tools: Any) -> tuple[ToolSpec, ...]:
         if not isinstance(fn, dict):
             raise InvalidTools(f"'{at}.function' must be an object", param=f"{at}.function")
         name = fn.get("name")
-        if not isinstance(name, str) or not TOOL_NAME_RE.match(name):
+        if not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name):
             raise InvalidTools(
                 f"'{at}.function.name' must match ^[a-zA-Z0-9_-]{{1,64}}$, got {name!r}",
                 param=f"{at}.function.name",
@@ -249,7 +249,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
             "'response_format.json_schema' must be an object", param="response_format.json_schema"
         )
     name = spec.get("name")
-    if name is not None and (not isinstance(name, str) or not TOOL_NAME_RE.match(name)):
+    if name is not None and (not isinstance(name, str) or not TOOL_NAME_RE.fullmatch(name)):
         raise InvalidSchema(
             "'response_format.json_schema.name' must match ^[a-zA-Z0-9_-]{1,64}$",
             param="response_format.json_schema.name",

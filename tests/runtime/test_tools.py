@@ -67,6 +67,7 @@ def test_tools_are_copied_not_aliased() -> None:
         ([function_tool("get weather")], "tools[0].function.name"),
         ([function_tool("a.b")], "tools[0].function.name"),
         ([function_tool("x" * 65)], "tools[0].function.name"),
+        ([function_tool("get_weather\n")], "tools[0].function.name"),
         ([TOOLS[0], function_tool("ok"), TOOLS[0]], "tools[2].function.name"),
         ([function_tool("f", {"type": "array", "items": {}})], "tools[0].function.parameters"),
         ([function_tool("f", ["city"])], "tools[0].function.parameters"),
