@@ -17,7 +17,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.apikeys import KeyStoreUnavailable
 from gateway.schemas import ErrorBody
-from receipts.errors import LedgerUnavailable
+from receipts.errors import ChainDamaged, LedgerUnavailable
 from runtime.errors import EngineError, RuntimeInputError, StructuredOutputInvalid
 
 log = logging.getLogger("callproof.gateway")
@@ -121,6 +121,14 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
             503,
             "the receipt ledger is unavailable; no output is returned without a committed receipt",
             code="ledger_unavailable",
+            param=None,
+        )
+    if isinstance(exc, ChainDamaged):
+        log.error("chain damaged", extra={"event": "chain_damaged", "detail": str(exc)})
+        return 500, error_body(
+            500,
+            f"the ledger is damaged: {exc}; POST /audit/verify names the first bad receipt",
+            code="chain_damaged",
             param=None,
         )
     if isinstance(exc, ValidationException):

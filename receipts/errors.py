@@ -28,6 +28,11 @@ class LedgerUnavailable(ReceiptsError):
     """The ledger cannot commit or answer right now; the caller must fail closed."""
 
 
+class ChainDamaged(ReceiptsError):
+    """The stored chain lacks what an answer is built from (a receipt, a Merkle subtree): not
+    the caller's fault, and not transient; verifying the chain names where it is damaged."""
+
+
 class VerificationError(ReceiptsError):
     """Recorded evidence does not verify. `seq` names the first failing receipt when known."""
 

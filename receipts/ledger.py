@@ -56,7 +56,7 @@ from receipts.bundle import write_bundle
 from receipts.canonical import canonical_json, sorted_json
 from receipts.chain import VerificationReport, seal, verify_receipts
 from receipts.checkpoint import checkpoint_problem, make_checkpoint
-from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.errors import ChainDamaged, LedgerUnavailable, ReceiptFormatError, ReceiptsError
 from receipts.merkle import (
     CompactRange,
     compact_range,
@@ -837,7 +837,7 @@ class Ledger:
         with self._reading() as conn:
             prev = GENESIS_PREV_HASH if first == 1 else queries.entry_hash(conn, tenant, first - 1)
             if prev is None:
-                raise ReceiptsError(
+                raise ChainDamaged(
                     f"receipt seq {first - 1} of chain {tenant!r} is missing:"
                     " the range cannot be tied to the chain"
                 )

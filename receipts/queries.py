@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from receipts.errors import ReceiptFormatError, ReceiptsError
+from receipts.errors import ChainDamaged, ReceiptFormatError
 from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
 from receipts.record import Receipt, format_timestamp
 from receipts.store import (
@@ -303,7 +303,7 @@ def with_stored_tree(conn: sa.Connection, tenant: str, build: Callable[[SubtreeH
     missing = wanted - hashes.keys()
     if missing:
         level, idx = min(missing)
-        raise ReceiptsError(
+        raise ChainDamaged(
             f"chain {tenant!r}: stored Merkle tree lacks the subtree at level"
             f" {level}, index {idx} (seq {idx * 2**level + 1} onwards)"
         )

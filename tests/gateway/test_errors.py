@@ -398,3 +398,12 @@ def test_a_stop_string_inside_the_constrained_output_is_named(gateway: Any) -> N
     assert isinstance(err, openai.UnprocessableEntityError)
     assert err.body["param"] == "stop"
     assert err.body["message"].startswith("a stop string ended the output before")
+
+
+def test_a_damaged_chain_is_named_not_a_bare_internal_error() -> None:
+    from gateway.errors import error_for
+    from receipts.errors import ChainDamaged
+
+    status, body = error_for(ChainDamaged("receipt seq 3 of chain 'acme' is missing"))
+    assert status == 500 and body["error"]["code"] == "chain_damaged"
+    assert "seq 3" in body["error"]["message"] and "/audit/verify" in body["error"]["message"]

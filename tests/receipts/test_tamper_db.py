@@ -16,7 +16,7 @@ from ledger_kit import attacker, body_of, clone, draft, fill, ledger, migrated
 
 from receipts.bundle import verify_bundle
 from receipts.chain import entry_hash_of
-from receipts.errors import LedgerUnavailable
+from receipts.errors import ChainDamaged, LedgerUnavailable
 from receipts.ledger import Ledger, receipt_text
 from receipts.manifest import schema_hash
 from receipts.merkle import CompactRange, leaf_hash
@@ -304,3 +304,16 @@ def test_edited_schema(chain, tmp_path: Path) -> None:
             {"b": json.dumps(schema), "h": bound},
         )
     detected(url, signer, tmp_path, 1, "edited")
+
+
+def test_proofs_and_exports_that_need_a_deleted_row_say_the_chain_is_damaged(chain) -> None:
+    """Typed, so the gateway answers "the ledger is damaged" and not a bare 500."""
+    url, signer, _ = chain
+    with attacker(url) as conn:
+        conn.execute(sa.text("DELETE FROM receipts WHERE chain = :c AND seq = 3"), {"c": T})
+        conn.execute(sa.text("DELETE FROM merkle_nodes WHERE chain = :c"), {"c": T})
+    with Ledger.open(url, signer) as led:
+        with pytest.raises(ChainDamaged, match="lacks the subtree"):
+            led.inclusion_proof(T, 5)
+        with pytest.raises(ChainDamaged, match="seq 3 .* is missing"):
+            led.export(T, Path("/dev/null"), since=led.get_by_seq(T, 4).created_at)
