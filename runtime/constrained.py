@@ -32,6 +32,7 @@ from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
 from runtime.errors import StructuredOutputInvalid
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
+from runtime.tools import validate
 
 
 class GrammarViolation(RuntimeError):
@@ -198,32 +199,25 @@ def post_hoc_retry_json(
     ``(False, None, error)`` where the error carries the schema, the last raw output and the
     failing JSON pointer (raise it to answer ``structured_output_invalid``).
     """
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(schema)(schema)
     attempt_prompt, error = prompt, None
     for _ in range(max_retries + 1):
         raw = generate_fn(attempt_prompt)
         try:
             parsed = _first_json_value(raw)
         except ValueError as exc:
-            message, pointer = f"the output is not JSON: {exc}", ""
+            error = StructuredOutputInvalid(
+                f"the output is not JSON: {exc}", schema=schema, raw_output=raw, pointer=""
+            )
         else:
-            failure = jsonschema.exceptions.best_match(validator.iter_errors(parsed))
-            if failure is None:
+            try:  # the validator plan.parse checks the answer with again: the same verdict
+                validate(parsed, schema, raw)
+            except StructuredOutputInvalid as failure:
+                error = failure
+            else:
                 return True, parsed, None
-            pointer = "".join(f"/{p}" for p in failure.absolute_path)
-            message = failure.message
-        error = StructuredOutputInvalid(
-            f"output invalid at JSON pointer {pointer or '/'}: {message}",
-            schema=schema,
-            raw_output=raw,
-            pointer=pointer,
-        )
         attempt_prompt = (
-            f"{prompt}\n\nYour previous answer was:\n{raw}\nIt is invalid at JSON pointer "
-            f"{pointer or '/'}: {message}\nAnswer again with only a JSON value that matches "
-            f"this JSON schema:\n{json.dumps(schema)}"
+            f"{prompt}\n\nYour previous answer was:\n{raw}\n{error.message}\nAnswer again "
+            f"with only a JSON value that matches this JSON schema:\n{json.dumps(schema)}"
         )
     return False, None, error
 
