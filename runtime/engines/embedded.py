@@ -214,19 +214,23 @@ class EmbeddedEngine:
         history = list(messages[:-1]) if messages[-1].role == "user" else list(messages)
         question = messages[-1].content if messages[-1].role == "user" else ""
         attempts: list[Generation] = []
+        cancelled = threading.Event()  # set when the caller is gone: stop at the next token
 
         def attempt(prompt_text: str) -> str:
+            if cancelled.is_set():
+                raise asyncio.CancelledError  # no retry for a caller who left
             prompt = self.encode([*history, ChatMessage("user", prompt_text)])
             self._check_length(prompt, sampling)
-            attempts.append(
-                self._decode(prompt, None, sampling, None, lambda _: None, threading.Event())
-            )
+            attempts.append(self._decode(prompt, None, sampling, None, lambda _: None, cancelled))
             return attempts[-1].text
 
         loop = asyncio.get_running_loop()
-        ok, parsed, error = await loop.run_in_executor(
-            self._worker, post_hoc_retry_json, attempt, question, schema, POST_HOC_RETRIES
-        )
+        try:
+            ok, parsed, error = await loop.run_in_executor(
+                self._worker, post_hoc_retry_json, attempt, question, schema, POST_HOC_RETRIES
+            )
+        finally:
+            cancelled.set()
         if not ok:
             assert error is not None
             raise error

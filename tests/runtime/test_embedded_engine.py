@@ -212,6 +212,27 @@ def test_post_hoc_fallback_failure_exposes_schema_output_and_pointer(
     run(llguidance_only.aclose())
 
 
+def test_an_abandoned_post_hoc_request_frees_the_worker(engine: EmbeddedEngine) -> None:
+    """Three free decodes of 300 tokens would hold the one decode thread for many seconds."""
+    llguidance_only = sibling(engine, "llguidance")
+    constraint = Constraint.json_schema({"type": "array", "uniqueItems": True})
+
+    async def abandon_then_ask() -> tuple[float, Generation]:
+        doomed = asyncio.ensure_future(
+            llguidance_only.generate(STORY, constraint, Sampling(max_tokens=300))
+        )
+        await asyncio.sleep(1.0)
+        doomed.cancel()
+        started = time.perf_counter()
+        follow_up = await llguidance_only.generate(FRANCE, None, Sampling(max_tokens=4))
+        return time.perf_counter() - started, follow_up
+
+    waited, follow_up = run(abandon_then_ask())
+    assert follow_up.completion_tokens == 4
+    assert waited < 3, waited
+    run(llguidance_only.aclose())
+
+
 def test_no_fallback_for_a_regex_no_backend_compiles(engine: EmbeddedEngine) -> None:
     llguidance_only = sibling(engine, "llguidance")
     with pytest.raises(BackendCannotCompile):  # look-ahead: valid Python, beyond llguidance
