@@ -27,7 +27,7 @@ from gateway.schemas import (
     Usage,
 )
 from runtime.engines.base import Generation, StreamEvent, TextDelta
-from runtime.errors import StructuredOutputInvalid
+from runtime.errors import EngineFault, StructuredOutputInvalid
 from runtime.streaming import (
     AnswerDelta,
     ContentDelta,
@@ -85,7 +85,7 @@ async def stream_completion(
             else:
                 generation = item
         if generation is None:
-            raise RuntimeError("engine stream ended without a final Generation")
+            raise EngineFault("the engine's stream ended without its final result")
         try:
             rest, parsed = decoder.finish()
         except StructuredOutputInvalid as exc:

@@ -30,12 +30,12 @@ from runtime.backends.base import (
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
-from runtime.errors import StructuredOutputInvalid
+from runtime.errors import EngineFault, StructuredOutputInvalid
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
 from runtime.tools import validate
 
 
-class GrammarViolation(RuntimeError):
+class GrammarViolation(EngineFault):
     """A token reached the matcher that its own mask forbade: a backend bug. Generation stops
     (fail closed) rather than emit output the constraint does not admit."""
 

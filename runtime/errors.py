@@ -98,6 +98,15 @@ class EngineUnavailable(EngineError):
     """The engine is not loaded, unreachable, or timed out."""
 
 
+class EngineFault(EngineError):
+    """The engine broke its own contract (a backend let through a token its mask forbade, a
+    stream ended without its result): a bug to report, not a passing fault. The request
+    fails closed and nothing is recorded (HTTP 500)."""
+
+    status = 500
+    code = "engine_fault"
+
+
 class EngineRejected(EngineError):
     """The upstream engine refused the request with a 4xx; carries its status and message."""
 

@@ -23,6 +23,8 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
+from runtime.errors import EngineFault
+
 
 class Phase(enum.Enum):
     OPENING = "opening"  # always mode of a thinking model: the think start tag is being forced
@@ -51,7 +53,7 @@ class Enforcement:
     trigger_end: str = "</tool_call>"
 
 
-class TagError(ValueError):
+class TagError(EngineFault):
     """The generated text broke the tag protocol (e.g. diverged from a forced end tag)."""
 
 
