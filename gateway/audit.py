@@ -12,7 +12,7 @@ import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime
-from typing import Annotated, Any, TypeVar
+from typing import IO, Annotated, Any, TypeVar
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency, Provide
@@ -281,11 +281,13 @@ class AuditController(Controller):
         os.close(fd)
         try:
             await _read(ledger.export, principal.tenant, path, since, until)
-        except BaseException:
+            bundle = await asyncio.to_thread(open, path, "rb")
+        finally:
+            # No name is left behind, even when the client is gone before the body starts and
+            # _file_chunks never runs: the open file stays readable until it is closed.
             os.unlink(path)
-            raise
         return Stream(
-            _file_chunks(path),
+            _file_chunks(bundle),
             media_type="application/gzip",
             headers={
                 "Content-Disposition": f'attachment; filename="{principal.tenant}-receipts.tar.gz"'
@@ -293,12 +295,10 @@ class AuditController(Controller):
         )
 
 
-async def _file_chunks(path: str) -> AsyncIterator[bytes]:
-    """The bundle's bytes, then the temporary file is gone."""
-    bundle = await asyncio.to_thread(open, path, "rb")
+async def _file_chunks(bundle: IO[bytes]) -> AsyncIterator[bytes]:
+    """The bundle's bytes; closing the (already unlinked) file frees its disk space."""
     try:
         while chunk := await asyncio.to_thread(bundle.read, _EXPORT_CHUNK):
             yield chunk
     finally:
         bundle.close()
-        os.unlink(path)
