@@ -117,6 +117,12 @@ class _GrammarCacheCollector(Collector):
         misses = CounterMetricFamily(
             "callproof_grammar_cache_misses", "Grammar cache misses", labels=["kind"]
         )
+        compiles = CounterMetricFamily(
+            "callproof_grammar_compiles", "Grammar compiles finished", labels=["kind"]
+        )
+        failures = CounterMetricFamily(
+            "callproof_grammar_compile_failures", "Grammar compiles that failed", labels=["kind"]
+        )
         compile_ms = CounterMetricFamily(
             "callproof_grammar_compile_ms", "Total grammar compile time (ms)", labels=["kind"]
         )
@@ -126,6 +132,8 @@ class _GrammarCacheCollector(Collector):
         for kind, figures in self._stats().items():
             hits.add_metric([kind], figures.get("hits", 0))
             misses.add_metric([kind], figures.get("misses", 0))
+            compiles.add_metric([kind], figures.get("compiles", 0))
+            failures.add_metric([kind], figures.get("failures", 0))
             compile_ms.add_metric([kind], figures.get("compile_ms_sum", 0.0))
             compile_max.add_metric([kind], figures.get("compile_ms_max", 0.0))
-        yield from (hits, misses, compile_ms, compile_max)
+        yield from (hits, misses, compiles, failures, compile_ms, compile_max)

@@ -106,7 +106,6 @@ class StreamOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
     include_usage: bool = False
 
 
-NonNegativeFloat = Annotated[float, Meta(ge=0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 

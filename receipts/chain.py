@@ -109,9 +109,6 @@ class VerificationReport:
     def to_json_obj(self) -> dict[str, Any]:
         return asdict(self)
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_json_obj(), sort_keys=True)
-
 
 class ReceiptChecker:
     """The checks one receipt must pass on its own: entry hash, signing key and range,

@@ -66,10 +66,6 @@ class Signer:
         self.key_id = key_id_for(self.public_key)
 
     @classmethod
-    def from_private_key(cls, private_key: Ed25519PrivateKey) -> Signer:
-        return cls(private_key)
-
-    @classmethod
     def generate(cls) -> Signer:
         return cls(Ed25519PrivateKey.generate())
 

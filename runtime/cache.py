@@ -12,8 +12,8 @@ Compiling is the expensive step (milliseconds for llguidance, seconds for Outlin
   at once; any other exception (out of memory, a backend crash) is NOT cached: the waiters of
   that compile get it, and the next request compiles afresh.
 
-Stats are kept per constraint kind (json, regex, ebnf, tools) for /metrics; ``on_compile``
-lets the gateway feed a histogram without this module knowing about Prometheus.
+Stats are kept per constraint kind (json, regex, ebnf, tools); the gateway's /metrics reads
+them at scrape time, so this module knows nothing about Prometheus.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
@@ -32,7 +31,6 @@ from runtime.constraint import Constraint
 from runtime.errors import RuntimeInputError
 
 CacheKey = tuple[str, str, tuple[str, ...], str]
-CompileHook = Callable[[str, str, float], None]  # (kind, backend, milliseconds)
 
 
 @dataclass
@@ -43,7 +41,6 @@ class KindStats:
     failures: int = 0
     compile_ms_sum: float = 0.0
     compile_ms_max: float = 0.0
-    compile_ms_last: float = 0.0
 
 
 class GrammarCache:
@@ -53,13 +50,11 @@ class GrammarCache:
         *,
         max_entries: int = 512,
         workers: int = 2,
-        on_compile: CompileHook | None = None,
     ):
         if max_entries < 1:
             raise ValueError("max_entries must be at least 1")
         self.chain = chain
         self.max_entries = max_entries
-        self._on_compile = on_compile
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar")
         self._lock = threading.Lock()
         self._entries: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
@@ -107,11 +102,8 @@ class GrammarCache:
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         start = time.perf_counter()
-        backend = "none"
         try:
-            compiled = self.chain.compile(constraint)
-            backend = compiled.backend
-            return compiled
+            return self.chain.compile(constraint)
         except BaseException:
             with self._lock:
                 self._stats[constraint.kind].failures += 1
@@ -122,10 +114,7 @@ class GrammarCache:
                 s = self._stats[constraint.kind]
                 s.compiles += 1
                 s.compile_ms_sum += ms
-                s.compile_ms_last = ms
                 s.compile_ms_max = max(s.compile_ms_max, ms)
-            if self._on_compile is not None:
-                self._on_compile(constraint.kind, backend, ms)
 
     def _forget_fault(self, key: CacheKey, future: Future[CompiledGrammar]) -> None:
         """Drop a failed compile unless the failure is the input's fault (deterministic)."""

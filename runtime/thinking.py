@@ -72,10 +72,6 @@ class EnforcementMachine:
         else:
             self.phase = Phase.ENFORCED
 
-    @property
-    def enforcing(self) -> bool:
-        return self.phase in (Phase.ENFORCED, Phase.DONE)
-
     def feed(self, text: str) -> str | None:
         """Consume text generated while the grammar is suspended.
 

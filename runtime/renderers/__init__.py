@@ -7,15 +7,12 @@ which needs no training on a tool format because the constraint enforces it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Any
 
 from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, json_answer_note
 from runtime.renderers.generic import GenericRenderer
 from runtime.renderers.hermes import HermesRenderer
 from runtime.renderers.llama import LlamaRenderer
 from runtime.renderers.qwen import QwenRenderer
-from runtime.tools import ResponseFormat, ToolSpec, parse_tool_choice
 
 RENDERERS: dict[str, Renderer] = {
     r.name: r for r in (QwenRenderer(), LlamaRenderer(), HermesRenderer(), GenericRenderer())
@@ -54,24 +51,6 @@ def get_renderer(family: str) -> Renderer:
         raise ValueError(f"unknown renderer {family!r}; known: {', '.join(RENDERERS)}") from None
 
 
-def render_tool_prompt(
-    tools: Sequence[ToolSpec],
-    model_hint: str,
-    *,
-    tool_choice: Any = "auto",
-    parallel_tool_calls: bool = False,
-    response_format: ResponseFormat | None = None,
-) -> str:
-    """The system-prompt block announcing ``tools`` in the format of ``model_hint``'s family."""
-    prompt = ToolPrompt(
-        tuple(tools),
-        parse_tool_choice(tool_choice, tools),
-        parallel_tool_calls,
-        response_format.schema if response_format is not None else None,
-    )
-    return get_renderer(detect_family(model_hint)).tool_block(prompt)
-
-
 __all__ = [
     "RENDERERS",
     "HistoryMessage",
@@ -80,5 +59,4 @@ __all__ = [
     "detect_family",
     "get_renderer",
     "json_answer_note",
-    "render_tool_prompt",
 ]

@@ -135,6 +135,13 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
         "callproof_tokens_total",
     ):
         assert name in text
+    if getattr(gateway.engine, "grammars", None) is not None:  # an in-process engine's cache
+        for name in (
+            "callproof_grammar_cache_misses_total",
+            "callproof_grammar_compiles_total",
+            "callproof_grammar_compile_ms_total",
+        ):
+            assert f'{name}{{kind="tools"}}' in text, name
 
 
 def test_openapi_document_is_served(gateway: Any) -> None:

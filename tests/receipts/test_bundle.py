@@ -128,7 +128,7 @@ def test_intact_bundle_verifies_pinned_and_unpinned(bundle: Path, signer: Signer
     assert "pinned" in pinned.notes[0]
     unpinned = verify_bundle(bundle)
     assert unpinned.ok and "not origin" in unpinned.notes[0]
-    assert json.loads(pinned.to_json())["ok"] is True
+    assert pinned.to_json_obj()["ok"] is True
 
 
 def test_layout_and_determinism(chain, signer, bundle: Path) -> None:

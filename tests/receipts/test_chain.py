@@ -240,8 +240,7 @@ def test_range_verifies_with_left_compact_range(chain, ring, signer) -> None:
 
 def test_report_json(chain, ring) -> None:
     report = verify(chain[:2], ring)
-    assert report.to_json_obj()["checked"] == 2
-    assert '"ok": true' in report.to_json()
+    assert report.to_json_obj()["checked"] == 2 and report.to_json_obj()["ok"] is True
 
 
 def test_bad_drafts_fail_fast() -> None:

@@ -74,7 +74,7 @@ def test_bad_key_material_is_a_typed_error(tmp_path: Path, monkeypatch: pytest.M
 def test_signer_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CALLPROOF_SIGNING_KEY", raising=False)
     assert signer_from_env() is None
-    signer = Signer.from_private_key(Ed25519PrivateKey.generate())
+    signer = Signer(Ed25519PrivateKey.generate())
     monkeypatch.setenv("CALLPROOF_SIGNING_KEY", signer.private_key_pem().decode())
     loaded = signer_from_env()
     assert loaded is not None and loaded.key_id == signer.key_id

@@ -111,17 +111,6 @@ def test_input_failures_are_cached_other_failures_are_not(cache):
     assert cache.stats()["json"]["compiles"] == 3  # compiled afresh each time
 
 
-def test_on_compile_hook_sees_kind_backend_and_time(chain):
-    seen = []
-    cache = GrammarCache(chain, on_compile=lambda *args: seen.append(args))
-    try:
-        cache.get(Constraint.ebnf('start: "x"'))
-    finally:
-        cache.close()
-    ((kind, backend, ms),) = seen
-    assert (kind, backend) == ("ebnf", "llguidance") and ms > 0
-
-
 def test_the_key_binds_backend_order_and_tokenizer(cache, chain):
     other = GrammarCache(BackendChain(smol_tokenizer(), ["xgrammar"]))
     try:

@@ -13,7 +13,6 @@ from runtime.renderers import (
     ToolPrompt,
     detect_family,
     get_renderer,
-    render_tool_prompt,
 )
 from runtime.tools import ToolCall, ToolChoice, parse_tools_field
 
@@ -208,17 +207,6 @@ def test_later_system_messages_are_kept_in_place() -> None:
     rendered = get_renderer("generic").render(history, "TOOLS")
     assert [m.role for m in rendered] == ["system", "user", "system", "user"]
     assert rendered[2].content == "Switch to French."
-
-
-def test_render_tool_prompt_picks_the_family_from_the_model() -> None:
-    assert render_tool_prompt(WEATHER, "Qwen/Qwen2.5-1.5B-Instruct") == get_renderer(
-        "qwen"
-    ).tool_block(prompt())
-    assert render_tool_prompt(WEATHER, "SmolLM2-135M").startswith("You have access to these tools:")
-    named = {"type": "function", "function": {"name": "get_weather"}}
-    assert "You must call the function get_weather." in render_tool_prompt(
-        WEATHER, "llama-3.1", tool_choice=named
-    )
 
 
 def test_unknown_renderer() -> None:

@@ -30,7 +30,9 @@ def pieces(text: str) -> list[str]:
 
 def feed_all(machine: EnforcementMachine, parts: list[str]) -> list[tuple[Phase, str | None]]:
     return [
-        (machine.phase, machine.feed(p)) if not machine.enforcing else (machine.phase, None)
+        (machine.phase, machine.feed(p))
+        if machine.phase not in (Phase.ENFORCED, Phase.DONE)
+        else (machine.phase, None)
         for p in parts
     ]
 
