@@ -18,6 +18,13 @@ import msgspec
 from runtime.errors import InvalidSchema
 
 ConstraintKind = Literal["json", "regex", "ebnf", "tools"]
+# The request field each kind of constraint comes from: what an error about it names.
+PARAM_OF_KIND: dict[ConstraintKind, str] = {
+    "json": "response_format",
+    "tools": "tools",
+    "regex": "regex",
+    "ebnf": "grammar",
+}
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,9 @@ class Constraint:
         try:
             return cls(kind, json_text(schema).decode())
         except (TypeError, ValueError) as exc:  # only a Python caller can pass such a value
-            raise InvalidSchema(f"the schema is not JSON: {exc}", param=_param(kind)) from None
+            raise InvalidSchema(
+                f"the schema is not JSON: {exc}", param=PARAM_OF_KIND[kind]
+            ) from None
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:
@@ -41,6 +50,11 @@ class Constraint:
     @classmethod
     def ebnf(cls, grammar: str) -> Constraint:
         return cls("ebnf", grammar)
+
+    @property
+    def param(self) -> str:
+        """The request field this constraint came from."""
+        return PARAM_OF_KIND[self.kind]
 
     @property
     def is_json(self) -> bool:
@@ -87,15 +101,10 @@ def validate_constraint(constraint: Constraint) -> None:
         raise TypeError(f"unknown constraint kind {constraint.kind!r}")
 
 
-def _param(kind: ConstraintKind) -> str:
-    """The request field a bad JSON-schema constraint of ``kind`` came from."""
-    return "tools" if kind == "tools" else "response_format"
-
-
 def _validate_schema(constraint: Constraint) -> None:
     import jsonschema
 
-    param = _param(constraint.kind)
+    param = constraint.param
     schema = constraint.schema()
     if not isinstance(schema, (dict, bool)):
         raise InvalidSchema(

@@ -31,15 +31,13 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
-_PARAM = {"json": "response_format", "tools": "tools", "regex": "regex", "ebnf": "grammar"}
-
 
 @functools.lru_cache(maxsize=4096)
 def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise ConstraintTooComplex when the constraint is over a limit. Every request checks
     its constraint and agents resend the same tools, so a constraint that passed is
     remembered (one that fails raises, which the cache does not keep)."""
-    param = _PARAM[constraint.kind]
+    param = constraint.param
     if constraint.is_json:
         size = len(constraint.source.encode())
         if size > limits.max_schema_bytes:

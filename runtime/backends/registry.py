@@ -108,8 +108,5 @@ class BackendChain:
                 reasons.append(str(exc))
         raise BackendCannotCompile(
             "no grammar backend can compile this constraint: " + " | ".join(reasons),
-            param=_PARAM[constraint.kind],
+            param=constraint.param,
         )
-
-
-_PARAM = {"json": "response_format", "tools": "tools", "regex": "regex", "ebnf": "grammar"}
