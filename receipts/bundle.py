@@ -485,11 +485,11 @@ def verify_bundle(
     try:
         contents = _read_archive(path)
     except VerificationError as exc:
-        return VerificationReport(ok=False, checked=0, reason=exc.reason)
+        return VerificationReport.failed(exc.reason)
     try:
         report = _verify_contents(contents, public_key_pem, progress, workers)
     except VerificationError as exc:
-        return VerificationReport(ok=False, checked=0, first_failure_seq=exc.seq, reason=exc.reason)
+        return VerificationReport.failed(exc.reason, seq=exc.seq)
     finally:
         if contents.receipts is not None:
             contents.receipts.close()
@@ -546,29 +546,17 @@ def _verify_contents(
             raise VerificationError(f"{RECEIPTS} holds no receipts")
         linker.finish(proofs.right)
     except VerificationError as exc:
-        return VerificationReport(
-            ok=False,
-            checked=linker.checked,
-            first_failure_seq=exc.seq,
-            reason=exc.reason,
-            chain=linker.chain,
-            notes=(trust,),
+        problem, seq = exc.reason, exc.seq
+    else:
+        seq = None
+        problem = file_problem or (
+            f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
+            if linker.checked != total
+            else None
         )
-    if file_problem:
-        return VerificationReport(
-            ok=False,
-            checked=linker.checked,
-            reason=file_problem,
-            chain=linker.chain,
-            notes=(trust,),
-        )
-    if linker.checked != total:
-        return VerificationReport(
-            ok=False,
-            checked=linker.checked,
-            reason=f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}",
-            chain=linker.chain,
-            notes=(trust,),
+    if problem:
+        return VerificationReport.failed(
+            problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)
         )
     return replace(linker.report(), notes=(trust,))
 

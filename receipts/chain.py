@@ -97,7 +97,7 @@ class VerificationReport:
     chain: str | None = None
     tree_size: int | None = None
     root_hash: str | None = None
-    notes: tuple[str, ...] = ()  # caveats of a passing report (e.g. which keys were trusted)
+    notes: tuple[str, ...] = ()  # caveats of the report (e.g. which keys were trusted)
     first_seq: int | None = None  # the seqs checked, first_seq..last_seq of tree_size
     last_seq: int | None = None
 
@@ -105,6 +105,26 @@ class VerificationReport:
     def whole_chain(self) -> bool:
         """Whether the receipts checked are every one the checkpoint signs (seq 1..tree_size)."""
         return self.first_seq == 1 and self.last_seq == self.tree_size
+
+    @classmethod
+    def failed(
+        cls,
+        reason: str,
+        *,
+        seq: int | None = None,
+        checked: int = 0,
+        chain: str | None = None,
+        notes: tuple[str, ...] = (),
+    ) -> VerificationReport:
+        """A failure at receipt `seq` (None: not one receipt's) after `checked` passed."""
+        return cls(
+            ok=False,
+            checked=checked,
+            first_failure_seq=seq,
+            reason=reason,
+            chain=chain,
+            notes=notes,
+        )
 
     def to_json_obj(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,7 +355,7 @@ def verify_receipts(
             left=left,
         )
     except ReceiptsError as exc:  # a malformed checkpoint or left compact range
-        return _failed(0, None, getattr(exc, "reason", str(exc)))
+        return VerificationReport.failed(getattr(exc, "reason", str(exc)))
     try:
         for item in receipts:
             seq = linker.next_seq
@@ -349,13 +369,7 @@ def verify_receipts(
             linker.link(receipt)
         linker.finish(right)
     except VerificationError as exc:  # includes ProofError from a malformed right range
-        return _failed(linker.checked, exc.seq, exc.reason, linker.chain)
+        return VerificationReport.failed(
+            exc.reason, seq=exc.seq, checked=linker.checked, chain=linker.chain
+        )
     return linker.report()
-
-
-def _failed(
-    checked: int, seq: int | None, reason: str, chain: str | None = None
-) -> VerificationReport:
-    return VerificationReport(
-        ok=False, checked=checked, first_failure_seq=seq, reason=reason, chain=chain
-    )

@@ -722,7 +722,9 @@ class Ledger:
             left, right = self._range_context(conn, tenant, start, end, checkpoint, to_seq)
             prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant, start - 1)
             if prev is None:
-                return _failure(start - 1, "receipt missing from the database", tenant)
+                return VerificationReport.failed(
+                    "receipt missing from the database", seq=start - 1, chain=tenant
+                )
             rows = _CheckedRows(
                 queries.stream_rows(conn, tenant, start, end),
                 CompactRange(start - 1, left or []),
@@ -751,7 +753,7 @@ class Ledger:
         if not problems:
             return dataclasses.replace(report, notes=(_trust_note(keyring, pinned),))
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
-        return _failure(seq, reason, tenant, checked=report.checked)
+        return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
 
     def _covering_checkpoint(
         self, conn: sa.Connection, tenant: str, start: int, to_seq: int | None
@@ -1073,12 +1075,6 @@ def _cursor(conn: sa.Connection) -> Any:
 
 def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:
     conn.execute(insert_ignore(table.__table__, conn.dialect), values)
-
-
-def _failure(seq: int | None, reason: str, chain: str, checked: int = 0) -> VerificationReport:
-    return VerificationReport(
-        ok=False, checked=checked, first_failure_seq=seq, reason=reason, chain=chain
-    )
 
 
 def _short(exc: BaseException) -> str:
