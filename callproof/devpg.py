@@ -150,3 +150,23 @@ def _wait_ready(port: int, timeout: float = 30.0) -> None:
         except OSError:
             time.sleep(0.1)
     raise PostgresUnavailable(f"Postgres did not accept connections on port {port}")
+
+
+@contextmanager
+def scratch_database(server_url: str, prefix: str = "t_") -> Iterator[str]:
+    """A new, empty database on the cluster at ``server_url``, dropped (even while in use)
+    on exit: one per test or benchmark, so none sees another's rows."""
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = prefix + uuid.uuid4().hex[:12]
+    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        yield server_url.rsplit("/", 1)[0] + "/" + name
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        admin.dispose()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from callproof.devpg import throwaway_postgres
+from callproof.devpg import scratch_database, throwaway_postgres
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SHARED_TESTDATA = PROJECT_ROOT.parent / "shared" / "testdata"
@@ -23,19 +23,8 @@ def postgres_server_url() -> Iterator[str]:
 @pytest.fixture
 def fresh_postgres_url(postgres_server_url: str) -> Iterator[str]:
     """A new, empty database on the session cluster (schema created by the test via Alembic)."""
-    import uuid
-
-    import sqlalchemy as sa
-
-    name = "t_" + uuid.uuid4().hex[:12]
-    admin = sa.create_engine(postgres_server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    url = postgres_server_url.rsplit("/", 1)[0] + "/" + name
-    yield url
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    admin.dispose()
+    with scratch_database(postgres_server_url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -17,18 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import sqlalchemy as sa
 import uvicorn
 
-from callproof.devpg import free_port
+from callproof.devpg import free_port, scratch_database
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -151,24 +150,6 @@ def gateway_engine(request: pytest.FixtureRequest, server_loop: ServerLoop) -> I
     server_loop.run(engine.aclose())
 
 
-def _new_postgres_database(server_url: str) -> tuple[str, Callable[[], None]]:
-    name = "gw_" + uuid.uuid4().hex[:12]
-    admin = sa.create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
-
-    return server_url.rsplit("/", 1)[0] + "/" + name, drop
-
-
-def _nothing() -> None:
-    pass
-
-
 def gateway_settings(data_dir: Path, db_url: str, **overrides: Any) -> Settings:
     """Small token budgets keep the real model fast; payloads are retained for replay."""
     values: dict[str, Any] = {
@@ -191,10 +172,18 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Gateway]:
     data_dir = tmp_path_factory.mktemp(f"gateway-{request.param}")
-    if request.param == "postgres":
-        db_url, drop = _new_postgres_database(request.getfixturevalue("postgres_server_url"))
-    else:
-        db_url, drop = f"sqlite:///{data_dir / 'ledger.db'}", _nothing
+    with ExitStack() as cleanup:
+        if request.param == "postgres":
+            server = request.getfixturevalue("postgres_server_url")
+            db_url = cleanup.enter_context(scratch_database(server, prefix="gw_"))
+        else:
+            db_url = f"sqlite:///{data_dir / 'ledger.db'}"
+        yield from _serve_gateway(request.param, db_url, data_dir, gateway_engine, server_loop)
+
+
+def _serve_gateway(
+    db_kind: str, db_url: str, data_dir: Path, engine: Engine, server_loop: ServerLoop
+) -> Iterator[Gateway]:
     upgrade(db_url)
     settings = gateway_settings(data_dir, db_url)
     signer = Signer.generate()
@@ -207,11 +196,8 @@ def gateway(
         "other_agent": keys.create("agent", OTHER_TENANT)[1],
         "admin": keys.create("admin", "ops")[1],
     }
-    url, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
-    yield Gateway(
-        url, request.param, db_url, settings, gateway_engine, ledger, keys, signer, secrets
-    )
+    url, stop = server_loop.serve(create_app(settings, engine, ledger, keys))
+    yield Gateway(url, db_kind, db_url, settings, engine, ledger, keys, signer, secrets)
     stop()
     ledger.close()
     keys.close()
-    drop()
