@@ -40,10 +40,10 @@ import httpx
 
 from bench.gateway_process import running_gateway
 from bench.measure import cpu_seconds, percentile
+from callproof.devvllm import bundled_model_config, running_vllm
 from runtime.engines.base import Sampling
 from runtime.engines.vllm import VllmEngine
 from runtime.planning import ChatInput, plan_chat
-from runtime.vllm_server import bundled_model_config, running_vllm
 
 TENANT = "bench"
 SCHEMA = {

@@ -41,10 +41,11 @@ def find_bin_dir() -> Path:
     )
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
 
 
 def _runner() -> tuple[list[str], int | None, int | None]:

@@ -45,7 +45,7 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     Shared by tests/vllm/ and the gateway suite's vLLM parameter. A missing .venv-vllm fails
     instead of skipping: a skipped vLLM suite would hide that the production path never ran.
     """
-    from runtime.vllm_server import VllmServerError, bundled_model_config, running_vllm
+    from callproof.devvllm import VllmServerError, bundled_model_config, running_vllm
 
     config = bundled_model_config(eager=True)
     try:

@@ -34,7 +34,7 @@ def _exit_once(signum: int, _frame: object) -> None:
 
 
 def _serve_local(args: argparse.Namespace) -> int:
-    from runtime.vllm_server import VllmServerError, bundled_model_config, running_vllm
+    from callproof.devvllm import VllmServerError, bundled_model_config, running_vllm
 
     config = bundled_model_config(
         port=args.port,

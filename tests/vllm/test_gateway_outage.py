@@ -17,6 +17,7 @@ import httpx
 import pytest
 from vllm_kit import engine_for, run
 
+from callproof.devvllm import VllmServer
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
 from gateway.settings import Settings
@@ -24,7 +25,6 @@ from migrations.runner import upgrade
 from receipts.ledger import Ledger
 from receipts.queries import ReceiptQuery
 from receipts.signing import Signer
-from runtime.vllm_server import VllmServer
 
 pytestmark = pytest.mark.vllm
 

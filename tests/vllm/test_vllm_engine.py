@@ -12,6 +12,8 @@ import jsonschema
 import pytest
 from vllm_kit import engine_for, run
 
+from callproof.devpg import free_port
+from callproof.devvllm import VllmServer
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.vllm import VllmEngine
@@ -19,7 +21,6 @@ from runtime.errors import EngineRejected, EngineUnavailable
 from runtime.model_store import model_digests
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.thinking import Enforcement
-from runtime.vllm_server import VllmServer, free_port
 
 pytestmark = pytest.mark.vllm
 

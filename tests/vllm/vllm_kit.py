@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from callproof.devvllm import VllmServer
 from runtime.engines.vllm import VllmEngine
-from runtime.vllm_server import VllmServer
 
 T = TypeVar("T")
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from callproof.devpg import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = PROJECT_ROOT / ".venv-vllm"
@@ -183,17 +184,10 @@ def running_vllm(
         server.stop()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 __all__ = [
     "VllmServer",
     "VllmServerConfig",
     "VllmServerError",
     "bundled_model_config",
-    "free_port",
     "running_vllm",
 ]
