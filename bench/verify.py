@@ -77,7 +77,7 @@ def _cpu_seconds() -> float:
 def verify_rate(path: Path, pem: str, count: int, workers: int | None) -> tuple[float, float]:
     """(receipts per wall-clock second, receipts per CPU second of all processes)."""
     started, cpu = time.perf_counter(), _cpu_seconds()
-    report = verify_bundle(path, public_key_pem=pem, workers=workers)
+    report = verify_bundle(path, pinned=pem, workers=workers)
     elapsed, cpu = time.perf_counter() - started, _cpu_seconds() - cpu
     if not report.ok or report.checked != count:
         raise SystemExit(f"the benchmark bundle does not verify: {report}")

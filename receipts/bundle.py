@@ -459,7 +459,7 @@ def _blocks(source: IO[bytes]) -> Iterator[bytes]:
 
 def verify_bundle(
     path: str | os.PathLike[str],
-    public_key_pem: str | bytes | None = None,
+    pinned: str | bytes | None = None,
     progress: Progress | None = None,
     *,
     workers: int | None = None,
@@ -476,8 +476,11 @@ def verify_bundle(
     receipts off either end and supply the compact ranges that still reach the signed root.
     A range is only what its reader asked to check; the report names it either way.
 
-    Raises BundleError only when `path` cannot be opened at all; everything else that is
-    wrong with the bundle is a failed report.
+    `pinned`: the keys to trust (`pinned_keys`); None trusts the bundle's own.
+
+    Raises BundleError when `path` is not a file or `pinned` holds no usable key (and
+    SigningKeyError for a PEM block that is not an Ed25519 public key); everything wrong with
+    the bundle itself is a failed report.
     """
     path = Path(path)
     if not path.is_file():
@@ -487,7 +490,7 @@ def verify_bundle(
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason)
     try:
-        report = _verify_contents(contents, public_key_pem, progress, workers)
+        report = _verify_contents(contents, pinned, progress, workers)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
     finally:
@@ -506,7 +509,7 @@ def verify_bundle(
 
 def _verify_contents(
     contents: _Contents,
-    public_key_pem: str | bytes | None,
+    pinned: str | bytes | None,
     progress: Progress | None,
     workers: int | None,
 ) -> VerificationReport:
@@ -522,7 +525,7 @@ def _verify_contents(
         _json(contents, name)
     if contents.receipts is None:
         raise VerificationError(f"bundle lacks {RECEIPTS}")
-    keyring, trust = trusted_keys(_bundle_keys(contents), public_key_pem)
+    keyring, trust = trusted_keys(_bundle_keys(contents), pinned)
     schemas = _schemas(contents)
     proofs = _proofs(_json(contents, "proofs.json"))
     checkpoint = _json(contents, "checkpoint.json")

@@ -123,7 +123,7 @@ def resign(obj: dict[str, Any], signer: Signer) -> dict[str, Any]:
 
 
 def test_intact_bundle_verifies_pinned_and_unpinned(bundle: Path, signer: Signer) -> None:
-    pinned = verify_bundle(bundle, public_key_pem=signer.public_key_pem())
+    pinned = verify_bundle(bundle, pinned=signer.public_key_pem())
     assert pinned.ok and pinned.checked == N and pinned.tree_size == N, pinned
     assert "pinned" in pinned.notes[0]
     unpinned = verify_bundle(bundle)
@@ -157,7 +157,7 @@ def test_range_bundle_verifies_against_whole_chain_checkpoint(
     tmp_path: Path, chain, signer
 ) -> None:
     path = export(tmp_path / "range.tar.gz", chain, signer, first=9, last=21)
-    report = verify_bundle(path, public_key_pem=signer.public_key_pem(), allow_range=True)
+    report = verify_bundle(path, pinned=signer.public_key_pem(), allow_range=True)
     assert report.ok and report.checked == 13 and report.tree_size == N, report
     assert (report.first_seq, report.last_seq) == (9, 21)
     files = read(path)
@@ -177,7 +177,7 @@ def test_receipts_cut_off_an_end_fail_unless_a_range_was_asked_for(
     either end and supply the compact ranges that still reach the signed root. Only a
     reader who asked for a range accepts one, and every report names the seqs it checked."""
     path = export(tmp_path / "cut.tar.gz", chain, signer, first=first, last=last)
-    report = verify_bundle(path, public_key_pem=signer.public_key_pem())
+    report = verify_bundle(path, pinned=signer.public_key_pem())
     assert not report.ok
     assert f"seq {first}..{last} of the {N} receipts its checkpoint signs" in report.reason
     assert verify_bundle(path, signer.public_key_pem(), allow_range=True).ok
@@ -255,7 +255,7 @@ def test_whole_bundle_resigned_only_pinning_catches(tmp_path: Path, chain) -> No
     operator, attacker = Signer.generate(), Signer.generate()
     path = export(tmp_path / "forged.tar.gz", build_chain(attacker, 5), attacker)
     assert verify_bundle(path).ok
-    report = verify_bundle(path, public_key_pem=operator.public_key_pem())
+    report = verify_bundle(path, pinned=operator.public_key_pem())
     assert report.first_failure_seq == 1 and "unknown key" in report.reason
 
 
