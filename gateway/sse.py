@@ -31,11 +31,11 @@ from runtime.errors import EngineFault, StructuredOutputInvalid
 from runtime.streaming import (
     AnswerDelta,
     ContentDelta,
+    EnvelopeEvent,
     EnvelopeStreamDecoder,
     ToolArgumentsDelta,
     ToolCallStart,
 )
-from runtime.streaming import StreamEvent as DecodedEvent
 
 DONE = b"data: [DONE]\n\n"
 
@@ -113,7 +113,7 @@ async def stream_completion(
 
 
 def _live(
-    writer: ChunkWriter, events: list[DecodedEvent], held: list[ToolCallStart | ToolArgumentsDelta]
+    writer: ChunkWriter, events: list[EnvelopeEvent], held: list[ToolCallStart | ToolArgumentsDelta]
 ) -> list[bytes]:
     """Chunks for text that may leave now; tool-call events are held back in `held`."""
     chunks = []

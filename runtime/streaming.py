@@ -50,7 +50,7 @@ class ToolArgumentsDelta:
     text: str
 
 
-StreamEvent = ContentDelta | AnswerDelta | ToolCallStart | ToolArgumentsDelta
+EnvelopeEvent = ContentDelta | AnswerDelta | ToolCallStart | ToolArgumentsDelta
 
 
 @dataclass
@@ -91,9 +91,9 @@ class EnvelopeStreamDecoder:
         self._cap: _Capture | None = None
         self._names: dict[int, str] = {}
         self._held_args: dict[int, list[str]] = {}
-        self._out: list[StreamEvent] = []
+        self._out: list[EnvelopeEvent] = []
 
-    def feed(self, delta: str | bytes) -> list[StreamEvent]:
+    def feed(self, delta: str | bytes) -> list[EnvelopeEvent]:
         text = self._utf8.decode(delta) if isinstance(delta, bytes) else delta
         if not text:
             return []
@@ -106,7 +106,7 @@ class EnvelopeStreamDecoder:
             self._step(ch)
         return self._drain()
 
-    def finish(self) -> tuple[list[StreamEvent], ParsedResponse]:
+    def finish(self) -> tuple[list[EnvelopeEvent], ParsedResponse]:
         """The remaining events and the authoritative parse (raises as ``plan.parse`` does)."""
         tail = self._utf8.decode(b"", final=True)
         events = self.feed(tail) if tail else []
@@ -250,9 +250,9 @@ class EnvelopeStreamDecoder:
         if held:
             self._out.append(ToolArgumentsDelta(index, "".join(held)))
 
-    def _drain(self) -> list[StreamEvent]:
+    def _drain(self) -> list[EnvelopeEvent]:
         """This feed's events, with runs of same-kind deltas merged into one."""
-        merged: list[StreamEvent] = []
+        merged: list[EnvelopeEvent] = []
         for event in self._out:
             last = merged[-1] if merged else None
             if isinstance(event, AnswerDelta) and isinstance(last, AnswerDelta):
@@ -321,10 +321,10 @@ def _unescape(raw: str) -> str:
         return raw  # invalid escapes: finish() reports it through plan.parse
 
 
-def _events_of(result: ParsedResponse) -> list[StreamEvent]:
+def _events_of(result: ParsedResponse) -> list[EnvelopeEvent]:
     """All events for an output that could only be understood once complete."""
     if result.kind == "tool_calls":
-        events: list[StreamEvent] = []
+        events: list[EnvelopeEvent] = []
         for i, call in enumerate(result.tool_calls):
             events += [
                 ToolCallStart(i, call.id, call.name),
@@ -337,8 +337,8 @@ def _events_of(result: ParsedResponse) -> list[StreamEvent]:
 __all__ = [
     "AnswerDelta",
     "ContentDelta",
+    "EnvelopeEvent",
     "EnvelopeStreamDecoder",
-    "StreamEvent",
     "ToolArgumentsDelta",
     "ToolCallStart",
 ]

@@ -17,8 +17,8 @@ from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import (
     AnswerDelta,
     ContentDelta,
+    EnvelopeEvent,
     EnvelopeStreamDecoder,
-    StreamEvent,
     ToolArgumentsDelta,
     ToolCallStart,
 )
@@ -50,11 +50,11 @@ STRUCTURED = [
 ]
 
 
-def replay(plan: Plan, chunks: Sequence[str | bytes]) -> tuple[list[StreamEvent], ParsedResponse]:
+def replay(plan: Plan, chunks: Sequence[str | bytes]) -> tuple[list[EnvelopeEvent], ParsedResponse]:
     """Stream ``chunks`` and check the end result is plan.parse of the whole text."""
     ids = CallIds()
     decoder = EnvelopeStreamDecoder(plan, ids)
-    events: list[StreamEvent] = []
+    events: list[EnvelopeEvent] = []
     for chunk in chunks:
         events += decoder.feed(chunk)
     tail, result = decoder.finish()
@@ -63,7 +63,7 @@ def replay(plan: Plan, chunks: Sequence[str | bytes]) -> tuple[list[StreamEvent]
     return events + tail, result
 
 
-def assert_consistent(events: list[StreamEvent], result: ParsedResponse) -> None:
+def assert_consistent(events: list[EnvelopeEvent], result: ParsedResponse) -> None:
     """The streamed events say what the final parse says."""
     starts = [e for e in events if isinstance(e, ToolCallStart)]
     assert [(s.index, s.id, s.name) for s in starts] == [
