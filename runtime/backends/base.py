@@ -124,8 +124,10 @@ def set_token_bit(bitmask_row: torch.Tensor, token_id: int, allowed: bool) -> No
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
-    """sha256 of the tokenizer's serialised vocabulary and rules: the identity the cache and
-    the manifest bind, so two tokenizers with one name but different vocabularies differ."""
+    """sha256 of the loaded tokenizer's serialised vocabulary and rules: part of the grammar
+    cache's key, so two tokenizers with one name but different vocabularies never share a
+    compiled grammar. (The manifest binds the tokenizer files' digest instead, from
+    runtime.model_store, which an auditor can recompute from the model directory.)"""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
         payload = backend.to_str().encode()
