@@ -27,6 +27,8 @@ class ErrorDetail(Struct):
     schema: dict[str, Any] | None = None
     raw_output: str | None = None
     pointer: str | None = None
+    # manifest_mismatch (409, replay) only: the manifest fields the current engine differs in
+    differences: list[str] | None = None
 
 
 class ErrorBody(Struct):
