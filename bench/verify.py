@@ -26,10 +26,10 @@ import rfc8785
 
 from receipts.bundle import verify_bundle, write_bundle
 from receipts.canonical import canonical_json
-from receipts.chain import seal
 from receipts.checkpoint import make_checkpoint
 from receipts.merkle import MerkleTree, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
+from receipts.seal import seal
 from receipts.signing import Signer
 
 TENANT = "bench"

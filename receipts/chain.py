@@ -1,8 +1,9 @@
-"""The hash chain: sealing a draft onto a chain head, and verifying a run of receipts.
+"""Verifying the hash chain: each receipt on its own, then the links between them.
 
-seal() is the only place a receipt is made: it fixes seq and prev_hash, hashes the canonical
-body and signs the 32 raw bytes of that hash. ChainVerifier re-derives all of it, one receipt at
-a time, and names the first seq that fails; verify_receipts() drives it over a sequence.
+receipts.seal makes receipts; this module only checks them. ReceiptChecker re-derives one
+receipt's entry hash, signature, key range and schema binding; ChainLinker checks the links of
+consecutive receipts and the Merkle root against the checkpoint, and names the first seq that
+fails; verify_receipts() drives both over a sequence.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import binascii
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from receipts.binding import SchemaBinding, SchemaSource
@@ -27,62 +27,10 @@ from receipts.errors import (
 from receipts.manifest import manifest_hash
 from receipts.merkle import CompactRange, leaf_hash
 from receipts.record import (
-    FORMAT_VERSION,
     GENESIS_PREV_HASH,
     Receipt,
-    ReceiptDraft,
-    format_timestamp,
-    new_receipt_id,
-    utc_now,
 )
-from receipts.signing import KeyRing, Signer
-
-
-def entry_hash_of(body: Mapping[str, Any]) -> str:
-    """hex(SHA-256(JCS(body))), body = the receipt without entry_hash and signature."""
-    return sha256_hex(canonical_json(body))
-
-
-def seal(
-    draft: ReceiptDraft,
-    *,
-    seq: int,
-    prev_hash: str,
-    signer: Signer,
-    created_at: datetime | None = None,
-    receipt_id: str | None = None,
-) -> Receipt:
-    """The receipt for `draft` at `seq` after the receipt whose entry hash is `prev_hash`."""
-    if type(seq) is not int or seq < 1:
-        raise ReceiptFormatError("seq must be a positive integer")
-    if seq == 1 and prev_hash != GENESIS_PREV_HASH:
-        raise ReceiptFormatError("seq 1 must follow the genesis prev_hash (64 zeros)")
-    body = {
-        "v": FORMAT_VERSION,
-        "id": receipt_id or new_receipt_id(),
-        "chain": draft.tenant,
-        "seq": seq,
-        "prev_hash": prev_hash,
-        "created_at": utc_now() if created_at is None else format_timestamp(created_at),
-        "tenant": draft.tenant,
-        "key_id": signer.key_id,
-        "manifest_hash": manifest_hash(draft.manifest),
-        "manifest": draft.manifest,
-        "request": draft.request,
-        "output": draft.output,
-        "finish_reason": draft.finish_reason,
-        "usage": draft.usage,
-        "validation": draft.validation,
-        "fallback": draft.fallback,
-        "links": draft.links,
-    }
-    entry_hash = entry_hash_of(body)
-    signature = signer.sign(bytes.fromhex(entry_hash))
-    # from_json_obj re-checks the whole shape (the caller's id and prev_hash, and draft dicts
-    # mutated since the draft was checked), so a malformed receipt never reaches the ledger.
-    return Receipt.from_json_obj(
-        {**body, "entry_hash": entry_hash, "signature": base64.b64encode(signature).decode()}
-    )
+from receipts.signing import KeyRing
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from receipts import queries
 from receipts.append_sql import AppendSQL
 from receipts.bundle import write_bundle
 from receipts.canonical import canonical_json, sorted_json
-from receipts.chain import VerificationReport, seal, verify_receipts
+from receipts.chain import VerificationReport, verify_receipts
 from receipts.checkpoint import checkpoint_problem, make_checkpoint
 from receipts.errors import ChainDamaged, LedgerUnavailable, ReceiptFormatError, ReceiptsError
 from receipts.merkle import (
@@ -67,6 +67,7 @@ from receipts.merkle import (
 )
 from receipts.queries import ReceiptPage, ReceiptQuery, rfc3339
 from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
+from receipts.seal import seal
 from receipts.signing import KeyRing, Signer
 from receipts.store import (
     CallRow,

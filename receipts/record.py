@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+from receipts.canonical import canonical_json, sha256_hex
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import check_manifest, is_hex64, schema_hash
 
@@ -245,3 +246,8 @@ def check_envelope(obj: Mapping[str, Any]) -> None:
     check_links(obj["links"])
     _hex64(obj["entry_hash"], "entry_hash")
     _str(obj["signature"], "signature")
+
+
+def entry_hash_of(body: Mapping[str, Any]) -> str:
+    """hex(SHA-256(JCS(body))), body = the receipt without entry_hash and signature."""
+    return sha256_hex(canonical_json(body))

@@ -168,7 +168,9 @@ def test_openapi_document_is_served(gateway: Any) -> None:
     assert {"type": "array", "items": {"type": "string"}, "maxItems": 4} in fields["stop"]["oneOf"]
     chat = document["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert set(chat["200"]["content"]) == {"application/json", "text/event-stream"}
-    assert {"schema", "raw_output", "pointer", "differences"} <= set(schemas["ErrorDetail"]["properties"])
+    assert {"schema", "raw_output", "pointer", "differences"} <= set(
+        schemas["ErrorDetail"]["properties"]
+    )
     assert "413" not in document["paths"]["/audit/receipts"]["get"]["responses"]
 
 

@@ -6,9 +6,9 @@ import hashlib
 import secrets
 from typing import Any
 
-from receipts.chain import seal
 from receipts.manifest import build_manifest, schema_hash
 from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft
+from receipts.seal import seal
 from receipts.signing import Signer
 
 WEATHER = {

@@ -22,11 +22,11 @@ from receipts.bundle import (
     write_bundle,
 )
 from receipts.canonical import canonical_json
-from receipts.chain import entry_hash_of, seal
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError
 from receipts.merkle import MerkleTree
-from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt
+from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt, entry_hash_of
+from receipts.seal import seal
 from receipts.signing import Signer
 
 N = 30

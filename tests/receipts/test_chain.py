@@ -11,11 +11,12 @@ import pytest
 import rfc8785
 from receipt_samples import SCHEMAS, UNION, UNION_HASH, build_chain, digest, draft
 
-from receipts.chain import entry_hash_of, seal, verify_receipts
+from receipts.chain import verify_receipts
 from receipts.checkpoint import make_checkpoint, verify_checkpoint
 from receipts.errors import ReceiptFormatError
 from receipts.merkle import MerkleTree
-from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt
+from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt, entry_hash_of
+from receipts.seal import seal
 from receipts.signing import KeyRange, KeyRing, Signer
 
 N = 12

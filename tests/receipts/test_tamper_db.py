@@ -15,12 +15,11 @@ import sqlalchemy as sa
 from ledger_kit import attacker, body_of, clone, draft, fill, ledger, migrated
 
 from receipts.bundle import verify_bundle
-from receipts.chain import entry_hash_of
 from receipts.errors import ChainDamaged, LedgerUnavailable
 from receipts.ledger import Ledger, receipt_text
 from receipts.manifest import schema_hash
 from receipts.merkle import CompactRange, leaf_hash
-from receipts.record import Receipt
+from receipts.record import Receipt, entry_hash_of
 from receipts.signing import KeyRing, Signer
 
 N = 30
