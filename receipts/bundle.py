@@ -516,7 +516,7 @@ def _verify_contents(
     manifest = _json(contents, MANIFEST)
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise VerificationError(f"{MANIFEST} does not describe a {BUNDLE_FORMAT}")
-    if manifest.get("v") != BUNDLE_VERSION:
+    if type(manifest.get("v")) is not int or manifest["v"] != BUNDLE_VERSION:  # true == 1
         raise VerificationError(
             f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
         )
@@ -552,11 +552,15 @@ def _verify_contents(
         problem, seq = exc.reason, exc.seq
     else:
         seq = None
-        problem = file_problem or (
-            f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
-            if linker.checked != total
-            else None
-        )
+        span = (linker.start_seq, linker.next_seq - 1)
+        problem = file_problem
+        if not problem and linker.checked != total:
+            problem = f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
+        if not problem and (manifest.get("first_seq"), manifest.get("last_seq")) != span:
+            problem = (
+                f"{MANIFEST} announces seq {manifest.get('first_seq')}..{manifest.get('last_seq')},"
+                f" {RECEIPTS} holds seq {span[0]}..{span[1]}"
+            )
     if problem:
         return VerificationReport.failed(
             problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)

@@ -236,6 +236,11 @@ class ChainLinker:
         compact range `right` of the leaves after the last receipt, for a range export)."""
         cp = self.checkpoint
         if cp is None or self.root_checked:
+            if right:
+                raise VerificationError(
+                    "proofs.json holds hashes after the last receipt, which already reaches"
+                    " the checkpoint"
+                )
             return
         size = cp["tree_size"]
         if not right:

@@ -423,3 +423,28 @@ def test_a_receipt_line_past_any_plausible_size_fails_without_reading_it_whole(
     files[RECEIPTS] = files[RECEIPTS] + b"x" * (MAX_SMALL_FILE + (2 << 20)) + b"\n"
     report = verify_bundle(rewrite(bundle, files))
     assert not report.ok and "no receipt is that long" in report.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"v": True}, "format version True"),
+        ({"first_seq": 2}, "announces seq 2..30"),
+        ({"last_seq": 31}, "announces seq 1..31"),
+    ],
+)
+def test_a_manifest_that_misstates_the_bundle_fails(
+    bundle: Path, change: dict[str, Any], says: str
+) -> None:
+    files = read(bundle)
+    files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), **change})
+    report = verify_bundle(rewrite(bundle, files))
+    assert not report.ok and says in report.reason, report
+
+
+def test_right_hand_proof_hashes_past_a_whole_chain_fail(bundle: Path) -> None:
+    files = read(bundle)
+    proofs = json.loads(files["proofs.json"])
+    files["proofs.json"] = canonical_json({**proofs, "right": ["00" * 32]})
+    report = verify_bundle(rewrite(bundle, files))
+    assert not report.ok and "already reaches the checkpoint" in report.reason, report
