@@ -36,8 +36,11 @@ class Authenticator:
         scheme, _, secret = (authorization or "").partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
+            got = f"a {scheme!r} Authorization header" if scheme else "no Authorization header"
             raise APIError(
-                401, "missing API key: send Authorization: Bearer cp_...", code="invalid_api_key"
+                401,
+                f"missing API key ({got}): send Authorization: Bearer cp_...",
+                code="invalid_api_key",
             )
         digest = hash_secret(secret)
         cached = self._cache.get(digest)

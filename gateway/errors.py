@@ -119,7 +119,8 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
         return 503, error_body(
             503,
-            "the receipt ledger is unavailable; no output is returned without a committed receipt",
+            "the receipt ledger's database is unavailable; retry later (no tool call is returned"
+            " without its committed receipt)",
             code="ledger_unavailable",
             param=None,
         )

@@ -681,6 +681,8 @@ class Ledger:
         head = queries.chain_head(conn, tenant)
         head_seq = head.head_seq if head else 0
         size = head_seq if tree_size is None else tree_size
+        if head_seq == 0:
+            raise ReceiptFormatError(f"chain {tenant!r} has no receipts yet: nothing to prove")
         if not 1 <= size <= head_seq:
             raise ReceiptFormatError(
                 f"tree size {size} is outside chain {tenant!r} (1..{head_seq})"
@@ -823,7 +825,8 @@ class Ledger:
                 else queries.checkpoint_at_least(conn, tenant, span[1])
             )
         if span is None:
-            raise ReceiptFormatError(f"chain {tenant!r} has no receipts in that time range")
+            where = "in that time range" if since or until else "yet"
+            raise ReceiptFormatError(f"chain {tenant!r} has no receipts {where}")
         first, last = span
         checkpoint = (
             self.checkpoint_now(tenant)
