@@ -251,8 +251,9 @@ def test_the_receipt_digests_the_request_exactly_as_sent(gateway: Any) -> None:
         ],
         "tools": [TOOL],
         "tool_choice": "required",
+        "parallel_tool_calls": False,
         "temperature": 0,
-        "max_tokens": 40,
+        "max_tokens": 64,
         "user": None,
     }
     with gateway.http("agent") as client:
