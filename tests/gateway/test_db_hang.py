@@ -112,6 +112,7 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
         "messages": [{"role": "user", "content": "Ping alpha."}],
         "tools": [TOOL],
         "tool_choice": "required",
+        "parallel_tool_calls": False,
         "temperature": 0,
     }
     assert client.post("/v1/chat/completions", json=body).status_code == 200
