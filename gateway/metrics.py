@@ -15,11 +15,20 @@ import time
 from collections.abc import Callable, Iterator
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("callproof.access")
+# No `_created` series beside every counter: a timestamp per label set that no dashboard
+# reads doubles what is scraped (process-wide, as prometheus_client keeps it).
+disable_created_metrics()
 
 GrammarStats = Callable[[], dict[str, dict[str, float]]]
 
@@ -123,17 +132,17 @@ class _GrammarCacheCollector(Collector):
         failures = CounterMetricFamily(
             "callproof_grammar_compile_failures", "Grammar compiles that failed", labels=["kind"]
         )
-        compile_ms = CounterMetricFamily(
-            "callproof_grammar_compile_ms", "Total grammar compile time (ms)", labels=["kind"]
+        compile_time = CounterMetricFamily(
+            "callproof_grammar_compile_seconds", "Total grammar compile time", labels=["kind"]
         )
         compile_max = GaugeMetricFamily(
-            "callproof_grammar_compile_max_ms", "Slowest grammar compile (ms)", labels=["kind"]
+            "callproof_grammar_compile_max_seconds", "Slowest grammar compile", labels=["kind"]
         )
         for kind, figures in self._stats().items():
             hits.add_metric([kind], figures.get("hits", 0))
             misses.add_metric([kind], figures.get("misses", 0))
             compiles.add_metric([kind], figures.get("compiles", 0))
             failures.add_metric([kind], figures.get("failures", 0))
-            compile_ms.add_metric([kind], figures.get("compile_ms_sum", 0.0))
-            compile_max.add_metric([kind], figures.get("compile_ms_max", 0.0))
-        yield from (hits, misses, compiles, failures, compile_ms, compile_max)
+            compile_time.add_metric([kind], figures.get("compile_ms_sum", 0.0) / 1000)
+            compile_max.add_metric([kind], figures.get("compile_ms_max", 0.0) / 1000)
+        yield from (hits, misses, compiles, failures, compile_time, compile_max)

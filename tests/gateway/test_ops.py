@@ -126,6 +126,7 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
     text = response.text
     assert 'callproof_http_requests_total{method="GET",route="/v1/models",status="200"}' in text
     assert "callproof_http_request_duration_seconds_bucket" in text
+    assert "_created" not in text
     assert 'callproof_http_requests_total{method="GET",route="unrouted",status="404"}' in text
     assert 'callproof_http_requests_total{method="DELETE",route="unrouted",status="405"}' in text
     assert 'callproof_stream_errors_total{code="structured_output_invalid"}' in text
@@ -139,7 +140,7 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
         for name in (
             "callproof_grammar_cache_misses_total",
             "callproof_grammar_compiles_total",
-            "callproof_grammar_compile_ms_total",
+            "callproof_grammar_compile_seconds_total",
         ):
             assert f'{name}{{kind="tools"}}' in text, name
 
