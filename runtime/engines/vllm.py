@@ -324,7 +324,9 @@ def _status_error(
         return RuntimeInputError(message, param="messages", code="context_length_exceeded")
     if status in CLIENT_FAULT_STATUSES:
         return EngineRejected(status, message)
-    return EngineUnavailable(f"the vLLM server answered {status}: {message}")
+    # Not the client's fault: its words about the server's insides (traces, paths) are for
+    # the operator, who has the vLLM server's own log; the agent learns the status only.
+    return EngineUnavailable(f"the vLLM server answered {status}")
 
 
 def _error_message(raw: bytes) -> str:

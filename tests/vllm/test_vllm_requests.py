@@ -15,8 +15,14 @@ import xgrammar
 
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Sampling
-from runtime.engines.vllm import VllmEngine, _json, structured_outputs, tool_call_tags
-from runtime.errors import EngineUnavailable
+from runtime.engines.vllm import (
+    VllmEngine,
+    _json,
+    _status_error,
+    structured_outputs,
+    tool_call_tags,
+)
+from runtime.errors import EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.tools import parse_tools_field, union_schema
 
@@ -202,3 +208,11 @@ def test_a_server_that_trickles_its_answer_is_cut_off_at_the_request_deadline() 
             server.close()
 
     assert asyncio.run(go()) < 3
+
+
+def test_a_server_fault_reaches_the_client_as_its_status_only() -> None:
+    """The body of a 500 can hold the server's traceback and paths: not for agents."""
+    error = _status_error(500, b'{"error": {"message": "Traceback ... /srv/vllm/engine.py"}}')
+    assert isinstance(error, EngineUnavailable)
+    assert str(error) == "the vLLM server answered 500"
+    assert isinstance(_status_error(400, b'{"error": {"message": "bad n"}}'), EngineRejected)
