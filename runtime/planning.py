@@ -126,15 +126,22 @@ class Plan:
         if self.mode != "tools":
             return ParsedResponse("text", content=body)
         assert self.schema is not None and self.tool_choice is not None
-        if body.lstrip().startswith("{"):
-            return parse_envelope(
-                body.strip(),
-                self.tools,
-                schema=self.schema,
-                response_schema=self.answer_schema,
-                ids=ids,
-            )
-        return self._parse_tagged(body, ids)
+        try:
+            if body.lstrip().startswith("{"):
+                return parse_envelope(
+                    body.strip(),
+                    self.tools,
+                    schema=self.schema,
+                    response_schema=self.answer_schema,
+                    ids=ids,
+                )
+            return self._parse_tagged(body, ids)
+        except StructuredOutputInvalid as exc:
+            # The request's field at fault: `tools`, unless the answer failed response_format.
+            answer = exc.pointer == "/answer" or exc.pointer.startswith("/answer/")
+            if exc.param == "response_format" and not (answer and self.answer_schema):
+                exc.param = "tools"
+            raise
 
     def _parse_tagged(self, body: str, ids: CallIds) -> ParsedResponse:
         """Free text with calls in the family's tags: the thinking-model path, where only the

@@ -549,6 +549,9 @@ def _from_envelope(
         _call_from(item, at, by_name, raw, union, ids.for_index(i))
         for i, (at, item) in enumerate(items)
     )
+    if not calls and response_schema is not None and "answer" in envelope:
+        # before the union, whose anyOf could only say the whole envelope fails
+        validate(envelope["answer"], response_schema, raw, prefix="/answer")
     if schema is not None:
         validate(envelope, schema, raw)
     if calls:
@@ -562,7 +565,6 @@ def _from_envelope(
         )
     answer = envelope["answer"]
     if response_schema is not None:
-        validate(answer, response_schema, raw, prefix="/answer")
         content = json.dumps(answer, ensure_ascii=False, separators=(",", ":"))
         return ParsedResponse("parsed", parsed=answer, content=content)
     if not isinstance(answer, str):

@@ -422,6 +422,16 @@ def test_parse_enforces_tool_choice() -> None:
         plan(tools=TOOLS, tool_choice="none").parse('{"tool": "list_rooms", "arguments": {}}')
 
 
+def test_a_bad_tool_call_names_tools_and_a_bad_answer_response_format() -> None:
+    p = plan(tools=TOOLS, response_format=RF_SCHEMA)
+    with pytest.raises(StructuredOutputInvalid) as call:
+        p.parse('{"tool": "get_weather", "arguments": {"city": 7}}')
+    assert call.value.param == "tools"
+    with pytest.raises(StructuredOutputInvalid) as answer:
+        p.parse('{"answer": {"summary": "ok", "score": "high"}}')
+    assert answer.value.param == "response_format"
+
+
 def test_parse_json_mode() -> None:
     p = plan(response_format=RF_SCHEMA)
     text = '{"summary": "ok", "score": 3}'
