@@ -34,7 +34,7 @@ def request_record(sent: dict[str, Any], *, retain_payload: bool) -> dict[str, A
     if retain_payload:
         # JSON text, not objects: a receipt is canonical JSON, which sorts object members, and
         # the order of a schema's properties is part of the prompt that replay sends again.
-        record["payload"] = {
+        record["payload_json"] = {
             "messages": _json_text(sent["messages"]),
             "params": _json_text(params),
         }

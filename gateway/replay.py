@@ -39,24 +39,20 @@ def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> 
 
 
 def recorded_request(receipt: Receipt, served_model: str) -> ChatCompletionRequest:
-    payload = receipt.request.get("payload")
-    if payload is None:
+    texts, values = receipt.request.get("payload_json"), receipt.request.get("payload")
+    if texts is None and values is None:
         raise APIError(
             409,
             f"receipt {receipt.id} holds only digests of its request (payload retention was "
             "off when it was recorded), so there is nothing to replay",
             code="payload_not_retained",
         )
-    body = {**_value(payload["params"]), "messages": _value(payload["messages"])}
+    if texts is not None:  # the client's member order, which is part of the prompt
+        values = {part: msgspec.json.decode(text) for part, text in texts.items()}
+    body = {**values["params"], "messages": values["messages"]}
     body.update(model=served_model, stream=False)
     body.pop("stream_options", None)
     return msgspec.convert(body, ChatCompletionRequest)
-
-
-def _value(recorded: Any) -> Any:
-    """A payload part: JSON text in the client's member order (receipts recorded before
-    2026-11-22 hold the value itself, its members sorted)."""
-    return msgspec.json.decode(recorded) if isinstance(recorded, str) else recorded
 
 
 def recorded_sampling(manifest: dict[str, Any]) -> Sampling:

@@ -66,7 +66,13 @@ from receipts.merkle import (
     node_hash,
 )
 from receipts.queries import ReceiptPage, ReceiptQuery, rfc3339
-from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
+from receipts.record import (
+    GENESIS_PREV_HASH,
+    PAYLOAD_MEMBERS,
+    Receipt,
+    ReceiptDraft,
+    utc_now,
+)
 from receipts.seal import seal
 from receipts.signing import KeyRing, Signer
 from receipts.store import (
@@ -244,10 +250,9 @@ class Ledger:
         """Queue ``draft`` for the next group commit; the future resolves after the commit."""
         if not isinstance(draft, ReceiptDraft):
             raise ReceiptFormatError(f"append takes a ReceiptDraft, not {type(draft).__name__}")
-        if not self.retain_payloads and "payload" in draft.request:
-            draft = dataclasses.replace(
-                draft, request={k: v for k, v in draft.request.items() if k != "payload"}
-            )
+        if not self.retain_payloads and not draft.request.keys().isdisjoint(PAYLOAD_MEMBERS):
+            request = {k: v for k, v in draft.request.items() if k not in PAYLOAD_MEMBERS}
+            draft = dataclasses.replace(draft, request=request)
         future: Future[Receipt] = Future()
         with self._lock:
             if self.signer is None:

@@ -7,6 +7,7 @@ The cryptographic checks live in chain.py.
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from collections.abc import Mapping
@@ -15,7 +16,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from receipts.canonical import canonical_json, sha256_hex
+from receipts.canonical import canonical_json, hash_json, sha256_hex
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import check_manifest, is_hex64, schema_hash
 
@@ -27,6 +28,11 @@ CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 KEY_ID = re.compile(r"ed25519:[0-9a-f]{32}")
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 OUTPUT_KINDS = frozenset({"tool_calls", "answer", "parsed", "text"})
+# Where a receipt may keep its request itself (retention on): `payload_json`, the JSON text of
+# messages and params in the client's member order; `payload`, the two values themselves, as
+# receipts written before 2026-11-22 hold them (members sorted, so replay could not send the
+# schema's property order again).
+PAYLOAD_MEMBERS = ("payload_json", "payload")
 
 
 def new_receipt_id() -> str:
@@ -80,9 +86,26 @@ def _count(value: object, path: str) -> None:
 
 
 def check_request(request: object) -> None:
-    _obj(request, "request", ("messages_sha256", "params_sha256"), ("payload",))
+    _obj(request, "request", ("messages_sha256", "params_sha256"), PAYLOAD_MEMBERS)
     _hex64(request["messages_sha256"], "request.messages_sha256")
     _hex64(request["params_sha256"], "request.params_sha256")
+    if "payload_json" in request:
+        texts = _obj(request["payload_json"], "request.payload_json", ("messages", "params"))
+        for part, kind in (("messages", list), ("params", dict)):
+            _check_payload_text(texts[part], kind, request[f"{part}_sha256"], part)
+
+
+def _check_payload_text(text: object, kind: type, digest: str, part: str) -> None:
+    """The retained text is what the receipt's digest commits to."""
+    path = f"request.payload_json.{part}"
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+        matches = isinstance(value, kind) and hash_json(value) == digest
+    except (ValueError, RecursionError):  # not JSON, or no canonical form (CanonicalizationError)
+        matches = False
+    if not matches:
+        shape = "an array" if kind is list else "an object"
+        raise _fail(path, f"the JSON text of {shape} whose hash_json is request.{part}_sha256")
 
 
 def check_output(output: object) -> None:

@@ -231,7 +231,7 @@ def test_replay_on_a_different_engine_is_refused_unless_forced(
 
 def test_replay_needs_the_retained_payload(gateway: Any, audited: dict[str, Any]) -> None:
     original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    digests_only = {k: v for k, v in original.request.items() if k != "payload"}
+    digests_only = {k: v for k, v in original.request.items() if k != "payload_json"}
     receipt_id = _recorded_elsewhere(gateway, original.id, request=digests_only)
     with gateway.http("auditor") as client:
         refused = client.post(f"/audit/replay/{receipt_id}", json={})
@@ -263,8 +263,8 @@ def test_the_receipt_digests_the_request_exactly_as_sent(gateway: Any) -> None:
     params = {k: v for k, v in sent.items() if k != "messages"}
     assert request["messages_sha256"] == hash_json(sent["messages"])
     assert request["params_sha256"] == hash_json(params)
-    assert json.loads(request["payload"]["params"]) == params
-    assert list(json.loads(request["payload"]["params"])) == list(params)  # the client's order
+    assert json.loads(request["payload_json"]["params"]) == params
+    assert list(json.loads(request["payload_json"]["params"])) == list(params)  # client's order
 
 
 def test_replay_sends_the_schema_in_the_clients_property_order(gateway: Any) -> None:
@@ -387,3 +387,20 @@ def test_verify_reports_a_deleted_receipt_instead_of_refusing_the_range(
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["ok"] is False and report["first_failure_seq"] == 2, report
+
+
+def test_replay_reads_the_payload_of_receipts_written_before_payload_json(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    texts = original.request["payload_json"]
+    legacy = {
+        "messages_sha256": original.request["messages_sha256"],
+        "params_sha256": original.request["params_sha256"],
+        "payload": {part: json.loads(text) for part, text in texts.items()},
+    }
+    older = _recorded_elsewhere(gateway, original.id, request=legacy)
+    with gateway.http("auditor") as client:
+        response = client.post(f"/audit/replay/{older}", json={})
+    assert response.status_code == 200, response.text
+    assert response.json()["match"] is True, response.json()["diff"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import sqlite3
 import threading
 import time
@@ -28,10 +29,11 @@ from ledger_kit import (
     tool_union,
 )
 
+from receipts.canonical import hash_json
 from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
-from receipts.record import GENESIS_PREV_HASH
+from receipts.record import GENESIS_PREV_HASH, check_request
 from receipts.signing import KeyRing, Signer
 
 
@@ -561,3 +563,22 @@ def test_union_in_kit_binds_like_the_gateway() -> None:
     }
     assert UNION["anyOf"][0]["properties"]["arguments"] == WEATHER_PARAMS
     assert UNION["anyOf"][1]["properties"]["arguments"] == SEARCH_PARAMS
+
+
+def test_a_retained_payload_must_hash_to_its_digests(fresh_sqlite_url: str) -> None:
+    """payload_json is checked against messages_sha256 and params_sha256 on every read."""
+    messages, params = [{"role": "user", "content": "hi"}], {"model": "m", "tools": []}
+    texts = {"messages": json.dumps(messages), "params": json.dumps(params)}
+    good = {
+        "messages_sha256": hash_json(messages),
+        "params_sha256": hash_json(params),
+        "payload_json": texts,
+    }
+    check_request(good)
+    for broken in (
+        {**good, "payload_json": {**texts, "params": json.dumps({"model": "other"})}},
+        {**good, "payload_json": {**texts, "messages": "[not json"}},
+        {**good, "payload_json": {**texts, "messages": json.dumps({"role": "user"})}},
+    ):
+        with pytest.raises(ReceiptFormatError, match="request.payload_json"):
+            check_request(broken)
