@@ -13,7 +13,6 @@ from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore
 from gateway.auth import BEARER, Authenticator, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import APIError, documented
-from gateway.query import refuse_unknown_query
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
 
 
@@ -24,8 +23,7 @@ def _info(key: ApiKey) -> KeyInfo:
 class AdminKeysController(Controller):
     path = "/admin/keys"
     tags = ["admin"]
-    dependencies = {"principal": Provide(require_role("admin"))}
-    before_request = refuse_unknown_query
+    dependencies = {"principal": Provide(require_role("admin", strict_query=True))}
     security = BEARER
 
     @get("", summary="List API keys (never their secrets)", responses=documented())

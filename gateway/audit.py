@@ -24,7 +24,6 @@ from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
 from gateway.errors import APIError, documented
-from gateway.query import refuse_unknown_query
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts.chain import VerificationReport
@@ -63,8 +62,7 @@ def _found(value: T | None, what: str) -> T:
 class AuditController(Controller):
     path = "/audit"
     tags = ["audit"]
-    dependencies = {"principal": Provide(require_role("auditor"))}
-    before_request = refuse_unknown_query
+    dependencies = {"principal": Provide(require_role("auditor", strict_query=True))}
     security = BEARER
 
     @get(

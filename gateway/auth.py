@@ -10,6 +10,7 @@ find it missing share one lookup instead of each querying the database.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -18,6 +19,7 @@ from litestar.di import NamedDependency
 
 from gateway.apikeys import ApiKey, KeyStore, KeyStoreUnavailable, Role, hash_secret
 from gateway.errors import APIError
+from gateway.query import refuse_unknown_query
 
 BEARER = [{"apiKey": []}]  # OpenAPI security requirement of every authenticated controller
 
@@ -36,10 +38,10 @@ class Authenticator:
         scheme, _, secret = (authorization or "").partition(" ")
         secret = secret.strip()
         if scheme.lower() != "bearer" or not secret:
-            got = f"a {scheme!r} Authorization header" if scheme else "no Authorization header"
             raise APIError(
                 401,
-                f"missing API key ({got}): send Authorization: Bearer cp_...",
+                f"missing API key ({_what_was_sent(authorization, scheme)}): send"
+                " Authorization: Bearer cp_...",
                 code="invalid_api_key",
             )
         digest = hash_secret(secret)
@@ -81,14 +83,33 @@ class Authenticator:
         return key
 
 
+def _what_was_sent(authorization: str | None, scheme: str) -> str:
+    """Names the scheme a client used, never a value: a key sent without "Bearer " would
+    otherwise be echoed into the agent's exception and logs."""
+    if not authorization:
+        return "no Authorization header"
+    if scheme.lower() == "bearer":
+        return "a Bearer Authorization header without a key"
+    if _SCHEME.fullmatch(scheme) and not scheme.startswith("cp_"):
+        return f"a {scheme!r} Authorization header"
+    return "an Authorization header that is not Bearer <key>"
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,19}")
+
+
 def _retrieve(task: asyncio.Task[ApiKey | None]) -> None:
     """Mark a lookup's exception retrieved: each waiting caller has already received it."""
     if not task.cancelled():
         task.exception()
 
 
-def require_role(role: Role) -> Callable[[Request, Authenticator], Awaitable[ApiKey]]:
-    """A dependency provider yielding the caller's key, or raising 401/403."""
+def require_role(
+    role: Role, *, strict_query: bool = False
+) -> Callable[[Request, Authenticator], Awaitable[ApiKey]]:
+    """A dependency provider yielding the caller's key, or raising 401/403; with
+    `strict_query`, then refusing query parameters the route does not take (gateway.query),
+    so that only an authenticated caller learns which ones it does."""
 
     async def principal(request: Request, authenticator: NamedDependency[Authenticator]) -> ApiKey:
         key = await authenticator.authenticate(request.headers.get("authorization"))
@@ -99,6 +120,8 @@ def require_role(role: Role) -> Callable[[Request, Authenticator], Awaitable[Api
                 f" it needs {_article(role)} {role} key",
                 code="wrong_role",
             )
+        if strict_query:
+            refuse_unknown_query(request)
         return key
 
     return principal

@@ -20,7 +20,7 @@ _PATH_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
 
 def refuse_unknown_query(request: Request) -> None:
-    """A controller's `before_request`: every query parameter declared, and given once."""
+    """Every query parameter declared by the route, and given once (400 otherwise)."""
     declared = _declared(request.route_handler)  # type: ignore[arg-type]
     seen: set[str] = set()
     for name, _ in request.query_params.multi_items():
@@ -33,7 +33,12 @@ def refuse_unknown_query(request: Request) -> None:
                 param=name,
             )
         if name in seen:
-            raise APIError(400, f"query parameter {name!r} is given more than once", param=name)
+            raise APIError(
+                400,
+                f"query parameter {name!r} is given more than once",
+                code="invalid_value",
+                param=name,
+            )
         seen.add(name)
 
 

@@ -331,6 +331,13 @@ def test_admin_routes_refuse_unknown_query_parameters_too(gateway: Any) -> None:
     assert response.status_code == 400 and response.json()["error"]["param"] == "role"
 
 
+def test_the_query_check_comes_after_authentication(gateway: Any) -> None:
+    """Who is not authenticated learns nothing about a route's parameters."""
+    with gateway.http(None) as client:
+        response = client.get("/audit/receipts?tool=x")
+    assert response.status_code == 401
+
+
 def test_replay_takes_a_receipt_a_fallback_backend_enforced(
     gateway: Any, audited: dict[str, Any]
 ) -> None:

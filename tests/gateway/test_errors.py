@@ -338,7 +338,9 @@ def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
     assert error_of(response, 401)["code"] == "invalid_api_key"
     with gateway.http(None) as client:
         basic = client.get("/v1/models", headers={"Authorization": "Basic dXNlcjpwYXNz"})
+        bare = client.get("/v1/models", headers={"Authorization": gateway.secrets["agent"]})
     assert "a 'Basic' Authorization header" in error_of(basic, 401)["message"]
+    assert gateway.secrets["agent"] not in error_of(bare, 401)["message"]  # never echoed
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="cp_wrong", max_retries=0).models.list()
 
