@@ -32,7 +32,7 @@ from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
 from runtime.errors import EngineFault, StructuredOutputInvalid
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
-from runtime.tools import validate
+from runtime.tools import EXACT_JSON, validate
 
 
 class GrammarViolation(EngineFault):
@@ -227,7 +227,7 @@ def _first_json_value(text: str) -> Any:
     starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
     if not starts:
         raise ValueError("no JSON object or array found")
-    try:
-        return json.JSONDecoder().raw_decode(text, min(starts))[0]
+    try:  # numbers a receipt cannot hold exactly fail here too, and become a retry reason
+        return EXACT_JSON.raw_decode(text, min(starts))[0]
     except json.JSONDecodeError as exc:
         raise ValueError(exc.msg) from None

@@ -738,10 +738,14 @@ def _no_constant(name: str) -> None:
     raise _Inexact(f"{name} is not JSON")
 
 
+# json's decoder with the exact-number rule; raises _Inexact (a ValueError) past it
+EXACT_JSON = json.JSONDecoder(
+    parse_int=_exact_int, parse_float=_finite_float, parse_constant=_no_constant
+)
+
+
 def _load_exact(text: str | bytes) -> Any:
-    return json.loads(
-        text, parse_int=_exact_int, parse_float=_finite_float, parse_constant=_no_constant
-    )
+    return EXACT_JSON.decode(text.decode() if isinstance(text, bytes) else text)
 
 
 def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
@@ -761,6 +765,7 @@ def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
 
 __all__ = [
     "CALL_ID_RE",
+    "EXACT_JSON",
     "MAX_EXACT_INTEGER",
     "CallIds",
     "ParsedResponse",

@@ -102,6 +102,20 @@ def test_post_hoc_retry_folds_the_pointer_into_the_reprompt():
     assert "/celsius" in prompts[1] and "99 is greater than the maximum of 60" in prompts[1]
 
 
+def test_post_hoc_retry_treats_a_number_no_receipt_can_hold_as_a_reason_to_retry():
+    """The final parse would refuse it (a 422 with no retry left): so the loop refuses it."""
+    outputs = iter(['{"n": 9007199254740993}', '{"n": 12}'])
+    prompts = []
+
+    def generate_fn(prompt: str) -> str:
+        prompts.append(prompt)
+        return next(outputs)
+
+    ok, parsed, _ = post_hoc_retry_json(generate_fn, "a number?", {"type": "object"}, 1)
+    assert ok and parsed == {"n": 12}
+    assert "outside +-(2**53 - 1)" in prompts[1]
+
+
 def test_post_hoc_retry_on_the_real_model_returns_a_typed_verdict(model):
     ok, parsed, err = post_hoc_retry_json(
         lambda p: generate(model, p, max_new_tokens=24), "Weather in Paris as JSON.", WEATHER, 0
