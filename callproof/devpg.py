@@ -156,7 +156,7 @@ def _wait_ready(port: int, timeout: float = 30.0) -> None:
 @contextmanager
 def scratch_database(server_url: str, prefix: str = "t_") -> Iterator[str]:
     """A new, empty database on the cluster at ``server_url``, dropped (even while in use)
-    on exit: one per test or benchmark, so none sees another's rows."""
+    on exit: one per test, so none sees another's rows."""
     import uuid
 
     import sqlalchemy as sa
@@ -167,7 +167,7 @@ def scratch_database(server_url: str, prefix: str = "t_") -> Iterator[str]:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
         yield server_url.rsplit("/", 1)[0] + "/" + name
+    finally:
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
         admin.dispose()

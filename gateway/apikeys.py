@@ -17,7 +17,7 @@ from typing import Literal, get_args
 
 import sqlalchemy as sa
 
-from receipts.store import POSTGRES_CONNECT_ARGS
+from receipts.store import connect_args
 
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -98,14 +98,7 @@ class KeyStore:
 
     @classmethod
     def open(cls, url: str) -> KeyStore:
-        postgres = url.startswith("postgresql")
-        return cls(
-            sa.create_engine(
-                url,
-                pool_pre_ping=True,
-                connect_args=POSTGRES_CONNECT_ARGS if postgres else {},
-            )
-        )
+        return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args(url)))
 
     def close(self) -> None:
         self._engine.dispose()

@@ -18,7 +18,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from gateway.apikeys import KeyStoreUnavailable
 from gateway.schemas import ErrorBody
 from receipts.errors import ChainDamaged, LedgerUnavailable
-from runtime.errors import EngineError, RuntimeInputError, StructuredOutputInvalid
+from runtime.errors import EngineError, EngineFault, RuntimeInputError, StructuredOutputInvalid
 
 log = logging.getLogger("callproof.gateway")
 
@@ -108,7 +108,9 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, RuntimeInputError):
         return exc.status, error_body(exc.status, exc.message, code=exc.code, param=exc.param)
-    if isinstance(exc, EngineError):
+    if isinstance(exc, EngineFault):  # a bug: the operator needs where, to report it
+        log.error("engine fault", exc_info=exc, extra={"event": "engine_fault"})
+    elif isinstance(exc, EngineError):
         log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
         return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
     if isinstance(exc, LedgerUnavailable | KeyStoreUnavailable):

@@ -32,6 +32,8 @@ disable_created_metrics()
 
 GrammarStats = Callable[[], dict[str, dict[str, float]]]
 
+# A label per method a client can invent would grow the series without bound.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -99,7 +101,8 @@ class Metrics:
             finally:
                 elapsed = time.perf_counter() - started
                 route = scope.get("path_template", "unrouted")
-                labels = (route, scope["method"], str(status))
+                method = scope["method"] if scope["method"] in _METHODS else "other"
+                labels = (route, method, str(status))
                 self.requests.labels(*labels).inc()
                 self.latency.labels(*labels).observe(elapsed)
                 log.info(

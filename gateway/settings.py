@@ -8,6 +8,7 @@ docs/configuration.md lists them all.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import tomllib
 import types
@@ -57,7 +58,7 @@ class Settings:
     checkpoint_interval_s: float = 60.0
     key_cache_ttl_s: float = 2.0  # how long a looked-up API key is trusted before re-checking
     db_timeout_s: float = 10.0  # a key lookup or receipt commit slower than this fails closed
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
 
     @property
     def db_url(self) -> str:
@@ -86,6 +87,8 @@ def _coerce(name: str, raw: Any) -> Any:
     kind = hint
     try:
         if getattr(kind, "__origin__", None) is Literal:
+            if name == "log_level" and isinstance(raw, str):
+                raw = raw.upper()  # logging's own names, in any case
             if raw not in get_args(kind):
                 raise ValueError(f"must be one of {', '.join(get_args(kind))}")
             return raw
@@ -100,8 +103,10 @@ def _coerce(name: str, raw: Any) -> Any:
             raise ValueError("must be true or false")
         if kind in (int, float):
             value = kind(raw)
-            if value < 0:
-                raise ValueError("must not be negative")
+            if not math.isfinite(value) or value < 0:
+                raise ValueError("must be a finite number, not negative")
+            if name.endswith(("_timeout_s", "_ttl_s")) and value == 0:
+                raise ValueError("must be more than 0 (a deadline of 0 fails or disables it)")
             return value
         return kind(raw)
     except (TypeError, ValueError) as exc:

@@ -727,7 +727,10 @@ class Ledger:
             pinned = keyring is not None
             keyring = keyring or KeyRing.from_public_keys(queries.public_keys(conn, tenant))
             checkpoint = checkpoint or self._covering_checkpoint(conn, tenant, start, to_seq)
-            left, right = self._range_context(conn, tenant, start, end, checkpoint, to_seq)
+            try:
+                left, right = self._range_context(conn, tenant, start, end, checkpoint, to_seq)
+            except ChainDamaged as exc:  # what verification is for: a report, not an error
+                return VerificationReport.failed(str(exc), chain=tenant)
             prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant, start - 1)
             if prev is None:
                 return VerificationReport.failed(
@@ -839,8 +842,9 @@ class Ledger:
             else stored
         )
         if checkpoint is None or checkpoint["tree_size"] < first:
+            uncovered = last if until is not None else first  # with until: checkpoint >= last
             raise ReceiptsError(
-                f"no signed checkpoint covers seq {first} of chain {tenant!r}:"
+                f"no signed checkpoint covers seq {uncovered} of chain {tenant!r}:"
                 " export with the signing key so one can be signed"
             )
         if until is None:

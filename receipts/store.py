@@ -180,15 +180,25 @@ def insert_ignore(table: sa.Table, dialect: sa.Dialect) -> sa.Insert:
     return insert(table).on_conflict_do_nothing()
 
 
-# Postgres connections that give up instead of hanging: a connect attempt after 5 s, and an
-# idle connection whose peer is gone (a partition, a dead host) after about 25 s of keepalives.
-POSTGRES_CONNECT_ARGS = {
+# Postgres connections that give up instead of hanging: a connect attempt after 5 s; a peer
+# gone (a partition, a dead host) after about 25 s of keepalives when idle, or 30 s of
+# unacknowledged data when busy. The operator's own values in the URL's query win.
+_POSTGRES_CONNECT_ARGS = {
     "connect_timeout": 5,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
 }
+
+
+def connect_args(url: str) -> dict[str, object]:
+    """The driver arguments `url` needs beyond its own (none outside Postgres)."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return {}
+    return {k: v for k, v in _POSTGRES_CONNECT_ARGS.items() if k not in parsed.query}
 
 
 def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
@@ -206,7 +216,7 @@ def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
             pool_pre_ping=True,
             pool_size=4,
             max_overflow=8,
-            connect_args=POSTGRES_CONNECT_ARGS if url.startswith("postgresql") else {},
+            connect_args=connect_args(url),
         )
     engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
     begin = "BEGIN IMMEDIATE" if writer else "BEGIN"

@@ -37,7 +37,9 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
     ("flags", "env", "message"),
     [
         ({"engine": "tpu"}, {}, "must be one of embedded, vllm"),
-        ({"port": "-1"}, {}, "must not be negative"),
+        ({"port": "-1"}, {}, "not negative"),
+        ({"db_timeout_s": "0"}, {}, "must be more than 0"),
+        ({}, {"CALLPROOF_VLLM_TIMEOUT_S": "nan"}, "must be a finite number"),
         ({}, {"CALLPROOF_RETAIN_PAYLOADS": "maybe"}, "must be true or false"),
         ({}, {"CALLPROOF_MAX_BODY_BYTES": "lots"}, "max_body_bytes"),
     ],
@@ -45,6 +47,10 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
 def test_bad_values_are_named(flags: dict, env: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings(flags, env)
+
+
+def test_log_level_takes_logging_names_in_any_case() -> None:
+    assert load_settings({"log_level": "info"}, {}).log_level == "INFO"
 
 
 def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:

@@ -74,3 +74,12 @@ def test_postgres_refuses_truncate(fresh_postgres_url: str) -> None:
             conn.execute(sa.text("TRUNCATE receipts CASCADE"))
     finally:
         engine.dispose()
+
+
+def test_postgres_connections_give_up_unless_the_url_says_otherwise() -> None:
+    from receipts.store import connect_args
+
+    args = connect_args("postgresql+psycopg://u@db:5432/ledger?connect_timeout=30")
+    assert "connect_timeout" not in args  # the operator's value stays
+    assert args["keepalives"] == 1 and args["tcp_user_timeout"] > 0
+    assert connect_args("sqlite:///ledger.db") == {}

@@ -316,3 +316,12 @@ def test_proofs_and_exports_that_need_a_deleted_row_say_the_chain_is_damaged(cha
             led.inclusion_proof(T, 5)
         with pytest.raises(ChainDamaged, match="seq 3 .* is missing"):
             led.export(T, Path("/dev/null"), since=led.get_by_seq(T, 4).created_at)
+
+
+def test_verifying_a_range_over_deleted_merkle_nodes_is_a_failed_report(chain) -> None:
+    url, signer, _ = chain
+    with attacker(url) as conn:
+        conn.execute(sa.text("DELETE FROM merkle_nodes WHERE chain = :c"), {"c": T})
+    with Ledger.open(url, signer) as led:
+        report = led.verify(T, from_seq=5)
+    assert not report.ok and "lacks the subtree" in report.reason, report

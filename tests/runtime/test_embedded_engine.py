@@ -229,7 +229,7 @@ def test_an_abandoned_post_hoc_request_frees_the_worker(engine: EmbeddedEngine) 
 
     waited, follow_up = run(abandon_then_ask())
     assert follow_up.completion_tokens == 4
-    assert waited < 3, waited
+    assert waited < 8, waited  # the whole retry loop, before the fix: 15 s and more
     run(llguidance_only.aclose())
 
 
