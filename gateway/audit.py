@@ -152,8 +152,13 @@ class AuditController(Controller):
     async def public_keys(
         self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
     ) -> list[dict[str, Any]]:
-        if await _chain_is_empty(ledger, principal.tenant):
-            return []  # an empty chain was signed by no key
+        if await _chain_is_empty(ledger, principal.tenant) and ledger.signer is not None:
+            # No key has signed this chain yet: the one that will, with no range, so an
+            # auditor can pin it before the first receipt.
+            signer = ledger.signer
+            return [
+                {"key_id": signer.key_id, "public_key_pem": signer.public_key_pem(), "ranges": []}
+            ]
         return await _read(ledger.public_keys, principal.tenant)
 
     @get(

@@ -411,3 +411,16 @@ def test_replay_reads_the_payload_of_receipts_written_before_payload_json(
         response = client.post(f"/audit/replay/{older}", json={})
     assert response.status_code == 200, response.text
     assert response.json()["match"] is True, response.json()["diff"]
+
+
+def test_a_tenant_without_receipts_can_pin_the_key_that_will_sign(gateway: Any) -> None:
+    secret = gateway.keys.create("auditor", "initech")[1]
+    headers = {"Authorization": f"Bearer {secret}"}
+    keys = httpx.get(f"{gateway.url}/audit/keys", headers=headers).json()
+    assert keys == [
+        {
+            "key_id": gateway.signer.key_id,
+            "public_key_pem": gateway.signer.public_key_pem(),
+            "ranges": [],
+        }
+    ]
