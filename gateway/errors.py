@@ -108,10 +108,11 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, RuntimeInputError):
         return exc.status, error_body(exc.status, exc.message, code=exc.code, param=exc.param)
-    if isinstance(exc, EngineFault):  # a bug: the operator needs where, to report it
-        log.error("engine fault", exc_info=exc, extra={"event": "engine_fault"})
-    elif isinstance(exc, EngineError):
-        log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
+    if isinstance(exc, EngineError):
+        if isinstance(exc, EngineFault):  # a bug: the operator needs where, to report it
+            log.error("engine fault", exc_info=exc, extra={"event": "engine_fault"})
+        else:
+            log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
         return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
     if isinstance(exc, LedgerUnavailable | KeyStoreUnavailable):
         # Fail closed: nothing leaves without its committed receipt.

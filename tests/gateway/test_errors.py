@@ -412,3 +412,12 @@ def test_a_damaged_chain_is_named_not_a_bare_internal_error() -> None:
     status, body = error_for(ChainDamaged("receipt seq 3 of chain 'acme' is missing"))
     assert status == 500 and body["error"]["code"] == "chain_damaged"
     assert "seq 3" in body["error"]["message"] and "/audit/verify" in body["error"]["message"]
+
+
+def test_an_engine_fault_is_named_not_a_bare_internal_error() -> None:
+    from gateway.errors import error_for
+    from runtime.constrained import GrammarViolation
+
+    status, body = error_for(GrammarViolation("token 7 rejected by the grammar it was masked to"))
+    assert status == 500 and body["error"]["code"] == "engine_fault"
+    assert "token 7 rejected" in body["error"]["message"]
