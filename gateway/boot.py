@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
@@ -34,33 +35,49 @@ class Resources:
 
 
 def prepare_database(settings: Settings) -> None:
-    """Create the data directory and bring the database schema up to date (idempotent).
+    """Bring the database schema up to date (idempotent); for the default SQLite ledger,
+    first create it (0600) inside the private data directory.
 
-    The directory (0700) and the default SQLite file (0600) are the owner's alone: they hold
-    receipts, key hashes and, with retain_payloads, the messages. SQLite gives its -wal and
-    -shm files the database file's mode."""
+    SQLite gives its -wal and -shm files the database file's mode. With `--db` pointing
+    elsewhere the data directory is not touched here: `callproof keys --db postgresql://...`
+    needs none."""
     from migrations.runner import upgrade
 
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    private = [settings.data_dir]
     if settings.db is None:
-        ledger_file = settings.data_dir / "ledger.db"
+        ledger_file = _private_data_dir(settings) / "ledger.db"
         os.close(os.open(ledger_file, os.O_CREAT | os.O_RDONLY, 0o600))  # no-op if it exists
-        private.append(ledger_file)
-    for path in private:  # made by an earlier version, or by hand: say so, change nothing
-        mode = path.stat().st_mode & 0o777
-        if os.name == "posix" and mode & 0o077:
-            log.warning("%s is open to other users (mode %o): chmod go-rwx it", path, mode)
+        _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
 
 
 def load_signer(settings: Settings) -> Signer:
     """CALLPROOF_SIGNING_KEY (PEM text) when set, else the key file. Only the default file
-    is generated on first run: a key file named in the settings that is missing (a secret
-    mount that failed) must stop the gateway, not give it a new signing identity."""
-    return signer_from_env() or load_or_create_signer(
+    (<data_dir>/signing-key.pem) is generated on first run: a key file named in the settings
+    that is missing (a secret mount that failed) must stop the gateway, not give it a new
+    signing identity."""
+    from_env = signer_from_env()
+    if from_env is not None:
+        return from_env
+    if settings.signing_key_file is None:
+        _private_data_dir(settings)
+    return load_or_create_signer(
         settings.signing_key_path, create=settings.signing_key_file is None
     )
+
+
+def _private_data_dir(settings: Settings) -> Path:
+    """The data directory, created 0700: it holds receipts, key hashes, the signing key and,
+    with retain_payloads, the messages."""
+    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _warn_if_shared(settings.data_dir)
+    return settings.data_dir
+
+
+def _warn_if_shared(path: Path) -> None:
+    """Made by an earlier version, or by hand: say so, change nothing."""
+    mode = path.stat().st_mode & 0o777
+    if os.name == "posix" and mode & 0o077:
+        log.warning("%s is open to other users (mode %o): chmod go-rwx it", path, mode)
 
 
 def first_run_admin_key(keys: KeyStore) -> str | None:

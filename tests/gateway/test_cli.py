@@ -130,6 +130,22 @@ def test_a_data_directory_open_to_others_is_reported(
     assert f"{old} is open to other users (mode 755)" in caplog.text
 
 
+def test_keys_with_postgres_leave_the_data_directory_alone(
+    tmp_path: Path, fresh_postgres_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With `--db` elsewhere and a signing key from the environment, nothing lives in the
+    data directory: it is neither created nor judged."""
+    from gateway.boot import prepare_database
+    from gateway.settings import Settings
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    shared.chmod(0o755)
+    prepare_database(Settings(data_dir=shared, db=fresh_postgres_url))
+    prepare_database(Settings(data_dir=tmp_path / "absent", db=fresh_postgres_url))
+    assert not caplog.records and not (tmp_path / "absent").exists()
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
