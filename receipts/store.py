@@ -17,10 +17,18 @@ chronologically as text, and behaves the same in both databases.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import sqlalchemy as sa
 from sqlalchemy import BigInteger, ForeignKey, Index, Integer, LargeBinary, String, Text, event
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from receipts.canonical import sorted_json
+from receipts.errors import LedgerUnavailable
+from receipts.record import Receipt
 
 HASH = String(64)
 """A SHA-256 digest in lowercase hex."""
@@ -67,7 +75,7 @@ class ReceiptRow(Base):
     prev_hash: Mapped[str] = mapped_column(HASH)
     entry_hash: Mapped[str] = mapped_column(HASH)
     body: Mapped[str] = mapped_column(Text)
-    """The whole signed receipt as JSON (the authoritative copy; see ledger.receipt_text)."""
+    """The whole signed receipt as JSON (the authoritative copy; see receipt_text)."""
 
     __table_args__ = (
         Index("ix_receipts_chain_created_at", "chain", "created_at"),
@@ -239,3 +247,28 @@ def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
         conn.exec_driver_sql(begin)
 
     return engine
+
+
+def receipt_text(receipt: Receipt) -> str:
+    """The stored form of a receipt: its JSON with sorted keys, compact and lossless.
+
+    Not re-canonicalized here (RFC 8785 costs a third of an append); every reader parses it
+    and the verifier recomputes the entry hash over its RFC 8785 form, so any edit shows.
+    """
+    return sorted_json(receipt.to_json_obj()).decode()
+
+
+@contextmanager
+def transaction(engine: sa.Engine, failing: str) -> Iterator[sa.Connection]:
+    """A transaction whose database failures surface as LedgerUnavailable (fail closed)."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except (SQLAlchemyError, engine.dialect.loaded_dbapi.Error) as exc:  # driver: append_sql
+        raise LedgerUnavailable(f"the ledger database {failing}: {short_error(exc)}") from exc
+
+
+def short_error(exc: BaseException) -> str:
+    """First line of a driver error: enough to diagnose, no SQL or parameters (no payloads)."""
+    orig = getattr(exc, "orig", None) or exc
+    return f"{type(orig).__name__}: {str(orig).splitlines()[0] if str(orig) else ''}"

@@ -58,7 +58,7 @@ def test_group_commit_shares_transactions(fresh_postgres_url: str) -> None:
     migrated(fresh_postgres_url)
     with ledger(fresh_postgres_url) as led:
         commits = []
-        sa.event.listen(led._writer, "commit", lambda conn: commits.append(1))
+        sa.event.listen(led._writer._engine, "commit", lambda conn: commits.append(1))
         fill(led, 300)
         assert len(commits) < 30, "300 concurrent appends should share a few transactions"
 
@@ -275,9 +275,11 @@ def test_kept_head_skips_the_locking_read_until_the_chain_is_shared(db_url: str)
     migrated(db_url)
     with ledger(db_url) as led, ledger(db_url) as other:
         fill(led, 1)
-        lock_head = led._sql.lock_head
+        lock_head = led._writer._sql.lock_head
         locks: list[str] = []
-        led._sql.lock_head = lambda cursor, chain: locks.append(chain) or lock_head(cursor, chain)
+        led._writer._sql.lock_head = lambda cursor, chain: (
+            locks.append(chain) or lock_head(cursor, chain)
+        )
         assert [led.append(draft()).seq for _ in range(5)] == [2, 3, 4, 5, 6]
         assert locks == []
         fill(other, 2)
@@ -331,7 +333,7 @@ def test_checkpoint_now_never_unschedules_a_later_append(fresh_sqlite_url: str) 
     with ledger(fresh_sqlite_url, checkpoint_interval_s=1.0) as led:
         led.append(draft())
         led.append(draft())
-        sign, caller = led._save_checkpoint_and_commit, threading.current_thread()
+        sign, caller = led._writer._save_checkpoint_and_commit, threading.current_thread()
 
         def sign_then_append(conn: sa.Connection, head: object) -> dict:
             checkpoint = sign(conn, head)
@@ -339,7 +341,7 @@ def test_checkpoint_now_never_unschedules_a_later_append(fresh_sqlite_url: str) 
                 led.append(draft())  # the writer commits seq 3 before checkpoint_now returns
             return checkpoint
 
-        led._save_checkpoint_and_commit = sign_then_append
+        led._writer._save_checkpoint_and_commit = sign_then_append
         assert led.checkpoint_now("acme")["tree_size"] == 2
         assert wait_for_checkpoint(led, "acme", 3)
 
@@ -432,7 +434,7 @@ def test_writer_notices_at_once_that_the_server_closed_its_connection(
 ) -> None:
     """A session the server cut moments ago (a failover, pg_terminate_backend) is noticed
     before the next append uses it, not by failing that append: no idle ping helps here."""
-    monkeypatch.setattr("receipts.ledger._IDLE_PING_S", 3600.0)
+    monkeypatch.setattr("receipts.ledger_writer.IDLE_PING_S", 3600.0)
     if not has_poll:
         monkeypatch.delattr("select.poll")
     migrated(fresh_postgres_url)

@@ -13,9 +13,9 @@ import sqlalchemy as sa
 from ledger_kit import attacker, body_of, fill, ledger
 
 from callproof.cli import main
-from receipts.ledger import receipt_text
 from receipts.record import Receipt
 from receipts.signing import Signer
+from receipts.store import receipt_text
 
 
 @pytest.fixture

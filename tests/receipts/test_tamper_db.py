@@ -16,11 +16,12 @@ from ledger_kit import attacker, body_of, clone, draft, fill, ledger, migrated
 
 from receipts.bundle import verify_bundle
 from receipts.errors import ChainDamaged, LedgerUnavailable
-from receipts.ledger import Ledger, receipt_text
+from receipts.ledger import Ledger
 from receipts.manifest import schema_hash
 from receipts.merkle import CompactRange, leaf_hash
 from receipts.record import Receipt, entry_hash_of
 from receipts.signing import KeyRing, Signer
+from receipts.store import receipt_text
 
 N = 30
 T = "acme"

@@ -1,0 +1,68 @@
+"""A chain's head as the ledger writer holds it: seq, entry hash, signing key, last
+checkpoint, and the Merkle tree's right edge (``frontier``), advanced in memory while a batch
+is sealed onto it, so a batch extends the tree and signs checkpoints without reading any
+earlier receipt back."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from receipts.merkle import CompactRange, leaf_hash, node_hash
+
+
+@dataclass
+class ChainHead:
+    """A chain's locked head row, advanced in memory while a batch is sealed onto it."""
+
+    chain: str
+    seq: int
+    hash: str
+    frontier: list[bytes]
+    """Roots of the perfect subtrees of the Merkle tree at ``seq`` (a compact range)."""
+    key_id: str | None
+    checkpoint_size: int
+    checkpoint_at: int  # epoch milliseconds of the chain's last checkpoint
+    new_nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    stale_checkpoint: bool = False
+    """The checkpoint columns come from the writer's own last commit, not a locked read:
+    another process may have signed a checkpoint since, so they are not written back."""
+
+    def kept(self) -> ChainHead:
+        """A copy to seal the writer's next batch onto without re-reading the row."""
+        return dataclasses.replace(
+            self, frontier=list(self.frontier), new_nodes=[], stale_checkpoint=True
+        )
+
+    def add_leaf(self, entry_hash: str) -> None:
+        """Extend the tree by one leaf, recording each perfect subtree the leaf completes
+        (merkle_nodes rows) as it merges into the frontier."""
+        self.frontier.append(leaf_hash(bytes.fromhex(entry_hash)))
+        level, done = 0, self.seq + 1  # done: leaves covered at the current level
+        while done % 2 == 0:
+            right = self.frontier.pop()
+            self.frontier[-1] = node_hash(self.frontier[-1], right)
+            level, done = level + 1, done // 2
+            self.new_nodes.append(
+                {"chain": self.chain, "level": level, "idx": done - 1, "hash": self.frontier[-1]}
+            )
+        self.seq += 1
+        self.hash = entry_hash
+
+    def root(self) -> str:
+        return CompactRange(self.seq, self.frontier).root().hex()
+
+    def row(self) -> dict[str, Any]:
+        """The chains row (or, with a stale checkpoint, the part of it) to record."""
+        row = {
+            "chain": self.chain,
+            "head_seq": self.seq,
+            "head_hash": self.hash,
+            "frontier": ",".join(h.hex() for h in self.frontier),
+            "key_id": self.key_id,
+        }
+        if not self.stale_checkpoint:
+            row["checkpoint_size"] = self.checkpoint_size
+            row["checkpoint_at"] = self.checkpoint_at
+        return row

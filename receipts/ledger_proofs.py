@@ -1,0 +1,87 @@
+"""RFC 9162 inclusion and consistency proofs for a stored chain, built from the receipts'
+entry hashes and the completed subtree hashes the writer stores (``merkle_nodes``), so a
+proof at any tree size reads O(log n) rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+from receipts import merkle, queries
+from receipts.errors import ReceiptFormatError
+
+
+def inclusion_proof(
+    conn: sa.Connection, tenant: str, seq: int, tree_size: int | None = None
+) -> dict[str, Any]:
+    """Inclusion proof of receipt ``seq`` in the tree of ``tree_size`` leaves (default: the
+    latest checkpoint's, which is included so the root is signed)."""
+    checkpoint, tree_size = _proof_target(conn, tenant, tree_size)
+    if not 1 <= seq <= tree_size:
+        raise ReceiptFormatError(f"seq {seq} is outside the tree of size {tree_size}")
+    proof, root = queries.with_stored_tree(
+        conn,
+        tenant,
+        lambda subtree: (
+            merkle.inclusion_proof(seq - 1, tree_size, subtree),
+            subtree(0, tree_size),
+        ),
+    )
+    return {
+        "chain": tenant,
+        "seq": seq,
+        "leaf_index": seq - 1,
+        "tree_size": tree_size,
+        "entry_hash": queries.entry_hash(conn, tenant, seq),
+        "proof": [h.hex() for h in proof],
+        "root_hash": root.hex(),
+        "checkpoint": checkpoint,
+    }
+
+
+def consistency_proof(
+    conn: sa.Connection, tenant: str, size1: int, size2: int | None = None
+) -> dict[str, Any]:
+    """Consistency proof that the tree of ``size1`` leaves is a prefix of the tree of
+    ``size2`` (default: the latest checkpoint's size)."""
+    checkpoint, size2 = _proof_target(conn, tenant, size2)
+    if not 1 <= size1 <= size2:
+        raise ReceiptFormatError(f"need 1 <= size1 <= size2, got {size1} and {size2}")
+    proof, root1, root2 = queries.with_stored_tree(
+        conn,
+        tenant,
+        lambda subtree: (
+            merkle.consistency_proof(size1, size2, subtree),
+            subtree(0, size1),
+            subtree(0, size2),
+        ),
+    )
+    return {
+        "chain": tenant,
+        "size1": size1,
+        "size2": size2,
+        "root1": root1.hex(),
+        "root2": root2.hex(),
+        "proof": [h.hex() for h in proof],
+        "checkpoint": checkpoint,
+    }
+
+
+def _proof_target(
+    conn: sa.Connection, tenant: str, tree_size: int | None
+) -> tuple[dict[str, Any] | None, int]:
+    """The tree size a proof is made against (default: the latest checkpoint's, else the
+    head) and the signed checkpoint at that size, if one was stored."""
+    if tree_size is None:
+        checkpoint = queries.latest_checkpoint(conn, tenant)
+        if checkpoint is not None:
+            return checkpoint, checkpoint["tree_size"]
+    head = queries.chain_head(conn, tenant)
+    head_seq = head.head_seq if head else 0
+    size = head_seq if tree_size is None else tree_size
+    if head_seq == 0:
+        raise ReceiptFormatError(f"chain {tenant!r} has no receipts yet: nothing to prove")
+    if not 1 <= size <= head_seq:
+        raise ReceiptFormatError(f"tree size {size} is outside chain {tenant!r} (1..{head_seq})")
+    return queries.checkpoint_at(conn, tenant, size), size

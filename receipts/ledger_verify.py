@@ -1,0 +1,211 @@
+"""Verification of a chain as the database stores it: the chain verifier's checks
+(receipts.chain) over the stored rows, plus what only a database can get wrong."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+
+from receipts import queries
+from receipts.chain import VerificationReport, verify_receipts
+from receipts.checkpoint import checkpoint_problem
+from receipts.errors import ChainDamaged, ReceiptFormatError
+from receipts.merkle import CompactRange, compact_range, leaf_hash
+from receipts.record import GENESIS_PREV_HASH
+from receipts.signing import KeyRing
+
+
+def verify_stored(
+    conn: sa.Connection,
+    tenant: str,
+    from_seq: int | None = None,
+    to_seq: int | None = None,
+    *,
+    checkpoint: Mapping[str, Any] | None = None,
+    keyring: KeyRing | None = None,
+) -> VerificationReport:
+    """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first
+    failing seq.
+
+    Streams the rows through receipts.chain.verify_receipts (hashes, signatures, links,
+    schema binding, Merkle root against a signed checkpoint) and also checks what only
+    the database can get wrong: indexed columns that disagree with the signed body, every
+    stored checkpoint in the range (signature and root), rows beyond or missing before
+    the chain's head. ``checkpoint`` is one the auditor saved
+    (default: the stored one); ``keyring`` pins trusted keys (default: the keys the
+    database lists, which an attacker with write access could extend).
+    """
+    head = queries.chain_head(conn, tenant)
+    head_seq = head.head_seq if head else 0
+    last = queries.last_seq(conn, tenant)
+    start = from_seq or 1
+    end = to_seq if to_seq is not None else max(head_seq, last)
+    if start < 1 or end < start - 1:
+        raise ReceiptFormatError(f"bad seq range {start}..{end}")
+    pinned = keyring is not None
+    keyring = keyring or KeyRing.from_public_keys(queries.public_keys(conn, tenant))
+    checkpoint = checkpoint or _covering_checkpoint(conn, tenant, start, to_seq)
+    try:
+        left, right = _range_context(conn, tenant, start, end, checkpoint, to_seq)
+    except ChainDamaged as exc:  # what verification is for: a report, not an error
+        return VerificationReport.failed(str(exc), chain=tenant)
+    prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant, start - 1)
+    if prev is None:
+        return VerificationReport.failed(
+            "receipt missing from the database", seq=start - 1, chain=tenant
+        )
+    rows = _CheckedRows(
+        queries.stream_rows(conn, tenant, start, end),
+        CompactRange(start - 1, left or []),
+        queries.checkpoints(conn, tenant, start, end),
+        keyring,
+    )
+    schema_cache: dict[str, dict[str, Any] | None] = {}
+    report = verify_receipts(
+        rows,
+        keyring,
+        expected_prev_hash=prev,
+        start_seq=start,
+        checkpoint=checkpoint,
+        schemas=lambda h: schema_cache.setdefault(h, queries.schema(conn, h)),
+        left=left,
+        right=right,
+    )
+    problems = [rows.problem] if rows.problem else []
+    if not report.ok:
+        problems.append((report.first_failure_seq, report.reason))
+    if to_seq is None and last > head_seq:
+        problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
+    if to_seq is None and rows.seen < end - start + 1 and report.ok:
+        missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
+        problems.append((start + rows.seen, missing))
+    if not problems:
+        return dataclasses.replace(report, notes=(_trust_note(keyring, pinned),))
+    seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
+    return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
+
+
+def _covering_checkpoint(
+    conn: sa.Connection, tenant: str, start: int, to_seq: int | None
+) -> dict[str, Any] | None:
+    """The stored checkpoint a verification checks the Merkle root against: the latest
+    (so a truncated tail shows), or for a range the first one at or after its end."""
+    if to_seq is None:
+        return queries.latest_checkpoint(conn, tenant)
+    checkpoint = queries.checkpoint_at_least(conn, tenant, to_seq)
+    if checkpoint is None:
+        checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
+    return checkpoint if checkpoint and checkpoint["tree_size"] >= start - 1 else None
+
+
+def _range_context(
+    conn: sa.Connection,
+    tenant: str,
+    start: int,
+    end: int,
+    checkpoint: Mapping[str, Any] | None,
+    to_seq: int | None,
+) -> tuple[list[bytes] | None, list[bytes] | None]:
+    """Compact ranges left of ``start`` and right of ``end`` up to the checkpoint, so a
+    slice of the chain can be checked against the root of the whole tree."""
+    size = checkpoint["tree_size"] if checkpoint else 0
+    want_right = to_seq is not None and size > end
+    if start == 1 and not want_right:
+        return None, None
+    return queries.with_stored_tree(
+        conn,
+        tenant,
+        lambda subtree: (
+            compact_range(0, start - 1, subtree),
+            compact_range(end, size, subtree) if want_right else None,
+        ),
+    )
+
+
+class _CheckedRows:
+    """Receipt rows -> JSON objects for the chain verifier, stopping at the first row whose
+    indexed columns disagree with its signed body (a query could be steered by such a row)
+    or that completes a tree whose stored checkpoint is forged or does not match."""
+
+    COLUMNS = (
+        "id",
+        "chain",
+        "seq",
+        "created_at",
+        "tenant",
+        "key_id",
+        "manifest_hash",
+        "prev_hash",
+        "entry_hash",
+        "finish_reason",
+    )
+
+    def __init__(
+        self,
+        rows: Iterator[sa.Row],
+        tree: CompactRange,
+        checkpoints: Mapping[int, Mapping[str, Any]],
+        keyring: KeyRing,
+    ) -> None:
+        self._rows = rows
+        self._tree = tree  # over the entry hashes read so far, for the stored checkpoints
+        self._checkpoints = checkpoints
+        self._keyring = keyring
+        self.seen = 0
+        self.problem: tuple[int, str] | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any] | str]:
+        for row in self._rows:
+            try:
+                obj = json.loads(row.body)
+            except ValueError:
+                self.problem = (row.seq, "stored receipt body is not JSON")
+                return
+            mismatch = self._mismatch(row, obj) if isinstance(obj, dict) else "body"
+            if mismatch:
+                self.problem = (
+                    row.seq,
+                    f"row column {mismatch!r} disagrees with the signed receipt body",
+                )
+                return
+            self.seen += 1
+            yield obj
+            self._tree.append(leaf_hash(bytes.fromhex(row.entry_hash)))
+            stored = self._checkpoints.get(self._tree.size)
+            if stored is not None and (reason := self._checkpoint_problem(stored)):
+                self.problem = (row.seq, reason)
+                return
+
+    def _checkpoint_problem(self, stored: Mapping[str, Any]) -> str | None:
+        reason = checkpoint_problem(stored, self._keyring)
+        if reason is None and stored["root_hash"] != self._tree.root().hex():
+            reason = "Merkle root of the receipts does not match the stored checkpoint"
+        return reason and f"stored checkpoint at tree size {self._tree.size}: {reason}"
+
+    def _mismatch(self, row: sa.Row, obj: dict[str, Any]) -> str | None:
+        for column in self.COLUMNS:
+            if getattr(row, column) != obj.get(column):
+                return column
+        manifest = obj.get("manifest")
+        output = obj.get("output")
+        if not isinstance(manifest, dict) or not isinstance(output, dict):
+            return None  # malformed bodies are the chain verifier's to name
+        if (row.model, row.schema_hash) != (manifest.get("model"), manifest.get("schema_hash")):
+            return "model" if row.model != manifest.get("model") else "schema_hash"
+        return "output_kind" if row.output_kind != output.get("kind") else None
+
+
+def _trust_note(keyring: KeyRing, pinned: bool) -> str:
+    """On whose authority a passing verification of the database stands."""
+    ids = ", ".join(keyring.key_ids())
+    if pinned:
+        return f"trusted only the pinned key(s): {ids}"
+    return (
+        f"trusted the key(s) the database lists ({ids}): someone with write access to it"
+        " could add one; pin the operator's key (callproof ledger verify --public-key) to"
+        " rule that out"
+    )

@@ -1,0 +1,546 @@
+"""The ledger's writer thread: durable, serialised, group-committed appends to per-tenant
+receipt chains, and the signed checkpoints that fall due as they grow.
+
+Write path (why it looks like this):
+
+- One writer thread per Ledger drains a queue. Appends that arrive while a transaction is
+  running wait for the next one and then share it (group commit): one lock, one batch of
+  INSERTs and one fsync for all of them. ``append`` returns only after that commit, so a
+  returned receipt is durable.
+- Inside the transaction the chain's head row is locked (Postgres ``SELECT ... FOR UPDATE``;
+  SQLite ``BEGIN IMMEDIATE``) and re-read, and only then are the drafts sealed onto it. Any
+  number of writer processes or gateway replicas can share one database without forking a
+  chain.
+- Once the writer has committed to a chain it keeps that head and seals the next batch onto
+  it without the locking read: the head's UPDATE, sent first, takes the lock, and if another
+  writer extended the chain meanwhile, the receipt at the next seq is already there, so the
+  insert fails on the primary key and the batch is redone under the lock. A chain where that
+  happened is shared with another writer and is locked up front from then on. This saves a
+  round trip per batch for the usual case of one writer per chain.
+- The head row also carries the Merkle tree's right edge (``frontier``), so a batch extends
+  the tree, stores the completed subtree hashes (``merkle_nodes``) and signs checkpoints
+  without reading any earlier receipt.
+- Any database failure fails every append of the batch with LedgerUnavailable and rolls the
+  transaction back; nothing is half-written. The writer keeps one connection between
+  batches, pings it after an idle spell or when the server has closed it meanwhile, and
+  replaces it after a failure, so the ledger recovers by itself when the database returns.
+  A restart while appends are flowing fails the batch in flight (503 to its callers, which
+  the OpenAI SDK retries); the batch is never redone by itself, since its COMMIT may have
+  landed and a redo would append it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import select
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from contextlib import closing
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+
+from receipts import queries
+from receipts.append_sql import AppendSQL
+from receipts.canonical import canonical_json
+from receipts.chain_head import ChainHead
+from receipts.checkpoint import make_checkpoint
+from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
+from receipts.seal import seal
+from receipts.signing import Signer
+from receipts.store import (
+    CallRow,
+    ChainRow,
+    CheckpointRow,
+    KeyRangeRow,
+    LinkRow,
+    MerkleNodeRow,
+    ReceiptRow,
+    SchemaRow,
+    SigningKeyRow,
+    create_engine,
+    insert_ignore,
+    receipt_text,
+    short_error,
+    transaction,
+)
+
+log = logging.getLogger("receipts.ledger")
+
+_STOP = object()
+IDLE_PING_S = 1.0  # the writer pings its connection before using it after this long idle
+
+
+@dataclass(eq=False)
+class _Pending:
+    draft: ReceiptDraft
+    future: Future[Receipt]
+
+
+class LedgerWriter:
+    """The one thread that appends to a database's chains for this process (Ledger's write
+    half). Started by the first ``submit``; ``close`` commits what is queued and stops it."""
+
+    def __init__(
+        self,
+        url: str,
+        signer: Signer,
+        *,
+        checkpoint_every: int,
+        checkpoint_interval_s: float,
+        max_batch: int,
+    ) -> None:
+        self.signer = signer
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.max_batch = max_batch
+        self._engine = create_engine(url, writer=True)
+        self._sql = AppendSQL(self._engine.dialect)
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # The writer thread's own state:
+        self._conn: sa.Connection | None = None
+        self._conn_used_at = 0.0
+        self._heads: dict[str, ChainHead] = {}  # as this writer last committed them
+        self._shared: set[str] = set()  # chains another writer extends too: always locked
+        self._known_schemas: set[str] = set()
+        self._key_registered = False
+        self._uncheckpointed: dict[str, float] = {}  # chain -> when its checkpoint is due
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, draft: ReceiptDraft) -> Future[Receipt]:
+        """Queue ``draft`` for the next group commit; the future resolves after the commit."""
+        future: Future[Receipt] = Future()
+        with self._lock:
+            if self._closed:
+                raise ReceiptsError("the ledger is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+                self._thread.start()
+            self._queue.put(_Pending(draft, future))
+        return future
+
+    def close(self) -> None:
+        """Commit what is queued, sign the last checkpoints, release the connection."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        try:
+            if thread is not None:
+                self._queue.put(_STOP)
+                thread.join()
+                self._checkpoint_quiet_chains(closing=True)
+        finally:
+            self._drop_connection()
+            self._engine.dispose()
+
+    def _run(self) -> None:
+        """The writer thread: take whatever is queued (up to max_batch), commit it as one;
+        once a tick, busy or not, sign the checkpoints that fell due by time."""
+        tick = min(1.0, self.checkpoint_interval_s)
+        next_tick = time.monotonic() + tick
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
+            except queue.Empty:
+                item = None
+            batch: list[_Pending] = []
+            while item is not None and item is not _STOP:
+                # Running from here on, so it can no longer be cancelled (a cancelled
+                # future would refuse its result and kill this thread); one cancelled
+                # before it was taken is dropped: nobody waits for it.
+                if item.future.set_running_or_notify_cancel():
+                    batch.append(item)
+                if len(batch) >= self.max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    item = None
+            if batch:
+                self._commit(batch)
+            if item is _STOP:
+                return
+            if time.monotonic() >= next_tick:  # not only when idle: other chains may be busy
+                self._checkpoint_quiet_chains()
+                next_tick = time.monotonic() + tick
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        chains = {pending.draft.tenant for pending in batch}
+        kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
+        try:
+            conn = self._connection()
+            try:
+                with conn.begin():
+                    outcomes, heads, schemas = self._append_batch(conn, batch, kept=kept)
+            except (IntegrityError, self._sql.integrity_errors):
+                # Another writer extended a kept head (its receipt holds the next seq), or a
+                # call id the chain already holds (rare: ids are random, so that check is
+                # skipped on the first try). Redo under the lock, refusing those drafts alone.
+                with conn.begin():
+                    outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
+        except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
+            log.warning(
+                "ledger commit failed, %d appends refused: %s", len(batch), short_error(exc)
+            )
+            self._fail(
+                batch,
+                LedgerUnavailable(f"the ledger database could not commit: {short_error(exc)}"),
+            )
+            return
+        except Exception as exc:  # whatever broke: fail closed and go on
+            log.exception("ledger batch failed")
+            self._fail(
+                batch,
+                exc
+                if isinstance(exc, ReceiptsError)
+                else LedgerUnavailable(f"the ledger could not append: {type(exc).__name__}: {exc}"),
+            )
+            return
+        self._key_registered = True
+        self._known_schemas.update(schemas)
+        for head in heads:
+            self._note_committed(head)
+        for pending, outcome in outcomes:
+            if isinstance(outcome, Exception):
+                pending.future.set_exception(outcome)
+            else:
+                pending.future.set_result(outcome)
+
+    def _note_committed(self, head: ChainHead) -> None:
+        """Keep ``head`` for the next batch and schedule its timer checkpoint. The due time
+        a locked read gives replaces the scheduled one; a kept head's stale checkpoint
+        columns (early, at worst) only schedule a chain that had none."""
+        if head.checkpoint_size >= head.seq:
+            self._uncheckpointed.pop(head.chain, None)
+        elif not head.stale_checkpoint or head.chain not in self._uncheckpointed:
+            due = head.checkpoint_at / 1000 + self.checkpoint_interval_s
+            self._uncheckpointed[head.chain] = due
+        self._heads[head.chain] = head.kept()
+
+    def _fail(self, batch: list[_Pending], error: Exception) -> None:
+        """Refuse the whole batch. Whether its transaction committed may be unknown (the
+        connection broke during COMMIT), so the kept heads and the connection go too."""
+        self._heads.clear()
+        self._drop_connection()
+        for pending in batch:
+            pending.future.set_exception(error)
+
+    def _connection(self) -> sa.Connection:
+        """The writer's connection, held between batches: a pool checkout with its pre-ping
+        costs more than a whole append with a kept head. It is pinged first after an idle
+        spell, or at once when the server has spoken on it unasked, so a database that
+        restarted or cut its sessions meanwhile costs no failed append."""
+        now = time.monotonic()
+        if self._conn is not None and (
+            now - self._conn_used_at > IDLE_PING_S
+            or _server_spoke(self._conn.connection.dbapi_connection, self._sql.dbapi_errors)
+        ):
+            try:
+                self._engine.dialect.do_ping(self._conn.connection.dbapi_connection)
+            except self._sql.dbapi_errors:
+                self._drop_connection()
+        if self._conn is None:
+            self._conn = self._engine.connect()
+        self._conn_used_at = now
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.invalidate()  # do not hand a possibly broken connection back to the pool
+            except (SQLAlchemyError, self._sql.dbapi_errors):
+                pass
+            conn.close()
+
+    def _append_batch(
+        self,
+        conn: sa.Connection,
+        batch: list[_Pending],
+        *,
+        kept: bool = False,
+        check_calls: bool = False,
+    ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[ChainHead], set[str]]:
+        """Inside one transaction: lock each chain (or take its kept head), seal its drafts,
+        write every row."""
+        by_chain: dict[str, list[_Pending]] = {}
+        for pending in batch:
+            by_chain.setdefault(pending.draft.tenant, []).append(pending)
+        if not self._key_registered:
+            _insert_ignore(
+                conn,
+                SigningKeyRow,
+                [
+                    {
+                        "key_id": self.signer.key_id,
+                        "public_key_pem": self.signer.public_key_pem(),
+                        "created_at": utc_now(),
+                    }
+                ],
+            )
+        rows: dict[type, list[dict[str, Any]]] = {
+            SchemaRow: [],
+            ReceiptRow: [],
+            CallRow: [],
+            LinkRow: [],
+            MerkleNodeRow: [],
+            KeyRangeRow: [],
+            CheckpointRow: [],
+        }  # inserted in this order (a receipt's calls and links after it)
+        outcomes: list[tuple[_Pending, Receipt | Exception]] = []
+        schemas: set[str] = set()
+        heads = []
+        for chain in sorted(by_chain):  # one lock order in every process: no deadlock
+            if kept:
+                head = self._heads[chain].kept()
+            else:
+                head = self._lock_head(conn, chain)
+                known = self._heads.get(chain)
+                if known is not None and known.seq != head.seq:
+                    self._shared.add(chain)  # another writer extends it too: lock up front
+            refused = _refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls else {}
+            first_seq = head.seq + 1
+            for pending in by_chain[chain]:
+                if pending in refused:
+                    outcomes.append((pending, refused[pending]))
+                    continue
+                try:
+                    receipt = seal(
+                        pending.draft, seq=head.seq + 1, prev_hash=head.hash, signer=self.signer
+                    )
+                except ReceiptFormatError as exc:  # e.g. a NaN in tool arguments: this one only
+                    outcomes.append((pending, exc))
+                    continue
+                head.add_leaf(receipt.entry_hash)
+                _add_receipt_rows(receipt, rows)
+                bound = receipt.manifest["schema_hash"]
+                if bound is not None and bound not in self._known_schemas and bound not in schemas:
+                    schemas.add(bound)
+                    rows[SchemaRow].append(
+                        {"hash": bound, "body": canonical_json(pending.draft.schema).decode()}
+                    )
+                outcomes.append((pending, receipt))
+            if head.seq < first_seq:
+                continue  # nothing sealed: leave the row alone (a kept head may be stale)
+            if head.key_id != self.signer.key_id:
+                rows[KeyRangeRow].append(
+                    {"chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}
+                )
+                head.key_id = self.signer.key_id
+            rows[MerkleNodeRow].extend(head.new_nodes)
+            if self._checkpoint_due(head):
+                rows[CheckpointRow].append(_checkpoint_row(self._sign_checkpoint(head)))
+            heads.append(head)
+        tables = {table.__table__: values for table, values in rows.items()}
+        with closing(_cursor(conn)) as cursor:  # nothing may follow: this commits
+            self._sql.write_and_commit(cursor, tables, [head.row() for head in heads])
+        return outcomes, heads, schemas
+
+    def _lock_head(self, conn: sa.Connection, chain: str) -> ChainHead:
+        """Lock the chain's head row (creating the chain on its first append) and read it."""
+        with closing(_cursor(conn)) as cursor:
+            row = self._sql.lock_head(cursor, chain)
+            if row is None:
+                _insert_ignore(
+                    conn,
+                    ChainRow,
+                    [
+                        {
+                            "chain": chain,
+                            "head_seq": 0,
+                            "head_hash": GENESIS_PREV_HASH,
+                            "frontier": "",
+                            "key_id": None,
+                            "checkpoint_size": 0,
+                            "checkpoint_at": 0,
+                        }
+                    ],
+                )
+                row = self._sql.lock_head(cursor, chain)
+        if row is None:  # inserted above (or by a concurrent writer) and never deleted
+            raise LedgerUnavailable(f"chain {chain!r} has no head row after creating it")
+        if row["head_seq"] < row["checkpoint_size"]:
+            raise LedgerUnavailable(
+                f"chain {chain!r} is behind its own checkpoint (head {row['head_seq']}, signed"
+                f" {row['checkpoint_size']}): receipts were removed; refusing to extend or sign it"
+            )
+        return ChainHead(
+            chain,
+            row["head_seq"],
+            row["head_hash"],
+            [bytes.fromhex(h) for h in row["frontier"].split(",") if h],
+            row["key_id"],
+            row["checkpoint_size"],
+            row["checkpoint_at"],
+        )
+
+    def _save_checkpoint_and_commit(self, conn: sa.Connection, head: ChainHead) -> dict[str, Any]:
+        checkpoint = self._sign_checkpoint(head)
+        with closing(_cursor(conn)) as cursor:
+            self._sql.write_and_commit(
+                cursor, {CheckpointRow.__table__: [_checkpoint_row(checkpoint)]}, [head.row()]
+            )
+        return checkpoint
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _checkpoint_due(self, head: ChainHead) -> bool:
+        """Every ``checkpoint_every`` receipts, or ``checkpoint_interval_s`` after the last."""
+        return head.seq > head.checkpoint_size and (
+            head.seq - head.checkpoint_size >= self.checkpoint_every
+            or time.time() - head.checkpoint_at / 1000 >= self.checkpoint_interval_s
+        )
+
+    def _sign_checkpoint(self, head: ChainHead) -> dict[str, Any]:
+        """A signed checkpoint at ``head``, which records it as its latest."""
+        checkpoint = make_checkpoint(head.chain, head.seq, head.root(), self.signer)
+        head.checkpoint_size, head.checkpoint_at = head.seq, int(time.time() * 1000)
+        head.stale_checkpoint = False  # the newest: this writer just signed it
+        return checkpoint
+
+    def checkpoint_now(self, tenant: str) -> dict[str, Any]:
+        """A signed checkpoint at the chain's head: the stored one if it is current."""
+        with transaction(self._engine, "could not commit") as conn:
+            head = self._lock_head(conn, tenant)
+            if head.seq == 0:
+                raise ReceiptFormatError(f"chain {tenant!r} has no receipts to checkpoint")
+            latest = queries.latest_checkpoint(conn, tenant)
+            if latest is not None and latest["tree_size"] > head.seq:
+                raise LedgerUnavailable(
+                    f"chain {tenant!r} is behind its own checkpoint (head {head.seq}, signed"
+                    f" {latest['tree_size']}): receipts were removed; refusing to sign it"
+                )
+            if latest is not None and latest["tree_size"] == head.seq:
+                return latest
+            return self._save_checkpoint_and_commit(conn, head)
+
+    def _checkpoint_quiet_chains(self, *, closing: bool = False) -> None:
+        """The timer half of "every N receipts or T seconds", for chains that went quiet;
+        on close, every chain this ledger extended, so its last receipts are covered."""
+        now = time.time()
+        for chain, due in list(self._uncheckpointed.items()):
+            if due > now and not closing:
+                continue
+            try:
+                conn = self._connection()
+                with conn.begin():
+                    head = self._lock_head(conn, chain)
+                    if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
+                        self._save_checkpoint_and_commit(conn, head)
+                self._note_committed(head)
+            except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
+                log.warning("checkpoint of chain %r failed: %s", chain, short_error(exc))
+                self._drop_connection()
+
+
+def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:
+    """The receipts row (canonical body + indexed copies) and its call and link index rows."""
+    chain, seq = receipt.chain, receipt.seq
+    rows[ReceiptRow].append(
+        {
+            "chain": chain,
+            "seq": seq,
+            "id": receipt.id,
+            "created_at": receipt.created_at,
+            "tenant": receipt.tenant,
+            "key_id": receipt.key_id,
+            "manifest_hash": receipt.manifest_hash,
+            "schema_hash": receipt.manifest["schema_hash"],
+            "model": receipt.manifest["model"],
+            "output_kind": receipt.output["kind"],
+            "finish_reason": receipt.finish_reason,
+            "prev_hash": receipt.prev_hash,
+            "entry_hash": receipt.entry_hash,
+            "body": receipt_text(receipt),
+        }
+    )
+    rows[CallRow].extend(
+        {"chain": chain, "call_id": call["id"], "seq": seq, "tool_name": call["name"]}
+        for call in receipt.tool_calls
+    )
+    rows[LinkRow].extend(
+        {
+            "chain": chain,
+            "seq": seq,
+            "position": i,
+            "tool_call_id": link["tool_call_id"],
+            "receipt_id": link["receipt_id"],
+        }
+        for i, link in enumerate(receipt.links)
+    )
+
+
+def _refuse_duplicate_calls(
+    conn: sa.Connection, chain: str, batch: list[_Pending]
+) -> dict[_Pending, Exception]:
+    """Drafts whose call ids the chain already holds (or an earlier draft of the batch
+    does): a call id names one call forever, so these appends fail alone."""
+    ids = [call["id"] for p in batch for call in p.draft.output["tool_calls"]]
+    if not ids:
+        return {}
+    c = CallRow.__table__.c
+    taken: dict[str, int | None] = dict(
+        conn.execute(
+            sa.select(c.call_id, c.seq).where(c.chain == chain, c.call_id.in_(sorted(set(ids))))
+        ).all()
+    )
+    refused: dict[_Pending, Exception] = {}
+    for pending in batch:
+        calls = [call["id"] for call in pending.draft.output["tool_calls"]]
+        clash = [i for i in calls if i in taken] or [i for i in calls if calls.count(i) > 1]
+        if clash:
+            where = f" (seq {taken[clash[0]]})" if clash[0] in taken else ""
+            refused[pending] = ReceiptFormatError(
+                f"tool call id {clash[0]} is already recorded in chain {chain!r}{where}"
+            )
+        else:
+            taken.update((i, None) for i in calls)
+    return refused
+
+
+def _checkpoint_row(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "chain": checkpoint["chain"],
+        "tree_size": checkpoint["tree_size"],
+        "root_hash": checkpoint["root_hash"],
+        "timestamp": checkpoint["timestamp"],
+        "key_id": checkpoint["key_id"],
+        "body": canonical_json(checkpoint).decode(),
+    }
+
+
+def _server_spoke(dbapi_connection: Any, dbapi_errors: type[Exception]) -> bool:
+    """Whether an idle client-server connection has something to read (no wait: one poll).
+
+    Between transactions a server sends nothing unasked but the notice that it is ending the
+    session (a restart, a failover, ``pg_terminate_backend``) before it closes the socket;
+    so data or EOF here means the connection is gone. SQLite has no socket: never.
+    """
+    fileno = getattr(dbapi_connection, "fileno", None)
+    if fileno is None:
+        return False
+    try:
+        if not hasattr(select, "poll"):  # Windows: select() takes sockets, and any fd number
+            return bool(select.select([fileno()], [], [], 0)[0])
+        poller = select.poll()  # unlike select(), not limited to fd numbers below 1024
+        poller.register(fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, dbapi_errors):  # closed or unusable: the ping that follows tells
+        return True
+
+
+def _cursor(conn: sa.Connection) -> Any:
+    """A cursor of the driver's connection under `conn`, inside the same transaction."""
+    return conn.connection.dbapi_connection.cursor()
+
+
+def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:
+    conn.execute(insert_ignore(table.__table__, conn.dialect), values)
