@@ -30,6 +30,7 @@ from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
 from runtime.errors import RuntimeInputError, StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
 from runtime.planning import ChatInput, Plan, plan_chat
+from runtime.streaming import EnvelopeStreamDecoder
 from runtime.tools import ParsedResponse
 
 _SEED_BOUND = 2**31  # a seed every engine accepts
@@ -167,7 +168,14 @@ class Completions:
         try:
             return generation, plan.parse(generation.text)
         except StructuredOutputInvalid as exc:
-            raise cut_short(exc, generation, prepared) from None
+            if not cut_off(generation, prepared):
+                raise
+            decoder = EnvelopeStreamDecoder(plan)  # what a stream would have shown so far
+            decoder.feed(generation.text)
+            try:
+                return generation, decoder.finish(cut=True)[1]
+            except StructuredOutputInvalid:
+                raise cut_short(exc, generation, prepared) from None
 
     async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
         """The engine's event stream, started: engine faults raise here, before any byte."""
@@ -229,20 +237,27 @@ class Completions:
         return await asyncio.to_thread(lookup)
 
 
+def cut_off(generation: Generation, prepared: PreparedChat) -> bool:
+    """Whether the token limit or a stop string ended the output. (A decode a grammar
+    backend constrained ends by itself only where the output is complete, so an incomplete
+    one that stopped was stopped by a stop string; not so for the post-hoc path.)"""
+    return generation.finish_reason == "length" or (
+        bool(prepared.sampling.stop) and generation.backend != "none" and not generation.fallback
+    )
+
+
 def cut_short(
     error: StructuredOutputInvalid, generation: Generation, prepared: PreparedChat
 ) -> StructuredOutputInvalid:
-    """An output the token limit or a stop string cut off fails for that reason, and the fix
-    is in that parameter: say so and name it, instead of only where the JSON broke. (A decode
-    a grammar backend constrained ends by itself only where the output is complete, so an
-    incomplete one that stopped was stopped by a stop string; not so for the post-hoc path.)"""
+    """A tool call the token limit or a stop string cut off fails for that reason, and the
+    fix is in that parameter: say so and name it, instead of only where the JSON broke."""
     if generation.finish_reason == "length":
         param = (
             "max_completion_tokens" if "max_completion_tokens" in prepared.body else "max_tokens"
         )
         why = f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
         fix = f"raise {param}"
-    elif prepared.sampling.stop and generation.backend != "none" and not generation.fallback:
+    elif cut_off(generation, prepared):
         param, why = "stop", "a stop string ended the output before the constrained output was"
         fix = "use stop strings the output cannot contain"
     else:

@@ -81,6 +81,15 @@ def finish_reason(parsed: ParsedResponse, generation: Generation) -> str:
     return "tool_calls" if parsed.tool_calls else generation.finish_reason
 
 
+def validation_of(parsed: ParsedResponse, generation: Generation) -> dict[str, Any]:
+    """The receipt's verdict: only outputs that hold their constraint are returned, except
+    text cut off before it was complete, which claims no conformance."""
+    if parsed.complete:
+        return {"valid": True, "errors": []}
+    by = "max_tokens" if generation.finish_reason == "length" else "a stop string"
+    return {"valid": False, "errors": [f"cut off by {by} before the constraint was satisfied"]}
+
+
 def draft_for(
     *,
     tenant: str,
@@ -102,7 +111,7 @@ def draft_for(
             "prompt_tokens": generation.prompt_tokens,
             "completion_tokens": generation.completion_tokens,
         },
-        validation={"valid": True, "errors": []},
+        validation=validation_of(parsed, generation),
         fallback=generation.fallback,
         links=links,
     )

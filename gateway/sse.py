@@ -14,7 +14,14 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
-from gateway.completion import Completions, PreparedChat, cut_short, receipt_ref, usage_of
+from gateway.completion import (
+    Completions,
+    PreparedChat,
+    cut_off,
+    cut_short,
+    receipt_ref,
+    usage_of,
+)
 from gateway.errors import error_for
 from gateway.recording import finish_reason
 from gateway.schemas import (
@@ -87,7 +94,7 @@ async def stream_completion(
         if generation is None:
             raise EngineFault("the engine's stream ended without its final result")
         try:
-            rest, parsed = decoder.finish()
+            rest, parsed = decoder.finish(cut=cut_off(generation, prepared))
         except StructuredOutputInvalid as exc:
             raise cut_short(exc, generation, prepared) from None
         for chunk in _live(writer, rest, held):

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from runtime.errors import StructuredOutputInvalid
 from runtime.planning import Plan
 from runtime.tools import CallIds, ParsedResponse
 
@@ -92,6 +93,8 @@ class EnvelopeStreamDecoder:
         self._names: dict[int, str] = {}
         self._held_args: dict[int, list[str]] = {}
         self._out: list[EnvelopeEvent] = []
+        self._answer: list[str] | None = None  # the answer's text so far, once it has begun
+        self._calls_begun = False
 
     def feed(self, delta: str | bytes) -> list[EnvelopeEvent]:
         text = self._utf8.decode(delta) if isinstance(delta, bytes) else delta
@@ -106,14 +109,37 @@ class EnvelopeStreamDecoder:
             self._step(ch)
         return self._drain()
 
-    def finish(self) -> tuple[list[EnvelopeEvent], ParsedResponse]:
-        """The remaining events and the authoritative parse (raises as ``plan.parse`` does)."""
+    def finish(self, *, cut: bool = False) -> tuple[list[EnvelopeEvent], ParsedResponse]:
+        """The remaining events and the authoritative parse (raises as ``plan.parse`` does).
+
+        ``cut``: the token limit or a stop string ended the output. OpenAI returns such an
+        output as far as it got, and so does this for text: the answer streamed so far, or
+        the raw content. A tool call never leaves incomplete: that still raises.
+        """
         tail = self._utf8.decode(b"", final=True)
         events = self.feed(tail) if tail else []
-        result = self._plan.parse("".join(self._text), self._ids)
+        text = "".join(self._text)
+        try:
+            result = self._plan.parse(text, self._ids)
+        except StructuredOutputInvalid:
+            partial = self._cut_text(text) if cut else None
+            if partial is None:
+                raise
+            return events, partial
         if self._opaque:
             events += _events_of(result)
         return events, result
+
+    def _cut_text(self, text: str) -> ParsedResponse | None:
+        """What a cut-off output says so far, unless it began a tool call (or is opaque)."""
+        if not self._envelope:
+            return ParsedResponse("text", content=text, complete=False)
+        if self._opaque or self._calls_begun or self._answer is None:
+            return None
+        answer = "".join(self._answer)
+        if self._plan.answer_schema is None:
+            return ParsedResponse("answer", answer=answer, content=answer, complete=False)
+        return ParsedResponse("text", content=answer, complete=False)  # structured, unfinished
 
     # ----------------------------------------------------------------- scanning
 
@@ -149,6 +175,10 @@ class EnvelopeStreamDecoder:
                 kind == "answer" and (ch != '"' or self._plan.answer_schema is not None)
             )
             self._cap = _Capture(kind, index, len(self._stack), raw)
+            if kind == "answer":
+                self._answer = []
+            else:
+                self._calls_begun = True
         if self._stack:
             self._stack[-1].expect = "next"
         else:
@@ -223,7 +253,7 @@ class EnvelopeStreamDecoder:
         if cap is not self._cap:
             return  # the closing char was already emitted by _end_capture_at
         if cap.role == "answer":
-            self._out.append(AnswerDelta(ch))
+            self._add_answer(ch)
         elif cap.index in self._names:
             self._out.append(ToolArgumentsDelta(cap.index, ch))
         else:
@@ -239,9 +269,14 @@ class EnvelopeStreamDecoder:
             return  # invalid JSON string: finish() reports it through plan.parse
         cap.pending = cap.pending[cut:]
         if cap.role == "answer":
-            self._out.append(AnswerDelta(piece))
+            self._add_answer(piece)
         else:
             cap.text.append(piece)
+
+    def _add_answer(self, text: str) -> None:
+        assert self._answer is not None
+        self._answer.append(text)
+        self._out.append(AnswerDelta(text))
 
     def _start_call(self, index: int, name: str) -> None:
         self._names[index] = name

@@ -498,6 +498,8 @@ class ParsedResponse:
 
     ``content`` is what an OpenAI response carries as ``message.content`` (None for calls
     without text); ``parsed`` is set only for structured content, never for tool calls.
+    ``complete`` is False for text cut off (token limit, stop string) before its constraint
+    was satisfied: returned as far as it got, as OpenAI does, but it conforms to nothing.
     """
 
     kind: ResponseKind
@@ -506,6 +508,7 @@ class ParsedResponse:
     tool_calls: tuple[ToolCall, ...] = ()
     content: str | None = None
     reasoning: str | None = None
+    complete: bool = True
 
 
 def parse_envelope(

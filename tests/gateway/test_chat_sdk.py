@@ -6,11 +6,13 @@ tokens; everything the model emits is still constrained and checked here against
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from typing import Any, Literal
 
 import jsonschema
+import openai
 import pytest
 from pydantic import BaseModel
 
@@ -330,3 +332,60 @@ def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
         extra_body={"grammar": grammar},
     )
     assert by_grammar.choices[0].message.content in ("Paris", "Tokyo", "Lima")
+
+
+def test_a_cut_off_answer_comes_back_as_far_as_it_got(gateway: Any) -> None:
+    """As OpenAI returns it: finish_reason "length" and the text so far, streamed or not,
+    also when tools are bound; the receipt records it and claims no conformance."""
+    params: dict[str, Any] = {
+        "tools": TOOLS,
+        "tool_choice": "none",
+        "max_tokens": 10,
+        "messages": [{"role": "user", "content": "Write a long poem about the sea."}],
+    }
+    completion = create(gateway, **params)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "length" and not choice.message.tool_calls
+    assert choice.message.content
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    assert (stored.finish_reason, stored.output["kind"]) == ("length", "answer")
+    assert (
+        stored.output["content_sha256"]
+        == hashlib.sha256(choice.message.content.encode()).hexdigest()
+    )
+    assert stored.validation == {
+        "valid": False,
+        "errors": ["cut off by max_tokens before the constraint was satisfied"],
+    }
+    chunks = list(create(gateway, stream=True, **params))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+
+
+def test_a_stop_string_ends_an_answer_like_openai(gateway: Any) -> None:
+    """The answer up to the stop string, finish_reason "stop", not an error."""
+    completion = create(
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        stop=["o"],
+        max_tokens=40,
+        messages=[{"role": "user", "content": "Say hello to the world."}],
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "stop" and "o" not in choice.message.content
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    assert stored.validation["errors"] == [
+        "cut off by a stop string before the constraint was satisfied"
+    ]
+
+
+def test_parse_of_a_cut_off_answer_raises_the_sdks_length_error(gateway: Any) -> None:
+    with pytest.raises(openai.LengthFinishReasonError):
+        gateway.openai().chat.completions.parse(
+            model=gateway.model,
+            response_format=CityFact,
+            temperature=0,
+            max_tokens=3,
+            messages=[{"role": "user", "content": "Which country is Tokyo in?"}],
+        )

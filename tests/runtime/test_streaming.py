@@ -175,3 +175,78 @@ def test_truncated_output_fails_at_finish() -> None:
     decoder.feed('{"answer": "cut sho')
     with pytest.raises(StructuredOutputInvalid):
         decoder.finish()
+
+
+def _cut(plan: Plan, text: str) -> tuple[str, ParsedResponse]:
+    """Stream ``text`` byte by byte as if the token limit ended it: (streamed text, parse)."""
+    decoder = EnvelopeStreamDecoder(plan)
+    events: list[EnvelopeEvent] = []
+    for i in range(len(text)):
+        events += decoder.feed(text[i])
+    tail, result = decoder.finish(cut=True)
+    streamed = "".join(e.text for e in events + tail if isinstance(e, AnswerDelta | ContentDelta))
+    return streamed, result
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ('{"answer": "cut sho', "cut sho"),
+        ('{"answer": "caf\\u00e', "caf"),  # half an escape is not text yet
+        ('{"answer": "smile \\ud83d', "smile "),  # nor half a surrogate pair
+        ('{"answer": "line\\nbreak \\"q', 'line\nbreak "q'),
+        ('{"answer": "', ""),
+    ],
+)
+def test_a_cut_off_answer_is_returned_as_far_as_it_streamed(text: str, answer: str) -> None:
+    """What OpenAI does with a reply the token limit cut: the text so far, not an error;
+    exactly the text already streamed, and marked as not satisfying its constraint."""
+    streamed, result = _cut(TOOLS_PLAN, text)
+    assert (result.kind, result.content, result.answer, streamed) == (
+        "answer",
+        answer,
+        answer,
+        answer,
+    )
+    assert result.complete is False
+    with pytest.raises(StructuredOutputInvalid):  # without `cut`, the same text is refused
+        replay(TOOLS_PLAN, [text])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"tool": "get_weather", "arguments": {"city": "Par',
+        '{"tool": "get_wea',
+        '{"tool_calls": [{"tool": "get_weather", "arguments": {}}, {"tool": "li',
+        '{"answ',  # neither an answer nor a call yet: nothing to return
+        '{"',
+    ],
+)
+def test_a_cut_off_tool_call_never_leaves(text: str) -> None:
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    decoder.feed(text)
+    with pytest.raises(StructuredOutputInvalid):
+        decoder.finish(cut=True)
+
+
+def test_cut_off_structured_content_is_text_that_claims_nothing() -> None:
+    streamed, result = _cut(STRUCTURED_PLAN, '{"answer": {"summary": "a b", "sco')
+    assert (result.kind, result.content, result.parsed) == ("text", '{"summary":"a b","sco', None)
+    assert streamed == result.content and result.complete is False
+    json_plan = plan_chat(ChatInput(USER, response_format=RF))
+    streamed, result = _cut(json_plan, '{"summary": "a')
+    assert (result.kind, result.content, streamed, result.complete) == (
+        "text",
+        '{"summary": "a',
+        '{"summary": "a',
+        False,
+    )
+
+
+def test_a_complete_output_is_unaffected_by_cut() -> None:
+    text = '{"tool":"get_weather","arguments":{"city":"Paris"}}'
+    decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    decoder.feed(text)
+    _, result = decoder.finish(cut=True)
+    assert result.kind == "tool_calls" and result.complete
