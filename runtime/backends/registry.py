@@ -2,8 +2,10 @@
 
 The default order comes from bench.compile and bench.constrained (docs/backends.md):
 llguidance compiles in milliseconds and masks fastest per token here, xgrammar is close,
-Outlines takes seconds to compile, lm-format-enforcer has no grammars and a slow mask.
-``CALLPROOF_BACKENDS`` (comma separated names) overrides the order.
+lm-format-enforcer has no grammars and a slow mask. Outlines is installed but not in the
+default order: its vocabulary-wide DFA build costs seconds to minutes and gigabytes for a
+few hundred bytes of schema, which any agent key could send. ``CALLPROOF_BACKENDS`` (comma
+separated names) overrides the order.
 """
 
 from __future__ import annotations
@@ -19,26 +21,26 @@ from runtime.constraint import Constraint, validate_constraint
 from runtime.errors import BackendCannotCompile
 from runtime.limits import DEFAULT_LIMITS, Limits, check_constraint
 
-DEFAULT_ORDER = ("llguidance", "xgrammar", "outlines", "lm-format-enforcer")
+DEFAULT_ORDER = ("llguidance", "xgrammar", "lm-format-enforcer")
 ENV_ORDER = "CALLPROOF_BACKENDS"
 
 # name -> (module that implements it, class name, import that proves it is installed)
 _BACKENDS = {
     "llguidance": ("runtime.backends.llguidance", "LLGuidanceBackend", "llguidance"),
     "xgrammar": ("runtime.backends.xgrammar", "XGrammarBackend", "xgrammar"),
-    "outlines": ("runtime.backends.outlines", "OutlinesBackend", "outlines_core"),
     "lm-format-enforcer": (
         "runtime.backends.lm_format_enforcer",
         "LMFormatEnforcerBackend",
         "lmformatenforcer",
     ),
+    "outlines": ("runtime.backends.outlines", "OutlinesBackend", "outlines_core"),  # opt-in
 }
 
 
 def available_backends() -> list[str]:
-    """Backend names whose library imports here, in the default order."""
+    """Backend names whose library imports here (all known ones, the default order first)."""
     found = []
-    for name in DEFAULT_ORDER:
+    for name in _BACKENDS:
         try:
             importlib.import_module(_BACKENDS[name][2])
         except ImportError:

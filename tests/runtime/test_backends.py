@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from grammar_testkit import matches, smol_tokenizer
 
@@ -34,7 +36,7 @@ def backend(request):
 
 
 def test_all_four_backends_install_here():
-    assert BACKENDS == ["llguidance", "xgrammar", "outlines", "lm-format-enforcer"]
+    assert BACKENDS == ["llguidance", "xgrammar", "lm-format-enforcer", "outlines"]
 
 
 @pytest.mark.parametrize(
@@ -240,11 +242,28 @@ def test_chain_names_every_reason_when_none_can_compile():
     assert info.value.param == "response_format" and info.value.status == 400
 
 
+def test_the_default_chain_builds_no_vocabulary_dfa_for_a_client():
+    """420 bytes of schema that llguidance (overlapping oneOf) and xgrammar ((?s)) refuse
+    cost Outlines minutes of CPU and gigabytes: by default it is a prompt 400 instead."""
+    branch = lambda i, n: {
+        "type": "object",
+        "properties": {f"p{i}_{j}": {"type": "string", "format": "email"} for j in range(n)},
+        "additionalProperties": False,
+    }
+    schema = {"oneOf": [branch(0, 3), branch(1, 3), {"type": "string", "pattern": "(?s)x"}]}
+    chain = BackendChain(smol_tokenizer())
+    started = time.monotonic()
+    with pytest.raises(BackendCannotCompile) as info:
+        chain.compile(Constraint.json_schema(schema))
+    assert time.monotonic() - started < 10 and "outlines" not in info.value.message
+    assert info.value.status == 400
+
+
 def test_backend_order_configuration(monkeypatch):
     monkeypatch.setenv("CALLPROOF_BACKENDS", "xgrammar, llguidance")
     assert backend_order() == ["xgrammar", "llguidance"]
     assert backend_order("outlines") == ["outlines"]
     monkeypatch.delenv("CALLPROOF_BACKENDS")
-    assert backend_order() == BACKENDS
+    assert backend_order() == ["llguidance", "xgrammar", "lm-format-enforcer"]
     with pytest.raises(ValueError, match="unknown grammar backend"):
         backend_order(["llguidance", "nosuch"])
