@@ -39,6 +39,7 @@ import msgspec
 
 from runtime.constraint import json_text
 from runtime.errors import (
+    ConstraintTooComplex,
     InvalidSchema,
     InvalidTools,
     RuntimeInputError,
@@ -103,6 +104,10 @@ def check_schema(schema: Any, param: str) -> None:
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
     try:
         _check_metaschema(canonical)
+    except RecursionError:  # jsonschema recurses per level: ~100 levels of properties do it
+        raise ConstraintTooComplex(
+            f"'{param}' nests too deep to check; keep it within max_schema_depth", param=param
+        ) from None
     except _Inexact as exc:  # the manifest binds the schema in RFC 8785 canonical form
         raise InvalidSchema(
             f"'{param}' holds a number a receipt cannot record exactly ({exc})", param=param

@@ -15,6 +15,7 @@ from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
 from runtime.errors import (
     ConflictingConstraints,
+    ConstraintTooComplex,
     InvalidGrammar,
     InvalidRegex,
     InvalidSchema,
@@ -489,3 +490,18 @@ def test_a_tool_message_may_name_its_function() -> None:
     legacy = {"role": "tool", "tool_call_id": "call_y", "name": "get_weather", "content": "9C"}
     p = plan(messages=[*USER, legacy])
     assert p.messages[-1].content == "Tool result for call_y (get_weather): 9C"
+
+
+@pytest.mark.parametrize("depth", [100, 450])
+def test_a_schema_too_deep_for_the_metaschema_check_is_a_400(depth: int) -> None:
+    """jsonschema's check recurses per level; the stack running out is the client's limit,
+    not a 500 (with a traceback the size of the schema in the log)."""
+    nested: dict[str, Any] = {}
+    for _ in range(depth):
+        nested = {"type": "object", "properties": {"a": nested}}
+    tools = [{"type": "function", "function": {"name": "t", "parameters": nested}}]
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": nested}}
+    for chat in (ChatInput(USER, tools=tools), ChatInput(USER, response_format=rf)):
+        with pytest.raises(ConstraintTooComplex) as info:
+            plan_chat(chat)
+        assert info.value.status == 400 and "max_schema_depth" in info.value.message
