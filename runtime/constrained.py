@@ -30,7 +30,7 @@ from runtime.backends.base import (
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
-from runtime.errors import EngineFault, StructuredOutputInvalid
+from runtime.errors import ConstraintTooComplex, EngineFault, StructuredOutputInvalid
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
 from runtime.tools import EXACT_JSON, validate
 
@@ -54,8 +54,10 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
         *,
         eos_token_ids: Iterable[int] | None = None,
         enforcement: Enforcement | None = None,
+        param: str | None = None,
     ):
         self.matcher = matcher
+        self._param = param  # the request field the grammar came from, for errors
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
         ids = tokenizer.eos_token_id if eos_token_ids is None else eos_token_ids
@@ -82,6 +84,12 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
                     self.machine.grammar_complete()
                 return
             if token != self._end_tag_token:
+                if limit := self.matcher.limit_reached():
+                    raise ConstraintTooComplex(
+                        f"the constraint went over its grammar backend's limits while decoding"
+                        f" ({limit}); make it smaller (fewer or shorter repetitions)",
+                        param=self._param,
+                    )
                 raise GrammarViolation(f"token {token} rejected by the grammar it was masked to")
             self.machine.grammar_complete()  # the model chose to close the tool call here
         elif self.machine.phase is Phase.DONE:
@@ -165,7 +173,11 @@ def processor_for(
 ) -> ConstrainedProcessor:
     compiled = (cache or default_cache(tokenizer)).get(constraint)
     proc = ConstrainedLogitsProcessor(
-        compiled.matcher(), tokenizer, eos_token_ids=eos_token_ids, enforcement=enforcement
+        compiled.matcher(),
+        tokenizer,
+        eos_token_ids=eos_token_ids,
+        enforcement=enforcement,
+        param=constraint.param,
     )
     return ConstrainedProcessor(proc, compiled.backend, compiled)
 

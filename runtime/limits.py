@@ -63,6 +63,29 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
                 f"grammar is {size} bytes; max_grammar_bytes is {limits.max_grammar_bytes}",
                 param=param,
             )
+        copies = grammar_repeat_copies(constraint.source)
+        if copies > limits.max_regex_repeat:
+            raise ConstraintTooComplex(
+                f"grammar asks for {copies} copies of items (its ~ repetitions, summed);"
+                f" max_regex_repeat is {limits.max_regex_repeat}",
+                param=param,
+            )
+
+
+# Lark syntax the repetition scan must not read into: string and regex literals, comments.
+_GRAMMAR_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
+_GRAMMAR_COMMENT = re.compile(r"//[^\n]*")
+_GRAMMAR_REGEX = re.compile(r"/(?:[^/\\\n]|\\.)+/[a-z]*")
+_GRAMMAR_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
+
+
+def grammar_repeat_copies(grammar: str) -> int:
+    """Sum of the bounds of a Lark grammar's ``item ~ n`` / ``item ~ m..n`` repetitions.
+    llguidance expands each into n items (and gives up past 50,000 at decode time), so a
+    short ``"a" ~ 100000`` is a large grammar."""
+    bare = _GRAMMAR_STRING.sub('""', grammar)
+    bare = _GRAMMAR_REGEX.sub("/x/", _GRAMMAR_COMMENT.sub("", bare))
+    return sum(int(hi or lo) for lo, hi in _GRAMMAR_REPEAT.findall(bare))
 
 
 def check_tool_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:

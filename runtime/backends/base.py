@@ -51,6 +51,12 @@ class GrammarMatcher(ABC):
     def reset(self) -> None:
         """Back to the start state, so one matcher can serve several regions of a generation."""
 
+    def limit_reached(self) -> str | None:
+        """Why the matcher gave up on its own grammar (a resource limit of the library, such
+        as llguidance's parser item cap), or None. A token refused for this reason is the
+        grammar's fault, not a masking bug."""
+        return None
+
 
 class CompiledGrammar:
     """A compiled constraint, shareable across requests (the grammar cache stores these):

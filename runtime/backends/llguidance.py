@@ -42,6 +42,11 @@ class LLGuidanceMatcher(GrammarMatcher):
     def reset(self) -> None:
         self._m.reset()
 
+    def limit_reached(self) -> str | None:
+        if not self._m.is_error():
+            return None
+        return self._m.get_error().splitlines()[0][:300]
+
 
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"

@@ -298,6 +298,7 @@ class EmbeddedEngine:
                 self.tokenizer,
                 eos_token_ids=self._eos_ids,
                 enforcement=enforcement,
+                param=grammar.constraint.param,
             )
             if grammar is not None
             else None

@@ -5,10 +5,16 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 from grammar_testkit import smol_tokenizer
 
-from runtime.backends import BackendChain
-from runtime.constrained import cfg_processor, json_schema_processor, regex_processor
+from runtime.backends import BackendChain, make_backend
+from runtime.constrained import (
+    ConstrainedLogitsProcessor,
+    cfg_processor,
+    json_schema_processor,
+    regex_processor,
+)
 from runtime.constraint import Constraint
 from runtime.errors import (
     BackendCannotCompile,
@@ -67,6 +73,8 @@ def _deep(levels: int) -> dict:
             "nested quantifier",
         ),
         (Constraint.regex("a" * 2000), ConstraintTooComplex, "max_regex_length"),
+        (Constraint.ebnf('start: "a"~100000'), ConstraintTooComplex, "100000 copies"),
+        (Constraint.ebnf('start: b ~ 10..600 b~500\nb: "x"'), ConstraintTooComplex, "1100"),
         (Constraint.json_schema(_deep(40)), ConstraintTooComplex, "max_schema_depth"),
         (
             Constraint.json_schema({"enum": ["x" * 100] * 1000}),
@@ -139,3 +147,23 @@ def test_limits_are_configurable_and_name_the_limit():
     assert info.value.param == "tools"
     check_tool_count(2, small)
     check_constraint(Constraint.regex(r"(ab)+\d{3}-[a-z]{1,10}"))  # ordinary patterns pass
+
+
+def test_repetitions_inside_literals_and_comments_are_not_counted():
+    check_constraint(Constraint.ebnf('start: "~ 5000" /a~9000/ "b"~5 // x ~ 7000\n'))
+
+
+def test_a_grammar_over_the_backends_own_limit_while_decoding_is_a_400_not_a_fault():
+    """llguidance gives up on its own grammar past 50,000 parser items (here: a repetition
+    the static limit would refuse, compiled directly to reach the decode-time check)."""
+    tok = smol_tokenizer()
+    constraint = Constraint.ebnf('start: "a"~100000')
+    compiled = make_backend("llguidance", tok).compile(constraint)
+    processor = ConstrainedLogitsProcessor(compiled.matcher(), tok, param=constraint.param)
+    scores = torch.zeros((1, len(tok)))
+    masked = processor(torch.tensor([[1]]), scores)
+    token = int(masked[0].argmax())
+    with pytest.raises(ConstraintTooComplex) as info:
+        processor(torch.tensor([[1, token]]), scores)
+    assert "Too many items" in info.value.message and info.value.param == "grammar"
+    assert info.value.status == 400
