@@ -57,7 +57,7 @@ class AdminKeysController(Controller):
         principal: NamedDependency[ApiKey],
         keys: NamedDependency[KeyStore],
         authenticator: NamedDependency[Authenticator],
-        key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$")],
+        key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)")],
     ) -> KeyInfo:
         try:
             revoked = await asyncio.to_thread(keys.revoke, key_id)

@@ -22,8 +22,9 @@ from receipts.store import connect_args
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
 # A tenant names a receipt chain, a database value and an export file name: keep it plain.
-TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
-NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$"  # printable: no control characters
+# (`(?!\n)`: Python's `$` would also match before a final newline; see gateway/audit.py.)
+TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$(?!\n)"
+NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)"  # printable: no control characters
 
 _metadata = sa.MetaData()
 api_keys = sa.Table(

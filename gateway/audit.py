@@ -35,10 +35,12 @@ T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
 MAX_SEQ = 2**53  # sequence numbers stay exact in every JSON reader
 # Identifiers are checked by shape before any query: a malformed one is a 400, not a lookup.
-RECEIPT_ID = r"^rcpt_[0-9a-f]{24}$"
-CALL_ID = r"^call_[0-9a-f]{24}$"
-HEX64 = r"^[0-9a-f]{64}$"
-PRINTABLE = r"^[^\x00-\x1f\x7f]{1,200}$"
+# (Python's `$` also matches before a final newline; `(?!\n)` shuts that out and is still an
+# ECMA pattern for the OpenAPI document.)
+RECEIPT_ID = r"^rcpt_[0-9a-f]{24}$(?!\n)"
+CALL_ID = r"^call_[0-9a-f]{24}$(?!\n)"
+HEX64 = r"^[0-9a-f]{64}$(?!\n)"
+PRINTABLE = r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)"
 
 
 async def _read(fn: Callable[..., T], *args: Any) -> T:

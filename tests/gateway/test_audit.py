@@ -424,3 +424,20 @@ def test_a_tenant_without_receipts_can_pin_the_key_that_will_sign(gateway: Any) 
             "ranges": [],
         }
     ]
+
+
+def test_an_identifier_with_a_trailing_newline_is_malformed_not_looked_up(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """Python's `$` matches before a final newline: the shape checks must not let one in."""
+    receipt_id, call_id = audited["receipt"]["id"], audited["call"].id
+    with gateway.http("auditor") as client:
+        for path in (f"/audit/receipts/{receipt_id}%0A", f"/audit/calls/{call_id}%0A"):
+            response = client.get(path)
+            assert response.status_code == 400, (path, response.text)
+        listed = client.get("/audit/receipts", params={"call_id": call_id + "\n"})
+        assert listed.status_code == 400, listed.text
+    with gateway.http("admin") as client:
+        assert client.delete("/admin/keys/key_0123456789abcdef%0A").status_code == 400
+        created = client.post("/admin/keys", json={"role": "agent", "tenant": "acme\n"})
+        assert created.status_code == 400, created.text
