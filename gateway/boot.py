@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
 from receipts.ledger import Ledger
@@ -35,19 +37,27 @@ class Resources:
 
 
 def prepare_database(settings: Settings) -> None:
-    """Bring the database schema up to date (idempotent); for the default SQLite ledger,
-    first create it (0600) inside the private data directory.
-
-    SQLite gives its -wal and -shm files the database file's mode. With `--db` pointing
-    elsewhere the data directory is not touched here: `callproof keys --db postgresql://...`
-    needs none."""
+    """Bring the database schema up to date (idempotent); a SQLite ledger file is created
+    first, 0600 (SQLite gives its -wal and -shm files the same mode), the default one inside
+    the private data directory. With `--db` pointing at Postgres the data directory is not
+    touched here: `callproof keys --db postgresql://...` needs none."""
     from migrations.runner import upgrade
 
-    if settings.db is None:
-        ledger_file = _private_data_dir(settings) / "ledger.db"
+    ledger_file = sqlite_file(settings.db_url)
+    if ledger_file is not None:
+        if settings.db is None:
+            _private_data_dir(settings)
         os.close(os.open(ledger_file, os.O_CREAT | os.O_RDONLY, 0o600))  # no-op if it exists
         _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (None for Postgres and in-memory SQLite)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
 
 
 def load_signer(settings: Settings) -> Signer:

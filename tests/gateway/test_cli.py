@@ -130,6 +130,24 @@ def test_a_data_directory_open_to_others_is_reported(
     assert f"{old} is open to other users (mode 755)" in caplog.text
 
 
+def test_a_sqlite_file_named_by_db_is_created_private_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gateway.boot import prepare_database
+    from gateway.settings import Settings
+
+    named = tmp_path / "elsewhere" / "ledger.db"
+    named.parent.mkdir()
+    prepare_database(Settings(data_dir=tmp_path / "unused", db=f"sqlite:///{named}"))
+    assert named.stat().st_mode & 0o777 == 0o600 and not (tmp_path / "unused").exists()
+    assert not caplog.records
+    shared = tmp_path / "shared.db"
+    shared.touch(mode=0o644)
+    shared.chmod(0o644)
+    prepare_database(Settings(data_dir=tmp_path / "unused", db=f"sqlite:///{shared}"))
+    assert f"{shared} is open to other users (mode 644)" in caplog.text
+
+
 def test_keys_with_postgres_leave_the_data_directory_alone(
     tmp_path: Path, fresh_postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
