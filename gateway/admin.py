@@ -6,7 +6,7 @@ import asyncio
 from typing import Annotated
 
 from litestar import Controller, delete, get, post
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 
 from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore
@@ -23,7 +23,7 @@ def _info(key: ApiKey) -> KeyInfo:
 class AdminKeysController(Controller):
     path = "/admin/keys"
     tags = ["admin"]
-    dependencies = {"principal": Provide(require_role("admin", strict_query=True))}
+    guards = [require_role("admin", strict_query=True)]
     security = BEARER
 
     @get("", summary="List API keys (never their secrets)", responses=documented())

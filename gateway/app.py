@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Litestar
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
@@ -17,7 +18,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from gateway.admin import AdminKeysController
 from gateway.apikeys import KeyStore
 from gateway.audit import AuditController
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, current_principal
 from gateway.chat import ChatController
 from gateway.completion import Completions
 from gateway.errors import handle_exception
@@ -38,6 +39,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
     grammars = getattr(engine, "grammars", None)  # in-process engines expose their cache
     metrics = Metrics(grammar_stats=grammars.stats if grammars is not None else None)
     completions = Completions(engine, ledger, settings, metrics)
+    authenticator = Authenticator(keys, settings.key_cache_ttl_s, settings.db_timeout_s)
     app = Litestar(
         route_handlers=[
             ChatController,
@@ -51,10 +53,10 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             "ledger": _singleton(ledger),
             "keys": _singleton(keys),
             "metrics": _singleton(metrics),
-            "authenticator": _singleton(
-                Authenticator(keys, settings.key_cache_ttl_s, settings.db_timeout_s)
-            ),
+            "authenticator": _singleton(authenticator),
+            "principal": Provide(current_principal, sync_to_thread=False),
         },
+        state=State({"authenticator": authenticator}),  # for the guards (gateway.auth)
         exception_handlers={Exception: handle_exception},
         request_max_body_size=settings.max_body_bytes,
         plugins=[StrictStructSchemaPlugin()],

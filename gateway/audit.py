@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import IO, Annotated, Any, TypeVar
 
 from litestar import Controller, get, post
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.params import FromQuery, JSONBody, Parameter
 from litestar.response import Stream
 
@@ -60,7 +60,7 @@ def _found(value: T | None, what: str) -> T:
 class AuditController(Controller):
     path = "/audit"
     tags = ["audit"]
-    dependencies = {"principal": Provide(require_role("auditor", strict_query=True))}
+    guards = [require_role("auditor", strict_query=True)]
     security = BEARER
 
     @get(

@@ -1,7 +1,8 @@
 """Bearer-token authentication and role checks, injected into controllers as `principal`.
 
-Each controller declares the one role it serves (`principal=Provide(require_role("agent"))`),
-so an agent key can never reach /audit and an auditor key never /v1. Looked-up keys are cached
+Each controller declares the one role it serves (`guards = [require_role("agent")]`), so an
+agent key can never reach /audit and an auditor key never /v1; handlers take the admitted
+key as the `principal` dependency. Looked-up keys are cached
 for a short TTL (settings.key_cache_ttl_s) to keep the database off the hot path; a revoked key
 therefore stops working within that TTL. When the entry expires under load, the requests that
 find it missing share one lookup instead of each querying the database.
@@ -12,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
 
 from litestar import Request
-from litestar.di import NamedDependency
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+from litestar.types import Guard
 
 from gateway.apikeys import ApiKey, KeyStore, KeyStoreUnavailable, Role, hash_secret
 from gateway.errors import APIError
@@ -104,27 +106,33 @@ def _retrieve(task: asyncio.Task[ApiKey | None]) -> None:
         task.exception()
 
 
-def require_role(
-    role: Role, *, strict_query: bool = False
-) -> Callable[[Request, Authenticator], Awaitable[ApiKey]]:
-    """A dependency provider yielding the caller's key, or raising 401/403; with
-    `strict_query`, then refusing query parameters the route does not take (gateway.query),
-    so that only an authenticated caller learns which ones it does."""
+def require_role(role: Role, *, strict_query: bool = False) -> Guard:
+    """A controller guard admitting only keys of `role` (401/403 otherwise), and with
+    `strict_query` then refusing query parameters the route does not take (gateway.query),
+    so that only an authenticated caller learns which ones it does. Guards run before
+    Litestar reads the body: an anonymous caller gets its 401 without the gateway decoding
+    (or validating, and describing) what it sent."""
 
-    async def principal(request: Request, authenticator: NamedDependency[Authenticator]) -> ApiKey:
-        key = await authenticator.authenticate(request.headers.get("authorization"))
+    async def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+        authenticator: Authenticator = connection.app.state.authenticator
+        key = await authenticator.authenticate(connection.headers.get("authorization"))
         if key.role != role:
             raise APIError(
                 403,
-                f"{_article(key.role)} {key.role} key cannot use {request.url.path}:"
+                f"{_article(key.role)} {key.role} key cannot use {connection.url.path}:"
                 f" it needs {_article(role)} {role} key",
                 code="wrong_role",
             )
         if strict_query:
-            refuse_unknown_query(request)
-        return key
+            refuse_unknown_query(connection)
+        connection.state.principal = key
 
-    return principal
+    return guard
+
+
+def current_principal(request: Request) -> ApiKey:
+    """The key the controller's guard admitted (the `principal` dependency)."""
+    return request.state.principal
 
 
 def _article(word: str) -> str:

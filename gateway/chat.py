@@ -6,7 +6,7 @@ import secrets
 import time
 
 from litestar import Controller, Request, Response, post
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.params import JSONBody
 from litestar.response import Stream
 
@@ -34,7 +34,7 @@ RECEIPT_HEADER = "X-Callproof-Receipt"
 class ChatController(Controller):
     path = "/v1/chat/completions"
     tags = ["chat"]
-    dependencies = {"principal": Provide(require_role("agent"))}
+    guards = [require_role("agent")]
     security = BEARER
 
     @post(

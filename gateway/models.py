@@ -4,7 +4,7 @@ model)."""
 from __future__ import annotations
 
 from litestar import Controller, get
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from gateway.apikeys import ApiKey
@@ -17,7 +17,7 @@ from gateway.schemas import ModelCard, ModelList
 class ModelsController(Controller):
     path = "/v1/models"
     tags = ["models"]
-    dependencies = {"principal": Provide(require_role("agent"))}
+    guards = [require_role("agent")]
     security = BEARER
 
     @get("", summary="List the served models", responses=documented())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import re
 
-from litestar import Request
+from litestar.connection import ASGIConnection
 from litestar.handlers import HTTPRouteHandler
 
 from gateway.errors import APIError
@@ -19,11 +19,11 @@ from gateway.errors import APIError
 _PATH_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 
 
-def refuse_unknown_query(request: Request) -> None:
+def refuse_unknown_query(connection: ASGIConnection) -> None:
     """Every query parameter declared by the route, and given once (400 otherwise)."""
-    declared = _declared(request.route_handler)  # type: ignore[arg-type]
+    declared = _declared(connection.route_handler)  # type: ignore[arg-type]
     seen: set[str] = set()
-    for name, _ in request.query_params.multi_items():
+    for name, _ in connection.query_params.multi_items():
         if name not in declared:
             takes = ", ".join(sorted(declared)) or "no query parameters"
             raise APIError(

@@ -421,3 +421,26 @@ def test_an_engine_fault_is_named_not_a_bare_internal_error() -> None:
     status, body = error_for(GrammarViolation("token 7 rejected by the grammar it was masked to"))
     assert status == 500 and body["error"]["code"] == "engine_fault"
     assert "token 7 rejected" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", "/v1/chat/completions", {"model": "x", "messages": [], "n": 2}),
+        ("POST", "/admin/keys", {"role": "nobody"}),
+        ("POST", "/audit/verify", {"from_seq": "one"}),
+        ("POST", "/audit/replay/rcpt_00112233445566778899aabb", {"force": "yes"}),
+    ],
+)
+def test_an_anonymous_body_is_not_read_before_the_401(
+    gateway: Any, method: str, path: str, body: dict[str, Any]
+) -> None:
+    """Authentication comes first (a guard, ahead of Litestar's body parsing): an anonymous
+    caller learns nothing about what the body should hold."""
+    with gateway.http(None) as client:
+        response = client.request(method, path, json=body)
+    assert error_of(response, 401)["code"] == "invalid_api_key"
+    with gateway.http("agent" if path.startswith("/v1") else "auditor") as client:
+        wrong_role = client.request(method, path, json=body) if path.startswith("/admin") else None
+    if wrong_role is not None:
+        assert error_of(wrong_role, 403)["code"] == "wrong_role"
