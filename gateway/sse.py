@@ -81,7 +81,11 @@ async def stream_completion(
 ) -> AsyncIterator[bytes]:
     """The SSE body; `events` is the engine's stream (its first event already checked)."""
     try:
-        yield writer.delta(Delta(role="assistant", content="", refusal=None))
+        # OpenAI's role chunk says content "" before text and null before tool calls. Under
+        # tools either may follow, so it says neither: the SDK then ends with the text, or
+        # with None for calls, as it does on OpenAI.
+        tools = prepared.plan.mode == "tools"
+        yield writer.delta(Delta(role="assistant", content=None if tools else "", refusal=None))
         decoder = EnvelopeStreamDecoder(prepared.plan)
         held: list[ToolCallStart | ToolArgumentsDelta] = []  # released after the commit
         generation: Generation | None = None

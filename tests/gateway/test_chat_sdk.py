@@ -178,6 +178,7 @@ def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
         final = stream.get_final_completion()
     check_calls(final.choices[0].message.tool_calls)
     assert final.choices[0].finish_reason == "tool_calls"
+    assert final.choices[0].message.content is None  # as without streaming, and on OpenAI
     assert chunks[0].choices[0].delta.role == "assistant"
     first_call = next(c for c in chunks if c.choices and c.choices[0].delta.tool_calls)
     delta = first_call.choices[0].delta.tool_calls[0]
