@@ -57,11 +57,17 @@ class MessageToolCall(Struct):
 
 
 class Message(Struct, omit_defaults=True):
+    """One message. Members not listed are ignored: clients append the response's message
+    object, with members such as `annotations`, to the next request."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
+    refusal: str | None = None  # an assistant turn that refused: its text
+    function_call: dict[str, Any] | None = None  # legacy function calling: null only
+    audio: dict[str, Any] | None = None  # null only
 
 
 class FunctionDef(Struct, omit_defaults=True):

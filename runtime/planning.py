@@ -365,7 +365,15 @@ def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
             raise RuntimeInputError(
                 f"'{at}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{at}.role"
             )
+        for member, use in (("function_call", "tool_calls"), ("audio", "text content")):
+            if msg.get(member) is not None:
+                raise UnsupportedParameter(
+                    f"'{at}.{member}' is not supported here; send {use} instead",
+                    param=f"{at}.{member}",
+                )
         content = _content(msg.get("content"), f"{at}.content", optional=role == "assistant")
+        if role == "assistant" and not content and isinstance(msg.get("refusal"), str):
+            content = msg["refusal"]  # what that turn said
         if role == "assistant":
             calls = _history_calls(msg.get("tool_calls"), at)
             names.update((c.id, c.name) for c in calls)
@@ -419,7 +427,7 @@ def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
             raise RuntimeInputError(
                 f"'{where}' must be an object with 'id' and 'function'", param=where
             )
-        name, raw = fn.get("name"), fn.get("arguments", "{}")
+        name, raw = fn.get("name"), fn.get("arguments") or "{}"  # "" from no-argument tools
         if not isinstance(name, str):
             raise RuntimeInputError(
                 f"'{where}.function.name' must be a string", param=f"{where}.function.name"

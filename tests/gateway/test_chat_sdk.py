@@ -276,7 +276,7 @@ def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
         tool_choice="none",
         messages=[
             *ASK_WEATHER,
-            first.choices[0].message.model_dump(exclude_none=True),
+            first.choices[0].message.model_dump(),  # as echoed: refusal, audio... null
             {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21, "sky": "clear"}'},
         ],
     )

@@ -505,3 +505,31 @@ def test_a_schema_too_deep_for_the_metaschema_check_is_a_400(depth: int) -> None
         with pytest.raises(ConstraintTooComplex) as info:
             plan_chat(chat)
         assert info.value.status == 400 and "max_schema_depth" in info.value.message
+
+
+def test_an_earlier_call_with_empty_arguments_reads_as_no_arguments() -> None:
+    """A tool without parameters is often replayed with arguments "" (LangChain, converted
+    histories): that is {}, not a 400."""
+    call = {"id": "c1", "type": "function", "function": {"name": "list_rooms", "arguments": ""}}
+    planned = plan(
+        messages=[
+            *USER,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "none free"},
+        ]
+    )
+    assert planned.tool_call_ids_answered == ("c1",)
+    assert any("list_rooms" in m.content for m in planned.messages)
+
+
+def test_message_members_clients_echo_back() -> None:
+    """The SDK's response message, appended as is, carries refusal/function_call/audio as
+    null: accepted. A refusal is what that turn said; legacy function_call and audio are
+    refused by name rather than dropped."""
+    echoed = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    planned = plan(messages=[*USER, {**echoed, "function_call": None, "audio": None}, *USER])
+    assert any("I can't help with that." in m.content for m in planned.messages)
+    for member in ("function_call", "audio"):
+        with pytest.raises(UnsupportedParameter) as err:
+            plan(messages=[*USER, {**echoed, member: {"name": "f", "arguments": "{}"}}])
+        assert err.value.param == f"messages[1].{member}"
