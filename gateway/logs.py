@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sys
 import time
+from contextvars import ContextVar
 
 _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "color_message"}
+
+request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+"""The id of the HTTP request being served (also its `x-request-id` response header), so
+every line logged while serving it names it."""
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
 
 
 class JsonFormatter(logging.Formatter):
@@ -19,6 +29,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        if (current := request_id.get()) is not None:  # formatted as it is logged
+            entry["request_id"] = current
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

@@ -1,7 +1,8 @@
 """Prometheus metrics of one gateway app, in its own registry (several apps can share a process).
 
 The timing middleware also writes the JSON access log line (route template, status, latency;
-no payloads, no keys), since both describe the same finished request.
+no payloads, no keys), since both describe the same finished request, and gives each request
+the id it answers in `x-request-id` and every log line names (gateway.logs.request_id).
 
 HTTP requests and latency are labelled by route template (never by raw path, so ids do not
 explode the label space) and status. Grammar cache figures are read from the engine's cache at
@@ -24,6 +25,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gateway.logs import new_request_id, request_id
 
 log = logging.getLogger("callproof.access")
 # No `_created` series beside every counter: a timestamp per label set that no dashboard
@@ -89,11 +92,15 @@ class Metrics:
                 return
             status = 500
             started = time.perf_counter()
+            rid = new_request_id()
+            header = (b"x-request-id", rid.encode())
+            context = request_id.set(rid)
 
             async def record_status(message: Message) -> None:
                 nonlocal status
                 if message["type"] == "http.response.start":
                     status = message["status"]
+                    message["headers"] = [*message.get("headers", ()), header]
                 await send(message)
 
             try:
@@ -112,8 +119,10 @@ class Metrics:
                         "route": route,
                         "status": status,
                         "ms": round(elapsed * 1000, 3),
+                        "request_id": rid,
                     },
                 )
+                request_id.reset(context)
 
         return timed
 

@@ -263,3 +263,40 @@ def test_ledger_outage_fails_closed_and_recovers_without_restart(gateway: Any) -
     first_seq = first.model_extra["receipt"]["seq"]
     assert recovered.model_extra["receipt"]["seq"] == first_seq + 1  # nothing was half-written
     assert gateway.ledger.verify(gateway.tenant).ok
+
+
+def test_json_logs_name_the_request_and_hold_no_payload_or_key(
+    gateway: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each line is one JSON object; a request's lines carry the id its `x-request-id` header
+    gives back (the SDK's `_request_id`); neither the messages nor the key ever appear."""
+    import json
+    import logging
+
+    from gateway.logs import JsonFormatter
+
+    caplog.set_level(logging.INFO)
+    marker = "zebra-quartz-7731"  # the payload that must not be logged
+    raw = gateway.openai().chat.completions.with_raw_response.create(
+        model=gateway.model,
+        messages=[
+            {"role": "system", "content": f"Session {marker}."},
+            {"role": "user", "content": "Ping alpha."},
+        ],
+        tools=[TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+    )
+    completion = raw.parse()
+    rid = raw.headers["x-request-id"]
+    assert rid.startswith("req_") and completion._request_id == rid
+    with gateway.http(None) as client:  # a bad key: it must not be logged either
+        client.get("/v1/models", headers={"Authorization": "Bearer cp_secret-that-must-not-leak"})
+    lines = [JsonFormatter().format(record) for record in caplog.records]
+    entries = [json.loads(line) for line in lines]
+    access = [e for e in entries if e["logger"] == "callproof.access" and e["request_id"] == rid]
+    assert [(e["route"], e["status"]) for e in access] == [("/v1/chat/completions", 200)]
+    text = "\n".join(lines)
+    assert marker not in text and "cp_secret-that-must-not-leak" not in text
+    assert gateway.secrets["agent"] not in text
