@@ -1,7 +1,8 @@
 """Alembic environment: runs the revisions online against one database URL.
 
 The URL comes from (first found) a connection handed over by migrations.runner, `-x db=URL`
-on the alembic command line, $CALLPROOF_DB_URL, or sqlalchemy.url in alembic.ini.
+on the alembic command line, $CALLPROOF_DB (as for serve) or $CALLPROOF_DB_URL, or
+sqlalchemy.url in alembic.ini.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ config = context.config
 def _url() -> str:
     url = (
         context.get_x_argument(as_dictionary=True).get("db")
+        or os.environ.get("CALLPROOF_DB")
         or os.environ.get("CALLPROOF_DB_URL")
         or config.get_main_option("sqlalchemy.url")
     )
     if not url:
-        raise SystemExit("no database URL: pass -x db=URL or set CALLPROOF_DB_URL")
+        raise SystemExit("no database URL: pass -x db=URL or set CALLPROOF_DB")
     return url
 
 

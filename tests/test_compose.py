@@ -58,7 +58,7 @@ def test_migrate_runs_once_after_postgres_is_healthy(services: dict[str, Any]) -
     assert migrate["command"] == ["ledger", "migrate"]  # alembic upgrade head
     assert migrate["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     assert migrate.get("restart") == "no"
-    assert migrate["environment"]["CALLPROOF_DB_URL"].startswith("postgresql+psycopg://")
+    assert migrate["environment"]["CALLPROOF_DB"].startswith("postgresql+psycopg://")
 
 
 def test_gateway_waits_for_the_three_and_serves_vllm(services: dict[str, Any]) -> None:
@@ -72,7 +72,7 @@ def test_gateway_waits_for_the_three_and_serves_vllm(services: dict[str, Any]) -
     assert env["CALLPROOF_ENGINE"] == "vllm" and env["CALLPROOF_VLLM_URL"] == "http://vllm:8000"
     served = next(a for a in services["vllm"]["command"] if a.startswith("--served-model-name="))
     assert env["CALLPROOF_MODEL"] == served.split("=", 1)[1]
-    assert env["CALLPROOF_DB"] == services["migrate"]["environment"]["CALLPROOF_DB_URL"]
+    assert env["CALLPROOF_DB"] == services["migrate"]["environment"]["CALLPROOF_DB"]
     assert gateway["ports"] == ["8000:8000"]
     assert "/readyz" in healthcheck_text(gateway)
 

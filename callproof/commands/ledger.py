@@ -64,14 +64,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("CALLPROOF_DB_URL")
+    default = os.environ.get("CALLPROOF_DB") or os.environ.get("CALLPROOF_DB_URL")
     parser.add_argument(
         "--db",
         default=default,
         required=default is None,
         metavar="URL",
         help="SQLAlchemy URL, e.g. postgresql+psycopg://u@host/db or sqlite:///ledger.db"
-        " (default: $CALLPROOF_DB_URL)",
+        " (default: $CALLPROOF_DB, as for serve; $CALLPROOF_DB_URL is read too)",
     )
 
 

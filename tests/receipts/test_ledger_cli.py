@@ -155,6 +155,10 @@ def test_bad_input_and_unavailable_database(
     code, _, err = run(capsys, "ledger", "verify", "--db", down)
     assert code == 3 and "unavailable" in err
     monkeypatch.delenv("CALLPROOF_DB_URL", raising=False)
+    monkeypatch.delenv("CALLPROOF_DB", raising=False)
     with pytest.raises(SystemExit) as exited:  # argparse: --db is required
         main(["ledger", "verify"])
     assert exited.value.code == 2
+    monkeypatch.setenv("CALLPROOF_DB", down)  # the variable serve reads works here too
+    code, _, err = run(capsys, "ledger", "verify")
+    assert code == 3 and "unavailable" in err
