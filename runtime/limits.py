@@ -123,8 +123,6 @@ def schema_patterns(schema: Any) -> list[str]:
     return found
 
 
-# A quantified group whose body itself ends in a quantifier: (a+)+, (\w*)*, (x{2,}){3,} ...
-_NESTED_QUANTIFIER = re.compile(r"[*+}]\)[*+{]|[*+]\)\?")
 _REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
 
 
@@ -146,12 +144,36 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f" {limits.max_regex_repeat}",
             param=param,
         )
-    if _NESTED_QUANTIFIER.search(pattern):
+    if _nested_quantifier(pattern):
         raise ConstraintTooComplex(
             "regex has a nested quantifier (a quantified group ending in a quantifier, as "
             "in (a+)+); rewrite it without nesting",
             param=param,
         )
+
+
+def _nested_quantifier(pattern: str) -> bool:
+    """A repetition whose body ends in a repetition, as in (a+)+, (\\w*)*, (x{2,}){3,},
+    ((a+))+ or (a+|b)+: read from Python's parse, so extra groups and alternatives do not
+    hide one. (A body that ends otherwise, as in (\\d+\\.)+, cannot split its input two
+    ways.)"""
+    return any(
+        op in _REPEATS and argument[1] > 1 and _ends_in_repeat(argument[2])
+        for op, argument, _ in _regex_nodes(pattern)
+    )
+
+
+def _ends_in_repeat(sub: Any) -> bool:
+    if not sub:
+        return False
+    op, argument = sub[-1]
+    if op in _REPEATS:
+        return argument[1] > 1
+    if op is re_constants.SUBPATTERN:
+        return _ends_in_repeat(argument[3])
+    if op is re_constants.BRANCH:
+        return any(_ends_in_repeat(branch) for branch in argument[1])
+    return False
 
 
 def repeated_copies(pattern: str) -> int:

@@ -58,6 +58,8 @@ def _deep(levels: int) -> dict:
         (Constraint.ebnf('foo ::= "a"'), InvalidGrammar, "No 'root' rule"),
         (Constraint.ebnf("root ::= foo"), InvalidGrammar, "Rule 'foo' not found"),
         (Constraint.regex("(a+)+$"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex("((a+))+b"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex("(a+|b)+c"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex(r"\d{5000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.regex("a{,100000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.regex("((a{100})b){100}"), ConstraintTooComplex, "10100 copies"),
