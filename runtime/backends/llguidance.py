@@ -7,6 +7,7 @@ request gets a ``deep_copy`` of it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import llguidance
@@ -20,6 +21,7 @@ from runtime.errors import BackendCannotCompile
 # Strict JSON: no whitespace between tokens (a weak model otherwise loops on whitespace) and
 # only the properties a schema lists, as OpenAI's strict mode does.
 _JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False}
+_RESOURCE_LIMIT = re.compile(r"too many|\blimit\b", re.IGNORECASE)
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -43,9 +45,13 @@ class LLGuidanceMatcher(GrammarMatcher):
         self._m.reset()
 
     def limit_reached(self) -> str | None:
+        """llguidance's error, when it is one of its resource limits ("Too many items (limit
+        50000)", "too many expressions constructed"). Refusing a token sets an error too
+        ("token ... doesn't satisfy the grammar"): that one is a masking bug, not a limit."""
         if not self._m.is_error():
             return None
-        return self._m.get_error().splitlines()[0][:300]
+        error = self._m.get_error().splitlines()[0]
+        return error[:300] if _RESOURCE_LIMIT.search(error) else None
 
 
 class LLGuidanceBackend(GrammarBackend):

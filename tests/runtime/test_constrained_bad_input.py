@@ -11,6 +11,7 @@ from grammar_testkit import smol_tokenizer
 from runtime.backends import BackendChain, make_backend
 from runtime.constrained import (
     ConstrainedLogitsProcessor,
+    GrammarViolation,
     cfg_processor,
     json_schema_processor,
     regex_processor,
@@ -169,3 +170,9 @@ def test_a_grammar_over_the_backends_own_limit_while_decoding_is_a_400_not_a_fau
         processor(torch.tensor([[1, token]]), scores)
     assert "Too many items" in info.value.message and info.value.param == "grammar"
     assert info.value.status == 400
+    ordinary = make_backend("llguidance", tok).compile(Constraint.ebnf('start: "a"'))
+    processor = ConstrainedLogitsProcessor(ordinary.matcher(), tok, param="grammar")
+    processor(torch.tensor([[1]]), scores)
+    refused = tok.encode("zzz", add_special_tokens=False)[0]  # a token its mask forbade
+    with pytest.raises(GrammarViolation):  # a masking bug stays an engine fault (500)
+        processor(torch.tensor([[1, refused]]), scores)
