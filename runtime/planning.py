@@ -55,7 +55,16 @@ from runtime.tools import (
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_THINK = re.compile(r"\s*<think>(?P<reasoning>.*?)</think>", re.DOTALL)
+_THINK = re.compile(r"\s*<think>(?P<reasoning>.*?)(?:</think>|\Z)", re.DOTALL)
+
+
+def split_thinking(text: str) -> tuple[str | None, str]:
+    """(reasoning, rest) of an output that opens with a ``<think>`` region, else (None, text).
+    A region never closed (cut off mid-thought) is all reasoning: none of it is content."""
+    thinking = _THINK.match(text)
+    if thinking is None:
+        return None, text
+    return thinking["reasoning"].strip(), text[thinking.end() :]
 
 
 @dataclass(frozen=True)
@@ -93,16 +102,19 @@ class Plan:
     tool_call_ids_answered: tuple[str, ...] = ()
     enforcement: Enforcement | None = None  # None: the constraint holds from the first token
 
-    def parse(self, text: str, ids: CallIds | None = None) -> ParsedResponse:
+    def parse(self, text: str, ids: CallIds | None = None, *, cut: bool = False) -> ParsedResponse:
         """The meaning of the model's ``text``; validates again and raises
         StructuredOutputInvalid when it does not hold. Pass the request's ``ids`` so a retry
-        or a streamed parse gives each call the id it already has.
+        or a streamed parse gives each call the id it already has. ``cut``: the token limit
+        or a stop string ended it, so grammar output (which nothing re-checks here) is
+        marked incomplete.
         """
-        thinking = _THINK.match(text)
-        body = text[thinking.end() :] if thinking else text
+        reasoning, body = split_thinking(text)
         result = self._parse_body(body, ids or CallIds())
-        if thinking:
-            result = dataclasses.replace(result, reasoning=thinking["reasoning"].strip())
+        if reasoning is not None:
+            result = dataclasses.replace(result, reasoning=reasoning)
+        if cut and self.mode == "ebnf":
+            result = dataclasses.replace(result, complete=False)
         return result
 
     @property
@@ -445,4 +457,4 @@ def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-__all__ = ["ChatInput", "Mode", "Plan", "parse_messages", "plan_chat"]
+__all__ = ["ChatInput", "Mode", "Plan", "parse_messages", "plan_chat", "split_thinking"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime.errors import StructuredOutputInvalid
-from runtime.planning import Plan
+from runtime.planning import Plan, split_thinking
 from runtime.tools import CallIds, ParsedResponse
 
 _WS = " \t\n\r"
@@ -95,6 +95,7 @@ class EnvelopeStreamDecoder:
         self._out: list[EnvelopeEvent] = []
         self._answer: list[str] | None = None  # the answer's text so far, once it has begun
         self._calls_begun = False
+        self._think = _LeadingThink()  # pass-through modes: content starts after it
 
     def feed(self, delta: str | bytes) -> list[EnvelopeEvent]:
         text = self._utf8.decode(delta) if isinstance(delta, bytes) else delta
@@ -102,7 +103,8 @@ class EnvelopeStreamDecoder:
             return []
         self._text.append(text)
         if not self._envelope:
-            return [ContentDelta(text)]
+            content = self._think.feed(text)
+            return [ContentDelta(content)] if content else []
         for ch in text:
             if self._opaque:
                 break
@@ -118,9 +120,11 @@ class EnvelopeStreamDecoder:
         """
         tail = self._utf8.decode(b"", final=True)
         events = self.feed(tail) if tail else []
+        if not self._envelope and (held := self._think.flush()):
+            events.append(ContentDelta(held))
         text = "".join(self._text)
         try:
-            result = self._plan.parse(text, self._ids)
+            result = self._plan.parse(text, self._ids, cut=cut)
         except StructuredOutputInvalid:
             partial = self._cut_text(text) if cut else None
             if partial is None:
@@ -133,7 +137,8 @@ class EnvelopeStreamDecoder:
     def _cut_text(self, text: str) -> ParsedResponse | None:
         """What a cut-off output says so far, unless it began a tool call (or is opaque)."""
         if not self._envelope:
-            return ParsedResponse("text", content=text, complete=False)
+            reasoning, body = split_thinking(text)
+            return ParsedResponse("text", content=body, reasoning=reasoning, complete=False)
         if self._opaque or self._calls_begun or self._answer is None:
             return None
         answer = "".join(self._answer)
@@ -302,6 +307,44 @@ class EnvelopeStreamDecoder:
                 merged.append(event)
         self._out = []
         return merged
+
+
+class _LeadingThink:
+    """Holds back an output's leading ``<think>`` region, which ``Plan.parse`` keeps out of
+    the content (``split_thinking``), so a stream shows what the receipt records."""
+
+    _OPEN, _CLOSE = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._state: Literal["undecided", "inside", "done"] = "undecided"
+
+    def feed(self, text: str) -> str:
+        """The part of ``text`` that is content (may be empty while undecided)."""
+        if self._state == "done":
+            return text
+        self._held += text
+        if self._state == "undecided":
+            head = self._held.lstrip()
+            if head.startswith(self._OPEN):
+                self._state = "inside"
+            elif self._OPEN.startswith(head):
+                return ""  # whitespace, or a prefix of the tag: could still open one
+            else:
+                self._state, content, self._held = "done", self._held, ""
+                return content
+        end = self._held.find(self._CLOSE)
+        if end < 0:
+            return ""
+        self._state, content = "done", self._held[end + len(self._CLOSE) :]
+        self._held = ""
+        return content
+
+    def flush(self) -> str:
+        """At the end: text that only looked like the start of a tag; an unclosed region is
+        all reasoning."""
+        held, self._held = self._held, ""
+        return held if self._state == "undecided" else ""
 
 
 def _role_of(path: list[str | int | None]) -> tuple[Literal["answer", "name", "args"], int] | None:

@@ -250,3 +250,42 @@ def test_a_complete_output_is_unaffected_by_cut() -> None:
     decoder.feed(text)
     _, result = decoder.finish(cut=True)
     assert result.kind == "tool_calls" and result.complete
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<think>a {"b": 1} plan</think>{"summary": "x", "score": 1}',
+        '  <think>\nhmm</think>{"summary": "x", "score": 1}',
+        '{"summary": "<think>x</think>", "score": 1}',  # not leading: content
+        "<thi",  # only looked like a tag
+    ],
+)
+def test_a_leading_think_region_is_not_streamed_as_content(text: str) -> None:
+    """Plan.parse keeps a leading <think> region out of the content; so does the stream,
+    wherever the text is cut into deltas."""
+    json_plan = plan_chat(ChatInput(USER, response_format=RF))
+    for size in (1, 3, len(text)):
+        decoder = EnvelopeStreamDecoder(json_plan)
+        events: list[EnvelopeEvent] = []
+        for i in range(0, len(text), size):
+            events += decoder.feed(text[i : i + size])
+        try:
+            tail, result = decoder.finish(cut=True)
+        except StructuredOutputInvalid:
+            continue  # "<thi" is not JSON; nothing to compare
+        streamed = "".join(e.text for e in events + tail if isinstance(e, ContentDelta))
+        assert streamed == result.content
+
+
+def test_cut_off_mid_thought_is_reasoning_not_content() -> None:
+    text_plan = plan_chat(ChatInput(USER, regex="(yes|no)"))
+    streamed, result = _cut(text_plan, "<think>still weighing the opti")
+    assert (streamed, result.content, result.reasoning) == ("", "", "still weighing the opti")
+
+
+def test_grammar_output_cut_off_claims_no_conformance() -> None:
+    """Nothing re-checks a grammar's output here, so a cut one cannot be called complete."""
+    ebnf_plan = plan_chat(ChatInput(USER, grammar='start: "abc"'))
+    assert ebnf_plan.parse("a", cut=True).complete is False
+    assert ebnf_plan.parse("abc").complete is True
