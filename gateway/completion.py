@@ -165,10 +165,11 @@ class Completions:
         generation = await self.engine.generate(
             plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
         )
+        cut = cut_off(generation)
         try:
-            return generation, plan.parse(generation.text)
+            return generation, plan.parse(generation.text, cut=cut)
         except StructuredOutputInvalid as exc:
-            if not cut_off(generation, prepared):
+            if not cut:
                 raise
             decoder = EnvelopeStreamDecoder(plan)  # what a stream would have shown so far
             decoder.feed(generation.text)
@@ -237,13 +238,10 @@ class Completions:
         return await asyncio.to_thread(lookup)
 
 
-def cut_off(generation: Generation, prepared: PreparedChat) -> bool:
-    """Whether the token limit or a stop string ended the output. (A decode a grammar
-    backend constrained ends by itself only where the output is complete, so an incomplete
-    one that stopped was stopped by a stop string; not so for the post-hoc path.)"""
-    return generation.finish_reason == "length" or (
-        bool(prepared.sampling.stop) and generation.backend != "none" and not generation.fallback
-    )
+def cut_off(generation: Generation) -> bool:
+    """Whether the token limit or a stop string ended the output (before whatever
+    constrained it was done, if the parse fails)."""
+    return generation.finish_reason == "length" or generation.matched_stop is not None
 
 
 def cut_short(
@@ -257,8 +255,9 @@ def cut_short(
         )
         why = f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
         fix = f"raise {param}"
-    elif cut_off(generation, prepared):
-        param, why = "stop", "a stop string ended the output before the constrained output was"
+    elif generation.matched_stop is not None:
+        param = "stop"
+        why = f"the stop string {generation.matched_stop!r} ended the output before it was"
         fix = "use stop strings the output cannot contain"
     else:
         return error

@@ -98,7 +98,7 @@ async def stream_completion(
         if generation is None:
             raise EngineFault("the engine's stream ended without its final result")
         try:
-            rest, parsed = decoder.finish(cut=cut_off(generation, prepared))
+            rest, parsed = decoder.finish(cut=cut_off(generation))
         except StructuredOutputInvalid as exc:
             raise cut_short(exc, generation, prepared) from None
         for chunk in _live(writer, rest, held):

@@ -72,6 +72,9 @@ class Generation:
     finish_reason: FinishReason
     backend: str  # backend that actually enforced this request's constraint ("none" if free)
     fallback: str | None = None  # e.g. "post_hoc_retry:2" when no backend could compile it
+    matched_stop: str | None = None
+    """The stop string that ended the output (finish_reason "stop"); None when EOS, the
+    grammar or the token limit ended it: only this says the output was cut short."""
 
 
 @dataclass(frozen=True)

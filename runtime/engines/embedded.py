@@ -309,6 +309,7 @@ class EmbeddedEngine:
         text, sent = "", 0
         stops = _StopScanner(sampling.stop)
         finish: FinishReason = "length"
+        matched: str | None = None
         step_input = torch.tensor([prompt])
         with torch.inference_mode():
             while len(tokens) < sampling.max_tokens and not cancelled.is_set():
@@ -326,6 +327,7 @@ class EmbeddedEngine:
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 cut = stops.find(text)
                 if cut is not None:
+                    matched = next(s for s in stops.stops if text.startswith(s, cut))
                     text, finish = text[:cut], "stop"
                     break
                 safe = stops.safe_length(text)
@@ -343,6 +345,7 @@ class EmbeddedEngine:
             completion_tokens=len(tokens),
             finish_reason=finish,
             backend=grammar.backend if grammar is not None else "none",
+            matched_stop=matched,
         )
 
 

@@ -135,6 +135,7 @@ class VllmEngine:
             completion_tokens=int(usage.get("completion_tokens", 0)),
             finish_reason=_finish_reason(choice.get("finish_reason")),
             backend=self._enforced_by(constraint),
+            matched_stop=_matched_stop(choice.get("stop_reason"), sampling),
         )
 
     async def stream(
@@ -149,6 +150,7 @@ class VllmEngine:
         body = self.request_body(messages, constraint, sampling, enforcement, stream=True)
         parts: list[str] = []
         finish: str | None = None
+        stop_reason: Any = None
         usage: dict[str, Any] = {}
         async with self._call(body) as response:
             async for data in _sse_events(response):
@@ -160,6 +162,7 @@ class VllmEngine:
                         parts.append(text)
                         yield TextDelta(text)
                     finish = choice.get("finish_reason") or finish
+                    stop_reason = choice.get("stop_reason") or stop_reason
         if finish is None:
             raise EngineUnavailable("the vLLM stream ended before a finish_reason")
         yield Generation(
@@ -168,6 +171,7 @@ class VllmEngine:
             completion_tokens=int(usage.get("completion_tokens", 0)),
             finish_reason=_finish_reason(finish),
             backend=self._enforced_by(constraint),
+            matched_stop=_matched_stop(stop_reason, sampling),
         )
 
     async def ready(self) -> bool:
@@ -391,6 +395,12 @@ def _only_choice(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
         raise EngineUnavailable("the vLLM server answered without exactly one choice")
     return choices[0]
+
+
+def _matched_stop(stop_reason: Any, sampling: Sampling) -> str | None:
+    """vLLM's `stop_reason`: the stop string that ended the output, a stop token id, or null
+    (EOS, the grammar, the length limit); only one of the request's stop strings counts."""
+    return stop_reason if isinstance(stop_reason, str) and stop_reason in sampling.stop else None
 
 
 def _finish_reason(value: Any) -> FinishReason:

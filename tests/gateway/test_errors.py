@@ -402,7 +402,7 @@ def test_a_stop_string_inside_the_constrained_output_is_named(gateway: Any) -> N
     )
     assert isinstance(err, openai.UnprocessableEntityError)
     assert err.body["param"] == "stop"
-    assert err.body["message"].startswith("a stop string ended the output before")
+    assert err.body["message"].startswith("the stop string '\"' ended the output before")
 
 
 def test_a_damaged_chain_is_named_not_a_bare_internal_error() -> None:

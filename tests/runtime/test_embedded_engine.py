@@ -109,8 +109,10 @@ def test_stop_string_truncates_and_is_never_streamed(engine: EmbeddedEngine) -> 
     events = run(collect(engine, FRANCE, None, sampling))
     final = events[-1]
     assert final.text == full[: full.index("Paris")]
-    assert final.finish_reason == "stop"
+    assert (final.finish_reason, final.matched_stop) == ("stop", "Paris")
     assert "".join(e.text for e in events[:-1]) == final.text  # no "Par" leaked mid-stream
+    unmatched = run(engine.generate(FRANCE, None, Sampling(max_tokens=16, stop=("nowhere",))))
+    assert unmatched.matched_stop is None  # a stop list that never matched cut nothing
 
 
 def test_max_tokens_ends_with_length(engine: EmbeddedEngine) -> None:

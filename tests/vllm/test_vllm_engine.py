@@ -125,6 +125,33 @@ def test_unconstrained_generation_is_free_text(vllm_server: VllmServer) -> None:
     assert g.backend == "none" and g.text
 
 
+def test_a_stop_string_that_ends_the_output_is_named(vllm_server: VllmServer) -> None:
+    """vLLM's stop_reason says which stop string ended the output; one that never matched
+    leaves it None (finish_reason "stop" alone cannot tell them apart from EOS)."""
+    pattern = "(yes|no) because [a-z]+"
+
+    async def go() -> tuple[Generation, Generation, Generation]:
+        async with engine_for(vllm_server) as engine:
+            stopped = Sampling(temperature=0, max_tokens=24, stop=(" because",))
+            plain = Sampling(temperature=0, max_tokens=24, stop=("nowhere",))
+            constraint = Constraint.regex(pattern)
+            streamed = [e async for e in engine.stream(ask(PROMPTS[0]), constraint, stopped)]
+            assert isinstance(streamed[-1], Generation)
+            return (
+                await engine.generate(ask(PROMPTS[0]), constraint, stopped),
+                streamed[-1],
+                await engine.generate(ask(PROMPTS[0]), constraint, plain),
+            )
+
+    stopped, streamed, plain = run(go())
+    assert (stopped.text, stopped.finish_reason, stopped.matched_stop) in [
+        ("yes", "stop", " because"),
+        ("no", "stop", " because"),
+    ]
+    assert (streamed.text, streamed.matched_stop) == (stopped.text, " because")
+    assert plain.matched_stop is None and re.fullmatch(pattern, plain.text)
+
+
 def test_stream_deltas_reassemble_the_final_generation(vllm_server: VllmServer) -> None:
     constraint = Constraint.json_schema(PERSON)
 
