@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.constraint import Constraint
+from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex
 
 
@@ -76,16 +76,53 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
 _GRAMMAR_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
 _GRAMMAR_COMMENT = re.compile(r"//[^\n]*")
 _GRAMMAR_REGEX = re.compile(r"/(?:[^/\\\n]|\\.)+/[a-z]*")
-_GRAMMAR_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?")
+# item ~ n, item ~ m..n, item{n}, item{m,n}: the upper bound (or the lower, when open)
+_GRAMMAR_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+_HUGE = 10**9  # a bound written with more digits counts as this (int() of 5,000 digits fails)
 
 
 def grammar_repeat_copies(grammar: str) -> int:
-    """Sum of the bounds of a Lark grammar's ``item ~ n`` / ``item ~ m..n`` repetitions.
-    llguidance expands each into n items (and gives up past 50,000 at decode time), so a
-    short ``"a" ~ 100000`` is a large grammar."""
-    bare = _GRAMMAR_STRING.sub('""', grammar)
-    bare = _GRAMMAR_REGEX.sub("/x/", _GRAMMAR_COMMENT.sub("", bare))
-    return sum(int(hi or lo) for lo, hi in _GRAMMAR_REPEAT.findall(bare))
+    """Items a Lark grammar's counted repetitions ask for: each bound times the bounds of the
+    groups around it, summed (``("a"~40)~40`` is 40 x 40 + 40). llguidance expands each
+    into that many items (and gives up past 50,000 while decoding); the counted repetitions
+    inside /regex/ terminals add up as in a regex. GBNF is read in its Lark form.
+    Repetitions of a rule by another rule are not multiplied."""
+    try:
+        grammar = to_lark(grammar)
+    except ValueError:
+        pass  # not a grammar at all: validation says why
+    bare = _GRAMMAR_COMMENT.sub("", _GRAMMAR_STRING.sub('""', grammar))
+    regex_copies = sum(
+        repeated_copies(m.group()[1 : m.group().rindex("/")]) for m in _GRAMMAR_REGEX.finditer(bare)
+    )
+    bare = _GRAMMAR_REGEX.sub("/x/", bare)
+    repeats = [(m.start(), m.end(), _repeat_bound(m)) for m in _GRAMMAR_REPEAT.finditer(bare)]
+    bound_at = {start: bound for start, _, bound in repeats}
+    groups: list[tuple[int, int, int]] = []  # (open, close, bound of the group)
+    opened: list[int] = []
+    for i, ch in enumerate(bare):
+        if ch == "(":
+            opened.append(i)
+        elif ch == ")" and opened:
+            after = len(bare[i + 1 :]) - len(bare[i + 1 :].lstrip())
+            groups.append((opened.pop(), i, bound_at.get(i + 1 + after, 1)))
+    total = regex_copies  # the {m,n} inside /regex/ terminals (not multiplied by groups)
+    for start, _, bound in repeats:
+        for open_, close, group_bound in groups:
+            if open_ < start < close:
+                bound *= group_bound
+        total += bound
+    return total
+
+
+def _repeat_bound(match: re.Match[str]) -> int:
+    digits = [d for d in match.groups() if d]
+    if any(len(d) > 9 for d in digits):
+        return _HUGE
+    low_tilde, high_tilde, low_brace, high_brace = match.groups()
+    if low_tilde is not None:
+        return int(high_tilde or low_tilde)
+    return int(high_brace or low_brace)
 
 
 def check_tool_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:

@@ -78,6 +78,11 @@ def _deep(levels: int) -> dict:
         (Constraint.regex("a" * 2000), ConstraintTooComplex, "max_regex_length"),
         (Constraint.ebnf('start: "a"~100000'), ConstraintTooComplex, "100000 copies"),
         (Constraint.ebnf('start: b ~ 10..600 b~500\nb: "x"'), ConstraintTooComplex, "1100"),
+        (Constraint.ebnf('start: "a"{100000}'), ConstraintTooComplex, "max_regex_repeat"),
+        (Constraint.ebnf('root ::= "a"{100000}'), ConstraintTooComplex, "max_regex_repeat"),
+        (Constraint.ebnf('start: ((("a"~40)~40)~40)'), ConstraintTooComplex, "65640 copies"),
+        (Constraint.ebnf('start: "a"~' + "9" * 5000), ConstraintTooComplex, "max_regex_repeat"),
+        (Constraint.ebnf("start: /(a{1000}){1000}/"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.json_schema(_deep(40)), ConstraintTooComplex, "max_schema_depth"),
         (
             Constraint.json_schema({"enum": ["x" * 100] * 1000}),
