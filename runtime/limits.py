@@ -17,6 +17,7 @@ from typing import Any
 
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex
+from runtime.redos import has_ambiguous_nesting
 
 
 @dataclass(frozen=True)
@@ -181,36 +182,13 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f" {limits.max_regex_repeat}",
             param=param,
         )
-    if _nested_quantifier(pattern):
+    if has_ambiguous_nesting(pattern):
         raise ConstraintTooComplex(
-            "regex has a nested quantifier (a quantified group ending in a quantifier, as "
-            "in (a+)+); rewrite it without nesting",
+            "regex has a nested quantifier that can split its input many ways (a repeated"
+            " group ending in a repetition of the characters the group starts with, as in"
+            " (a+)+ or (\\w+\\s?)*); rewrite it so the two cannot overlap",
             param=param,
         )
-
-
-def _nested_quantifier(pattern: str) -> bool:
-    """A repetition whose body ends in a repetition, as in (a+)+, (\\w*)*, (x{2,}){3,},
-    ((a+))+ or (a+|b)+: read from Python's parse, so extra groups and alternatives do not
-    hide one. (A body that ends otherwise, as in (\\d+\\.)+, cannot split its input two
-    ways.)"""
-    return any(
-        op in _REPEATS and argument[1] > 1 and _ends_in_repeat(argument[2])
-        for op, argument, _ in _regex_nodes(pattern)
-    )
-
-
-def _ends_in_repeat(sub: Any) -> bool:
-    if not sub:
-        return False
-    op, argument = sub[-1]
-    if op in _REPEATS:
-        return argument[1] > 1
-    if op is re_constants.SUBPATTERN:
-        return _ends_in_repeat(argument[3])
-    if op is re_constants.BRANCH:
-        return any(_ends_in_repeat(branch) for branch in argument[1])
-    return False
 
 
 def repeated_copies(pattern: str) -> int:

@@ -61,6 +61,7 @@ def _deep(levels: int) -> dict:
         (Constraint.regex("(a+)+$"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex("((a+))+b"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex("(a+|b)+c"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex(r"^(\w+\s?)*$"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex(r"\d{5000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.regex("a{,100000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.regex("((a{100})b){100}"), ConstraintTooComplex, "10100 copies"),
@@ -181,3 +182,14 @@ def test_a_grammar_over_the_backends_own_limit_while_decoding_is_a_400_not_a_fau
     refused = tok.encode("zzz", add_special_tokens=False)[0]  # a token its mask forbade
     with pytest.raises(GrammarViolation):  # a masking bug stays an engine fault (500)
         processor(torch.tensor([[1, refused]]), scores)
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [r"^\d+(\.\d+)*$", r"^[a-z0-9]+(-[a-z0-9]+)*$", r"^([0-9a-f]{2})+$", r"([^,]+,)*", r"(\d+\.)+"],
+)
+def test_nesting_that_cannot_split_its_input_two_ways_passes(pattern: str) -> None:
+    """Semver, slugs, hex pairs, CSV cells: nested, but each iteration starts with what the
+    inner repetition cannot take (or counts exactly), so there is one way to match."""
+    check_constraint(Constraint.regex(pattern))
+    check_constraint(Constraint.json_schema({"type": "string", "pattern": pattern}))

@@ -1,0 +1,134 @@
+"""Regexes a backtracking engine can take exponential time on (ReDoS), found in Python's parse.
+
+The shape that does it is a repetition whose body can end in another repetition that may take
+the very characters the body starts with: in ``(a+)+`` the input ``aaaa`` splits into
+iterations in 2^n ways, and a backtracking matcher tries them all when the match fails.
+``(\\d+\\.)+``, ``(-[a-z]+)*`` and ``([0-9a-f]{2})+`` cannot split their input more than one
+way (the body ends in something else, starts with a character the inner repetition cannot
+take, or the inner repetition is of a fixed count), so they pass.
+
+Character sets are compared on a sample of characters (ASCII and a few others): enough to tell
+``\\d`` from ``-`` or ``[a-z]``, and anything the sample cannot tell apart counts as overlapping.
+"""
+
+from __future__ import annotations
+
+import re
+import re._constants as c
+import re._parser as parser
+from collections.abc import Callable, Iterable
+from typing import Any
+
+REPEATS = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
+_SAMPLE = frozenset(chr(i) for i in range(9, 127)) | frozenset("\u00a0é日\u2028")
+_CATEGORIES: dict[Any, Callable[[str], bool]] = {
+    c.CATEGORY_DIGIT: str.isdigit,
+    c.CATEGORY_NOT_DIGIT: lambda ch: not ch.isdigit(),
+    c.CATEGORY_WORD: lambda ch: ch.isalnum() or ch == "_",
+    c.CATEGORY_NOT_WORD: lambda ch: not (ch.isalnum() or ch == "_"),
+    c.CATEGORY_SPACE: str.isspace,
+    c.CATEGORY_NOT_SPACE: lambda ch: not ch.isspace(),
+}
+
+
+def has_ambiguous_nesting(pattern: str) -> bool:
+    """Whether ``pattern`` repeats a body that can split its input two ways (see above).
+    False when Python cannot parse it (validation says why)."""
+    try:
+        parsed = parser.parse(pattern)
+    except re.error:
+        return False
+    return any(_ambiguous(op, argument) for op, argument in _nodes(parsed))
+
+
+def _ambiguous(op: Any, argument: Any) -> bool:
+    if op not in REPEATS or argument[1] <= 1:
+        return False
+    body = argument[2]
+    starts = _first_chars(body)
+    return any(starts & _first_chars(inner[2]) for inner in _trailing_repeats(body))
+
+
+def _nodes(sub: Any) -> Iterable[tuple[Any, Any]]:
+    """Every (opcode, argument) of a parse, nested ones too."""
+    pending = [sub]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, parser.SubPattern):
+            for op, argument in node:
+                yield op, argument
+                pending.append(argument)
+        elif isinstance(node, list | tuple):
+            pending.extend(node)
+
+
+def _trailing_repeats(sub: Any) -> list[Any]:
+    """The variable-count repetitions the sequence ``sub`` can end in, looking past trailing
+    items that can match nothing (``(\\w+\\s?)*`` ends in ``\\w+``)."""
+    found: list[Any] = []
+    for op, argument in reversed(list(sub)):
+        if op in REPEATS and argument[1] > 1 and argument[0] != argument[1]:
+            found.append(argument)
+        elif op is c.SUBPATTERN:
+            found += _trailing_repeats(argument[3])
+        elif op is c.BRANCH:
+            for branch in argument[1]:
+                found += _trailing_repeats(branch)
+        if not _nullable(op, argument):
+            break
+    return found
+
+
+def _first_chars(sub: Any) -> frozenset[str]:
+    """Sample characters a match of the sequence ``sub`` can start with."""
+    chars: frozenset[str] = frozenset()
+    for op, argument in sub:
+        chars |= _item_first(op, argument)
+        if not _nullable(op, argument):
+            break
+    return chars
+
+
+def _item_first(op: Any, argument: Any) -> frozenset[str]:
+    if op is c.LITERAL:
+        return frozenset(chr(argument))
+    if op is c.NOT_LITERAL:
+        return _SAMPLE - {chr(argument)}
+    if op is c.IN:
+        return frozenset(ch for ch in _SAMPLE if _in_class(argument, ch))
+    if op is c.SUBPATTERN:
+        return _first_chars(argument[3])
+    if op is c.BRANCH:
+        return frozenset().union(*(_first_chars(branch) for branch in argument[1]))
+    if op in REPEATS:
+        return _first_chars(argument[2])
+    if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
+        return frozenset()
+    return _SAMPLE  # ANY, back references, ...: could be anything
+
+
+def _nullable(op: Any, argument: Any) -> bool:
+    """Whether the item can match the empty string."""
+    if op in REPEATS:
+        return argument[0] == 0 or all(_nullable(o, a) for o, a in argument[2])
+    if op is c.SUBPATTERN:
+        return all(_nullable(o, a) for o, a in argument[3])
+    if op is c.BRANCH:
+        return any(all(_nullable(o, a) for o, a in branch) for branch in argument[1])
+    return op in (c.AT, c.ASSERT, c.ASSERT_NOT)
+
+
+def _in_class(items: Any, ch: str) -> bool:
+    negate, hit = False, False
+    for op, argument in items:
+        if op is c.NEGATE:
+            negate = True
+        elif op is c.LITERAL:
+            hit = hit or ord(ch) == argument
+        elif op is c.RANGE:
+            hit = hit or argument[0] <= ord(ch) <= argument[1]
+        elif op is c.CATEGORY:
+            hit = hit or _CATEGORIES.get(argument, lambda _: True)(ch)
+        else:
+            hit = True  # an opcode not modelled here: assume it may match
+    return hit != negate
