@@ -29,18 +29,28 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        if (current := request_id.get()) is not None:  # formatted as it is logged
-            entry["request_id"] = current
         entry.update({k: v for k, v in record.__dict__.items() if k not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
 
 
+class RequestIdFilter(logging.Filter):
+    """Stamps each record with the id of the request being served when it is logged (a
+    handler's filter runs in the logging call's context), so the formatter has it as a field."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        current = request_id.get()
+        if current is not None and not hasattr(record, "request_id"):
+            record.request_id = current
+        return True
+
+
 def configure_logging(level: str) -> None:
     """One JSON line per event on stderr, for the gateway and uvicorn alike."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

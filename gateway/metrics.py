@@ -119,7 +119,6 @@ class Metrics:
                         "route": route,
                         "status": status,
                         "ms": round(elapsed * 1000, 3),
-                        "request_id": rid,
                     },
                 )
                 request_id.reset(context)

@@ -273,9 +273,10 @@ def test_json_logs_name_the_request_and_hold_no_payload_or_key(
     import json
     import logging
 
-    from gateway.logs import JsonFormatter
+    from gateway.logs import JsonFormatter, RequestIdFilter
 
     caplog.set_level(logging.INFO)
+    caplog.handler.addFilter(RequestIdFilter())  # as configure_logging sets up `serve`'s
     marker = "zebra-quartz-7731"  # the payload that must not be logged
     raw = gateway.openai().chat.completions.with_raw_response.create(
         model=gateway.model,
@@ -289,14 +290,17 @@ def test_json_logs_name_the_request_and_hold_no_payload_or_key(
         temperature=0,
     )
     completion = raw.parse()
+    assert len(raw.headers.get_list("x-request-id")) == 1
     rid = raw.headers["x-request-id"]
     assert rid.startswith("req_") and completion._request_id == rid
     with gateway.http(None) as client:  # a bad key: it must not be logged either
         client.get("/v1/models", headers={"Authorization": "Bearer cp_secret-that-must-not-leak"})
     lines = [JsonFormatter().format(record) for record in caplog.records]
     entries = [json.loads(line) for line in lines]
-    access = [e for e in entries if e["logger"] == "callproof.access" and e["request_id"] == rid]
+    mine = [e for e in entries if e.get("request_id") == rid]
+    access = [e for e in mine if e["logger"] == "callproof.access"]
     assert [(e["route"], e["status"]) for e in access] == [("/v1/chat/completions", 200)]
+    assert any(e["logger"] != "callproof.access" for e in mine)  # e.g. uvicorn.access here
     text = "\n".join(lines)
     assert marker not in text and "cp_secret-that-must-not-leak" not in text
     assert gateway.secrets["agent"] not in text
