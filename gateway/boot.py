@@ -10,6 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
@@ -53,11 +54,18 @@ def prepare_database(settings: Settings) -> None:
 
 
 def sqlite_file(url: str) -> Path | None:
-    """The file a SQLite URL names (None for Postgres and in-memory SQLite)."""
+    """The file a SQLite URL names (None for Postgres and in-memory SQLite), also in the URI
+    form (``sqlite:///file:ledger.db?uri=true``)."""
     parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
         return None
-    return Path(parsed.database)
+    if parsed.query.get("uri") == "true" and database.startswith("file:"):
+        uri = urlsplit(database)
+        if parsed.query.get("mode") == "memory" or uri.path in ("", ":memory:"):
+            return None
+        return Path(uri.path)
+    return Path(database)
 
 
 def load_signer(settings: Settings) -> Signer:

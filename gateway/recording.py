@@ -86,7 +86,11 @@ def validation_of(parsed: ParsedResponse, generation: Generation) -> dict[str, A
     text cut off before it was complete, which claims no conformance."""
     if parsed.complete:
         return {"valid": True, "errors": []}
-    by = "max_tokens" if generation.finish_reason == "length" else "a stop string"
+    by = (
+        "the token limit"
+        if generation.matched_stop is None
+        else f"the stop string {generation.matched_stop!r}"
+    )
     return {"valid": False, "errors": [f"cut off by {by} before the constraint was satisfied"]}
 
 

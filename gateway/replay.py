@@ -94,10 +94,10 @@ async def replay(
     try:
         generation, parsed = await completions.generate(prepared)
     except StructuredOutputInvalid as exc:
-        # The recorded output was valid; a replayed one that is not is a mismatch to report,
-        # not a fault in the auditor's request.
+        # The recorded output was returned to its agent; a replay that returns none is a
+        # mismatch to report, not a fault in the auditor's request.
         replayed: dict[str, Any] = {"error": exc.message}
-        diff = [f"output: recorded a valid {recorded['kind']!r} output, replayed none: {exc}"]
+        diff = [f"output: recorded a {recorded['kind']!r} output, replayed none: {exc}"]
     else:
         replayed = _comparable(output_record(parsed), finish_reason(parsed, generation))
         diff = [

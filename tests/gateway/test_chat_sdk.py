@@ -356,7 +356,7 @@ def test_a_cut_off_answer_comes_back_as_far_as_it_got(gateway: Any) -> None:
     )
     assert stored.validation == {
         "valid": False,
-        "errors": ["cut off by max_tokens before the constraint was satisfied"],
+        "errors": ["cut off by the token limit before the constraint was satisfied"],
     }
     chunks = list(create(gateway, stream=True, **params))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
@@ -377,7 +377,7 @@ def test_a_stop_string_ends_an_answer_like_openai(gateway: Any) -> None:
     assert choice.finish_reason == "stop" and "o" not in choice.message.content
     stored = recorded(gateway, receipt_of(completion)["id"])
     assert stored.validation["errors"] == [
-        "cut off by a stop string before the constraint was satisfied"
+        "cut off by the stop string 'o' before the constraint was satisfied"
     ]
 
 

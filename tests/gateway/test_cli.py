@@ -146,6 +146,9 @@ def test_a_sqlite_file_named_by_db_is_created_private_too(
     shared.chmod(0o644)
     prepare_database(Settings(data_dir=tmp_path / "unused", db=f"sqlite:///{shared}"))
     assert f"{shared} is open to other users (mode 644)" in caplog.text
+    as_uri = tmp_path / "uri.db"  # SQLite's URI form names the same kind of file
+    prepare_database(Settings(data_dir=tmp_path / "unused", db=f"sqlite:///file:{as_uri}?uri=true"))
+    assert as_uri.stat().st_mode & 0o777 == 0o600 and not Path("file:").exists()
 
 
 def test_keys_with_postgres_leave_the_data_directory_alone(
