@@ -152,19 +152,29 @@ def test_a_sqlite_file_named_by_db_is_created_private_too(
 
 
 def test_keys_with_postgres_leave_the_data_directory_alone(
-    tmp_path: Path, fresh_postgres_url: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    fresh_postgres_url: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With `--db` elsewhere and a signing key from the environment, nothing lives in the
     data directory: it is neither created nor judged."""
-    from gateway.boot import prepare_database
+    from gateway.boot import load_signer, prepare_database
     from gateway.settings import Settings
+    from receipts.signing import Signer
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     shared.chmod(0o755)
     prepare_database(Settings(data_dir=shared, db=fresh_postgres_url))
-    prepare_database(Settings(data_dir=tmp_path / "absent", db=fresh_postgres_url))
+    absent = Settings(data_dir=tmp_path / "absent", db=fresh_postgres_url)
+    prepare_database(absent)
+    monkeypatch.setenv("CALLPROOF_SIGNING_KEY", Signer.generate().private_key_pem().decode())
+    load_signer(absent)
     assert not caplog.records and not (tmp_path / "absent").exists()
+    monkeypatch.delenv("CALLPROOF_SIGNING_KEY")
+    load_signer(absent)  # the default key file: now the directory is made, private
+    assert (tmp_path / "absent").stat().st_mode & 0o777 == 0o700
 
 
 @pytest.mark.parametrize(

@@ -178,7 +178,8 @@ def test_truncated_output_fails_at_finish() -> None:
 
 
 def _cut(plan: Plan, text: str) -> tuple[str, ParsedResponse]:
-    """Stream ``text`` byte by byte as if the token limit ended it: (streamed text, parse)."""
+    """Stream ``text`` one character at a time as if the token limit ended it: (streamed
+    text, parse)."""
     decoder = EnvelopeStreamDecoder(plan)
     events: list[EnvelopeEvent] = []
     for i in range(len(text)):
