@@ -125,14 +125,14 @@ def require_role(role: Role, *, strict_query: bool = False) -> Guard:
             )
         if strict_query:
             refuse_unknown_query(connection)
-        connection.state.principal = key
+        connection.scope["auth"] = key  # where Litestar keeps it: `request.auth`
 
     return guard
 
 
 def current_principal(request: Request) -> ApiKey:
     """The key the controller's guard admitted (the `principal` dependency)."""
-    return request.state.principal
+    return request.auth
 
 
 def _article(word: str) -> str:
