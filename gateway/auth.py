@@ -1,11 +1,11 @@
-"""Bearer-token authentication and role checks, injected into controllers as `principal`.
+"""Bearer-token authentication and role checks, as Litestar guards.
 
 Each controller declares the one role it serves (`guards = [require_role("agent")]`), so an
-agent key can never reach /audit and an auditor key never /v1; handlers take the admitted
-key as the `principal` dependency. Looked-up keys are cached
-for a short TTL (settings.key_cache_ttl_s) to keep the database off the hot path; a revoked key
-therefore stops working within that TTL. When the entry expires under load, the requests that
-find it missing share one lookup instead of each querying the database.
+agent key can never reach /audit and an auditor key never /v1; handlers take the admitted key
+as the `principal` dependency. Looked-up keys are cached for a short TTL
+(settings.key_cache_ttl_s) to keep the database off the hot path; a revoked key therefore
+stops working within that TTL. When the entry expires under load, the requests that find it
+missing share one lookup instead of each querying the database.
 """
 
 from __future__ import annotations
