@@ -106,24 +106,26 @@ class Metrics:
             try:
                 await app(scope, receive, record_status)
             finally:
-                elapsed = time.perf_counter() - started
-                route = scope.get("path_template", "unrouted")
-                method = scope["method"] if scope["method"] in _METHODS else "other"
-                labels = (route, method, str(status))
-                self.requests.labels(*labels).inc()
-                self.latency.labels(*labels).observe(elapsed)
-                log.info(
-                    "request",
-                    extra={
-                        "method": scope["method"],
-                        "route": route,
-                        "status": status,
-                        "ms": round(elapsed * 1000, 3),
-                    },
-                )
-                request_id.reset(context)
+                self._observe(scope, status, time.perf_counter() - started)
+                request_id.reset(context)  # after the access line, which names it
 
         return timed
+
+    def _observe(self, scope: Scope, status: int, elapsed: float) -> None:
+        route = scope.get("path_template", "unrouted")
+        method = scope["method"] if scope["method"] in _METHODS else "other"
+        labels = (route, method, str(status))
+        self.requests.labels(*labels).inc()
+        self.latency.labels(*labels).observe(elapsed)
+        log.info(
+            "request",
+            extra={
+                "method": scope["method"],
+                "route": route,
+                "status": status,
+                "ms": round(elapsed * 1000, 3),
+            },
+        )
 
 
 class _GrammarCacheCollector(Collector):
