@@ -17,7 +17,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway.admin import AdminKeysController
 from gateway.apikeys import KeyStore
-from gateway.audit import AuditController
+from gateway.audit import AuditController, LedgerRead
 from gateway.auth import Authenticator, current_principal
 from gateway.chat import ChatController
 from gateway.completion import Completions
@@ -51,6 +51,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         dependencies={
             "completions": _singleton(completions),
             "ledger": _singleton(ledger),
+            "read": _singleton(LedgerRead(settings.db_timeout_s)),
             "keys": _singleton(keys),
             "metrics": _singleton(metrics),
             "authenticator": _singleton(authenticator),

@@ -27,7 +27,7 @@ from gateway.errors import APIError, documented
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts.chain import VerificationReport
-from receipts.errors import ReceiptFormatError
+from receipts.errors import LedgerUnavailable, ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.record import Receipt
 
@@ -43,12 +43,29 @@ HEX64 = r"^[0-9a-f]{64}$(?!\n)"
 PRINTABLE = r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)"
 
 
-async def _read(fn: Callable[..., T], *args: Any) -> T:
-    """Run a ledger read in a thread; a request the ledger refuses (bad seq range) is a 400."""
-    try:
-        return await asyncio.to_thread(fn, *args)
-    except ReceiptFormatError as exc:
-        raise APIError(400, str(exc), code="invalid_value") from None
+class LedgerRead:
+    """Runs ledger reads off the event loop, each within db_timeout_s: a database that hangs
+    fails closed (503 ledger_unavailable) as one that is down does. Verification and export
+    stream a whole chain and take what they take (`unbounded`)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+
+    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self.unbounded(fn, *args)
+        except TimeoutError:
+            raise LedgerUnavailable(
+                f"the ledger database did not answer within db_timeout_s ({self.timeout_s:g} s)"
+            ) from None
+
+    async def unbounded(self, fn: Callable[..., T], *args: Any) -> T:
+        """A read in a thread; one the ledger refuses (a bad seq range) is a 400."""
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except ReceiptFormatError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
 
 
 def _found(value: T | None, what: str) -> T:
@@ -72,6 +89,7 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         since: FromQuery[datetime | None] = None,
         until: FromQuery[datetime | None] = None,
         tool_name: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
@@ -83,7 +101,7 @@ class AuditController(Controller):
         ),
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> ReceiptPage:
-        page = await _read(
+        page = await read(
             ledger.query,
             ReceiptQuery(
                 tenant=principal.tenant,
@@ -104,9 +122,10 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
     ) -> dict[str, Any]:
-        receipt = await _read(ledger.get, principal.tenant, receipt_id)
+        receipt = await read(ledger.get, principal.tenant, receipt_id)
         return _found(receipt, f"receipt {receipt_id}").to_json_obj()
 
     @get(
@@ -118,10 +137,11 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         call_id: Annotated[str, Parameter(pattern=CALL_ID)],
     ) -> CallRecord:
-        issuer = _found(await _read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
-        answers: list[Receipt] = await _read(ledger.answers_to, principal.tenant, call_id)
+        issuer = _found(await read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
+        answers: list[Receipt] = await read(ledger.answers_to, principal.tenant, call_id)
         return CallRecord(call_id, issuer.to_json_obj(), [r.to_json_obj() for r in answers])
 
     @get(
@@ -133,14 +153,15 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         schema_hash: Annotated[str, Parameter(pattern=HEX64)],
     ) -> dict[str, Any]:
-        bound = await _read(
+        bound = await read(
             ledger.query, ReceiptQuery(tenant=principal.tenant, schema_hash=schema_hash, limit=1)
         )
         what = f"schema {schema_hash}"
         _found(bound.items or None, what)
-        return _found(await _read(ledger.schema, schema_hash), what)
+        return _found(await read(ledger.schema, schema_hash), what)
 
     @get(
         "/keys",
@@ -148,16 +169,19 @@ class AuditController(Controller):
         responses=documented(),
     )
     async def public_keys(
-        self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
     ) -> list[dict[str, Any]]:
-        if await _read(ledger.last_seq, principal.tenant) == 0 and ledger.signer is not None:
+        if await read(ledger.last_seq, principal.tenant) == 0 and ledger.signer is not None:
             # No key has signed this chain yet: the one that will, with no range, so an
             # auditor can pin it before the first receipt.
             signer = ledger.signer
             return [
                 {"key_id": signer.key_id, "public_key_pem": signer.public_key_pem(), "ranges": []}
             ]
-        return await _read(ledger.public_keys, principal.tenant)
+        return await read(ledger.public_keys, principal.tenant)
 
     @get(
         "/checkpoints/latest",
@@ -165,9 +189,12 @@ class AuditController(Controller):
         responses=documented(),
     )
     async def latest_checkpoint(
-        self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
     ) -> dict[str, Any]:
-        checkpoint = await _read(ledger.latest_checkpoint, principal.tenant)
+        checkpoint = await read(ledger.latest_checkpoint, principal.tenant)
         return _found(checkpoint, "checkpoint")
 
     @post(
@@ -177,9 +204,12 @@ class AuditController(Controller):
         responses=documented(),
     )
     async def checkpoint_now(
-        self, principal: NamedDependency[ApiKey], ledger: NamedDependency[Ledger]
+        self,
+        principal: NamedDependency[ApiKey],
+        ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
     ) -> dict[str, Any]:
-        return await _read(ledger.checkpoint_now, principal.tenant)
+        return await read(ledger.checkpoint_now, principal.tenant)
 
     @get(
         "/proofs/inclusion/{seq:int}",
@@ -190,10 +220,11 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         seq: Annotated[int, Parameter(ge=1, le=MAX_SEQ)],
         tree_size: int | None = Parameter(default=None, ge=1, le=MAX_SEQ),
     ) -> dict[str, Any]:
-        return await _read(ledger.inclusion_proof, principal.tenant, seq, tree_size)
+        return await read(ledger.inclusion_proof, principal.tenant, seq, tree_size)
 
     @get(
         "/proofs/consistency",
@@ -204,10 +235,11 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         first: int = Parameter(ge=1, le=MAX_SEQ),
         second: int = Parameter(ge=1, le=MAX_SEQ),
     ) -> dict[str, Any]:
-        return await _read(ledger.consistency_proof, principal.tenant, first, second)
+        return await read(ledger.consistency_proof, principal.tenant, first, second)
 
     @post(
         "/verify",
@@ -221,10 +253,11 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         data: JSONBody[VerifyRequest | None] = None,
     ) -> dict[str, Any]:
         data = data or VerifyRequest()
-        head = await _read(ledger.last_seq, principal.tenant)
+        head = await read(ledger.last_seq, principal.tenant)
         if head == 0:
             return VerificationReport(ok=True, checked=0, chain=principal.tenant).to_json_obj()
         for name in ("from_seq", "to_seq"):  # a range must lie inside the chain
@@ -240,7 +273,7 @@ class AuditController(Controller):
             raise APIError(
                 400, "from_seq must not be after to_seq", code="invalid_value", param="from_seq"
             )
-        report = await _read(ledger.verify, principal.tenant, data.from_seq, data.to_seq)
+        report = await read.unbounded(ledger.verify, principal.tenant, data.from_seq, data.to_seq)
         return report.to_json_obj()
 
     @post(
@@ -255,12 +288,13 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         completions: NamedDependency[Completions],
         receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
         data: JSONBody[ReplayRequest | None] = None,
     ) -> ReplayReport:
         receipt = _found(
-            await _read(ledger.get, principal.tenant, receipt_id), f"receipt {receipt_id}"
+            await read(ledger.get, principal.tenant, receipt_id), f"receipt {receipt_id}"
         )
         force = data.force if data is not None else False
         return await replay(receipt, completions, force=force)
@@ -275,13 +309,14 @@ class AuditController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
+        read: NamedDependency[LedgerRead],
         since: FromQuery[datetime | None] = None,
         until: FromQuery[datetime | None] = None,
     ) -> Stream:
         fd, path = tempfile.mkstemp(prefix="callproof-export-", suffix=".tar.gz")
         os.close(fd)
         try:
-            await _read(ledger.export, principal.tenant, path, since, until)
+            await read.unbounded(ledger.export, principal.tenant, path, since, until)
             bundle = await asyncio.to_thread(open, path, "rb")
         finally:
             # No name is left behind, even when the client is gone before the body starts and

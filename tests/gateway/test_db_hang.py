@@ -82,7 +82,7 @@ class FreezableProxy:
 @pytest.fixture
 def hung_db_gateway(
     fresh_postgres_url: str, gateway_engine: Any, server_loop: Any, tmp_path: Path
-) -> Iterator[tuple[str, str, FreezableProxy]]:
+) -> Iterator[tuple[str, dict[str, str], FreezableProxy]]:
     upgrade(fresh_postgres_url)
     host_port = fresh_postgres_url.split("@", 1)[1].split("/", 1)[0]
     proxy = FreezableProxy(int(host_port.rsplit(":", 1)[1]))
@@ -90,10 +90,10 @@ def hung_db_gateway(
     settings = gateway_settings(tmp_path, url, db_timeout_s=1.0, key_cache_ttl_s=1.0)
     ledger = Ledger.open(url, Signer.generate())
     keys = KeyStore.open(url)
-    _, secret = keys.create("agent", "acme")
+    secrets = {role: keys.create(role, "acme")[1] for role in ("agent", "auditor")}
     base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
     try:
-        yield base, secret, proxy
+        yield base, secrets, proxy
     finally:
         proxy.frozen.clear()
         stop()
@@ -103,10 +103,12 @@ def hung_db_gateway(
 
 
 def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
-    hung_db_gateway: tuple[str, str, FreezableProxy], gateway_engine: Any
+    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy], gateway_engine: Any
 ) -> None:
-    base, secret, proxy = hung_db_gateway
-    client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+    base, secrets, proxy = hung_db_gateway
+    client = httpx.Client(
+        base_url=base, headers={"Authorization": f"Bearer {secrets['agent']}"}, timeout=60
+    )
     body = {
         "model": gateway_engine.identity.model,
         "messages": [{"role": "user", "content": "Ping alpha."}],
@@ -140,3 +142,24 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
         assert time.monotonic() < deadline, answer.text
         time.sleep(0.5)
     assert client.get("/readyz").status_code == 200
+
+
+def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(
+    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy],
+) -> None:
+    base, secrets, proxy = hung_db_gateway
+    auditor = httpx.Client(
+        base_url=base, headers={"Authorization": f"Bearer {secrets['auditor']}"}, timeout=60
+    )
+    assert auditor.get("/audit/receipts").status_code == 200  # the key is cached, for 1 s
+    proxy.frozen.set()  # the read, not the key lookup, meets the hung database
+    started = time.monotonic()
+    response = auditor.get("/audit/receipts")
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "ledger_unavailable"
+    assert time.monotonic() - started < 8  # db_timeout_s is 1 s, on a busy VM
+    proxy.frozen.clear()
+    deadline = time.monotonic() + 30
+    while auditor.get("/audit/receipts").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
