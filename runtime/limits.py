@@ -80,6 +80,8 @@ _GRAMMAR_REGEX = re.compile(r"/(?:[^/\\\n]|\\.)+/[a-z]*")
 # item ~ n, item ~ m..n, item{n}, item{m,n}: the upper bound (or the lower, when open)
 _GRAMMAR_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _HUGE = 10**9  # a bound written with more digits counts as this (int() of 5,000 digits fails)
+_GRAMMAR_PAREN = re.compile(r"[()]")
+_SPACES = re.compile(r"\s*")
 
 
 def grammar_repeat_copies(grammar: str) -> int:
@@ -97,22 +99,26 @@ def grammar_repeat_copies(grammar: str) -> int:
         repeated_copies(m.group()[1 : m.group().rindex("/")]) for m in _GRAMMAR_REGEX.finditer(bare)
     )
     bare = _GRAMMAR_REGEX.sub("/x/", bare)
-    repeats = [(m.start(), m.end(), _repeat_bound(m)) for m in _GRAMMAR_REPEAT.finditer(bare)]
-    bound_at = {start: bound for start, _, bound in repeats}
-    groups: list[tuple[int, int, int]] = []  # (open, close, bound of the group)
+    bound_at = {m.start(): _repeat_bound(m) for m in _GRAMMAR_REPEAT.finditer(bare)}
+    parens = [(m.start(), m.group()) for m in _GRAMMAR_PAREN.finditer(bare)]
+    group_bound: dict[int, int] = {}  # where a group opens -> the bound repeating it
     opened: list[int] = []
-    for i, ch in enumerate(bare):
-        if ch == "(":
-            opened.append(i)
-        elif ch == ")" and opened:
-            after = len(bare[i + 1 :]) - len(bare[i + 1 :].lstrip())
-            groups.append((opened.pop(), i, bound_at.get(i + 1 + after, 1)))
-    total = regex_copies  # the {m,n} inside /regex/ terminals (not multiplied by groups)
-    for start, _, bound in repeats:
-        for open_, close, group_bound in groups:
-            if open_ < start < close:
-                bound *= group_bound
-        total += bound
+    for at, paren in parens:
+        if paren == "(":
+            opened.append(at)
+        elif opened:
+            group_bound[opened.pop()] = bound_at.get(_SPACES.match(bare, at + 1).end(), 1)
+    # One pass in text order: the product of the bounds of the groups around each repetition.
+    total, scale = regex_copies, [1]  # the {m,n} inside /regex/ terminals are not multiplied
+    events = sorted([*parens, *((at, "") for at in bound_at)])
+    for at, paren in events:
+        if paren == "(":
+            scale.append(min(scale[-1] * group_bound.get(at, 1), _HUGE))
+        elif paren == ")":
+            if len(scale) > 1:
+                scale.pop()
+        else:
+            total += bound_at[at] * scale[-1]
     return total
 
 
