@@ -17,7 +17,7 @@ from typing import Any
 
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex
-from runtime.redos import has_ambiguous_nesting
+from runtime.redos import REPEATS, ambiguous_repeat
 
 
 @dataclass(frozen=True)
@@ -167,9 +167,6 @@ def schema_patterns(schema: Any) -> list[str]:
     return found
 
 
-_REPEATS = (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT)
-
-
 def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "regex") -> None:
     """Reject long patterns, huge counted repetitions and nested quantifiers. The DFA-based
     backends do not backtrack, but counted repetitions and nested stars blow up their
@@ -188,7 +185,7 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f" {limits.max_regex_repeat}",
             param=param,
         )
-    if has_ambiguous_nesting(pattern):
+    if any(ambiguous_repeat(op, argument) for op, argument, _ in _regex_nodes(pattern)):
         raise ConstraintTooComplex(
             "regex has a nested quantifier that can split its input many ways (a repeated"
             " group ending in a repetition of the characters the group starts with, as in"
@@ -205,9 +202,7 @@ def repeated_copies(pattern: str) -> int:
     ``{n,}``); an unbounded ``*`` or ``+`` is a loop, not copies. 0 when Python cannot parse
     it (validation says why)."""
     return sum(
-        copies * _bound(argument)
-        for op, argument, copies in _regex_nodes(pattern)
-        if op in _REPEATS
+        copies * _bound(argument) for op, argument, copies in _regex_nodes(pattern) if op in REPEATS
     )
 
 
@@ -241,7 +236,7 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
         if isinstance(node, re_parser.SubPattern):
             for op, argument in node:
                 yield op, argument, copies
-                if op in _REPEATS:
+                if op in REPEATS:
                     pending.append((argument[2], copies * _bound(argument)))
                 else:
                     pending.append((argument, copies))

@@ -13,10 +13,8 @@ Character sets are compared on a sample of characters (ASCII and a few others): 
 
 from __future__ import annotations
 
-import re
 import re._constants as c
-import re._parser as parser
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 REPEATS = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
@@ -31,35 +29,14 @@ _CATEGORIES: dict[Any, Callable[[str], bool]] = {
 }
 
 
-def has_ambiguous_nesting(pattern: str) -> bool:
-    """Whether ``pattern`` repeats a body that can split its input two ways (see above).
-    False when Python cannot parse it (validation says why)."""
-    try:
-        parsed = parser.parse(pattern)
-    except re.error:
-        return False
-    return any(_ambiguous(op, argument) for op, argument in _nodes(parsed))
-
-
-def _ambiguous(op: Any, argument: Any) -> bool:
+def ambiguous_repeat(op: Any, argument: Any) -> bool:
+    """Whether one node of Python's regex parse (``re._parser``) is a repetition whose body can
+    split its input two ways (see above). The caller walks the parse: runtime.limits does."""
     if op not in REPEATS or argument[1] <= 1:
         return False
     body = argument[2]
     starts = _first_chars(body)
     return any(starts & _first_chars(inner[2]) for inner in _trailing_repeats(body))
-
-
-def _nodes(sub: Any) -> Iterable[tuple[Any, Any]]:
-    """Every (opcode, argument) of a parse, nested ones too."""
-    pending = [sub]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, parser.SubPattern):
-            for op, argument in node:
-                yield op, argument
-                pending.append(argument)
-        elif isinstance(node, list | tuple):
-            pending.extend(node)
 
 
 def _trailing_repeats(sub: Any) -> list[Any]:
