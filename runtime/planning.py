@@ -34,7 +34,7 @@ from runtime.renderers import (
     get_renderer,
 )
 from runtime.renderers.base import json_answer_note
-from runtime.thinking import Enforcement
+from runtime.thinking import THINK_CLOSE, THINK_OPEN, Enforcement
 from runtime.tools import (
     CallIds,
     ParsedResponse,
@@ -55,7 +55,7 @@ from runtime.tools import (
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_THINK = re.compile(r"\s*<think>(?P<reasoning>.*?)(?:</think>|\Z)", re.DOTALL)
+_THINK = re.compile(rf"\s*{THINK_OPEN}(?P<reasoning>.*?)(?:{THINK_CLOSE}|\Z)", re.DOTALL)
 
 
 def split_thinking(text: str) -> tuple[str | None, str]:

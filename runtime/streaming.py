@@ -17,6 +17,7 @@ from typing import Literal
 
 from runtime.errors import StructuredOutputInvalid
 from runtime.planning import Plan, split_thinking
+from runtime.thinking import THINK_CLOSE, THINK_OPEN
 from runtime.tools import CallIds, ParsedResponse
 
 _WS = " \t\n\r"
@@ -313,8 +314,6 @@ class _LeadingThink:
     """Holds back an output's leading ``<think>`` region, which ``Plan.parse`` keeps out of
     the content (``split_thinking``), so a stream shows what the receipt records."""
 
-    _OPEN, _CLOSE = "<think>", "</think>"
-
     def __init__(self) -> None:
         self._held = ""
         self._state: Literal["undecided", "inside", "done"] = "undecided"
@@ -326,17 +325,17 @@ class _LeadingThink:
         self._held += text
         if self._state == "undecided":
             head = self._held.lstrip()
-            if head.startswith(self._OPEN):
+            if head.startswith(THINK_OPEN):
                 self._state = "inside"
-            elif self._OPEN.startswith(head):
+            elif THINK_OPEN.startswith(head):
                 return ""  # whitespace, or a prefix of the tag: could still open one
             else:
                 self._state, content, self._held = "done", self._held, ""
                 return content
-        end = self._held.find(self._CLOSE)
+        end = self._held.find(THINK_CLOSE)
         if end < 0:
             return ""
-        self._state, content = "done", self._held[end + len(self._CLOSE) :]
+        self._state, content = "done", self._held[end + len(THINK_CLOSE) :]
         self._held = ""
         return content
 

@@ -35,6 +35,9 @@ class Phase(enum.Enum):
     DONE = "done"  # always mode: grammar complete, only EOS may follow
 
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's reasoning region
+
+
 @dataclass(frozen=True)
 class Enforcement:
     """How a constraint applies to one generation.
@@ -47,8 +50,8 @@ class Enforcement:
 
     mode: Literal["always", "triggered"] = "always"
     reasoning: bool = False
-    think_start: str = "<think>"
-    think_end: str = "</think>"
+    think_start: str = THINK_OPEN
+    think_end: str = THINK_CLOSE
     trigger_start: str = "<tool_call>"
     trigger_end: str = "</tool_call>"
 
