@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -113,7 +114,7 @@ class VllmServer:
         if self.process is not None and self.process.poll() is None:
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
+        with self.log_path.open("ab") as log, _stop_signals_held():
             self.process = subprocess.Popen(
                 self.config.command(self.port),
                 stdout=log,
@@ -168,6 +169,34 @@ class VllmServer:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+@contextmanager
+def _stop_signals_held() -> Iterator[None]:
+    """Hold SIGTERM, SIGHUP and SIGINT until the block ends, then deliver the first one.
+
+    A handler that raises (the CLI's, KeyboardInterrupt) while `Popen` waits for the child's
+    exec would leave a running server that no `stop()` knows about. Held by swapping in a
+    recording handler, not by masking: a blocked mask would be inherited by the server.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread receives Python signal handlers
+        return
+    arrived: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: arrived.append(signum))
+        for sig in _STOP_SIGNALS
+    }
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 @contextmanager

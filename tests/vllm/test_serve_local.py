@@ -9,7 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from callproof.devpg import free_port
+from callproof.devvllm import _stop_signals_held
 
 
 def _server_pids(port: int) -> list[int]:
@@ -62,3 +65,23 @@ def test_sigterm_stops_the_vllm_server_it_started(tmp_path: Path) -> None:
             cli.kill()
         for pid in _server_pids(port):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_signal_during_the_spawn_lands_after_the_server_is_known() -> None:
+    """SIGTERM between the server's exec and `Popen` returning must not unwind past `start`
+    (the server would run on with no `stop()` knowing it): it is delivered after the block."""
+
+    def exit_now(signum: int, _frame: object) -> None:
+        raise SystemExit(signum)
+
+    before = signal.signal(signal.SIGTERM, exit_now)
+    steps = []
+    try:
+        with pytest.raises(SystemExit), _stop_signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            steps.append("spawned")
+        assert steps == ["spawned"]
+        assert signal.getsignal(signal.SIGTERM) is exit_now
+    finally:
+        signal.signal(signal.SIGTERM, before)
