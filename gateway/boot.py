@@ -126,7 +126,7 @@ def load_engine(settings: Settings) -> Engine:
         )
     from runtime.engines.embedded import EmbeddedEngine
 
-    return EmbeddedEngine.load(settings.model)
+    return EmbeddedEngine.load(settings.model, limits=settings.limits)
 
 
 def open_resources(settings: Settings, engine: Engine, signer: Signer) -> Resources:

@@ -37,10 +37,11 @@ from runtime.engines.base import (
     TextDelta,
 )
 from runtime.errors import BackendCannotCompile, EngineUnavailable, RuntimeInputError
+from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.model_store import ensure_bundled_model, model_digests
 from runtime.thinking import Enforcement
 
 POST_HOC_RETRIES = 2
-from runtime.model_store import ensure_bundled_model, model_digests
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ class EmbeddedEngine:
         backends: Sequence[str] | str | None = None,
         device: str = "cpu",
         threads: int | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> EmbeddedEngine:
-        """Load the model and tokenizer and set up the grammar backends (blocking, seconds)."""
+        """Load the model and tokenizer and set up the grammar backends (blocking, seconds).
+        ``limits`` bound every constraint compiled: the gateway passes its configured ones."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -121,7 +124,7 @@ class EmbeddedEngine:
             .to(device)
             .eval()
         )
-        chain = BackendChain(tokenizer, backends)
+        chain = BackendChain(tokenizer, backends, limits)
         digests = model_digests(source.digest_path)
         identity = EngineIdentity(
             model=source.name,

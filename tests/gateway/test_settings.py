@@ -89,3 +89,22 @@ def test_vllm_engine_gets_every_vllm_setting(tmp_path: Path) -> None:
         digests.tokenizer,
     )
     assert engine.think_budget == 64
+
+
+@pytest.mark.model
+def test_a_raised_constraint_limit_reaches_the_embedded_engine() -> None:
+    """The engine re-checks every constraint it compiles: with the defaults it would refuse
+    what the operator allowed, quoting a limit nobody configured."""
+    import asyncio
+
+    from gateway.boot import load_engine
+    from runtime.constraint import Constraint
+    from runtime.limits import DEFAULT_LIMITS
+
+    pattern = "(" + "|".join(f"w{n:04d}" for n in range(400)) + ")"  # 2,400 characters
+    assert DEFAULT_LIMITS.max_regex_length < len(pattern) < 4096
+    engine = load_engine(load_settings({}, {"CALLPROOF_MAX_REGEX_LENGTH": "4096"}))
+    try:
+        assert engine.grammars.get(Constraint.regex(pattern), timeout=60) is not None
+    finally:
+        asyncio.run(engine.aclose())
