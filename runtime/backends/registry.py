@@ -18,7 +18,7 @@ from typing import Any
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, tokenizer_digest
 from runtime.constraint import Constraint, validate_constraint
-from runtime.errors import BackendCannotCompile
+from runtime.errors import BackendCannotCompile, EngineConfigError
 from runtime.limits import DEFAULT_LIMITS, Limits, check_constraint
 
 DEFAULT_ORDER = ("llguidance", "xgrammar", "lm-format-enforcer")
@@ -52,17 +52,23 @@ def available_backends() -> list[str]:
 def backend_order(order: Sequence[str] | str | None = None) -> list[str]:
     """The configured order: the argument, else $CALLPROOF_BACKENDS, else the default;
     names that are not installed are dropped, unknown names are an error."""
+    source = "the backend order"
     if order is None:
         order = os.environ.get(ENV_ORDER) or DEFAULT_ORDER
+        source = ENV_ORDER if os.environ.get(ENV_ORDER) else "the default backend order"
     if isinstance(order, str):
         order = [n.strip() for n in order.split(",") if n.strip()]
     unknown = [n for n in order if n not in _BACKENDS]
     if unknown:
-        raise ValueError(f"unknown grammar backend(s) {unknown}; known: {list(_BACKENDS)}")
+        raise EngineConfigError(
+            f"{source} names unknown grammar backend(s) {unknown}; known: {list(_BACKENDS)}"
+        )
     installed = set(available_backends())
     chosen = [n for n in order if n in installed]
     if not chosen:
-        raise ValueError(f"none of the grammar backends {list(order)} is installed")
+        raise EngineConfigError(
+            f"none of the grammar backends in {source} ({list(order)}) is installed"
+        )
     return chosen
 
 

@@ -36,7 +36,12 @@ from runtime.engines.base import (
     StreamEvent,
     TextDelta,
 )
-from runtime.errors import BackendCannotCompile, EngineUnavailable, RuntimeInputError
+from runtime.errors import (
+    BackendCannotCompile,
+    EngineFault,
+    EngineUnavailable,
+    RuntimeInputError,
+)
 from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.model_store import ensure_bundled_model, model_digests
 from runtime.thinking import Enforcement
@@ -119,12 +124,12 @@ class EmbeddedEngine:
         hf_logging.disable_progress_bar()  # bars on stderr would garble CLI and JSON logs
         kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
+        chain = BackendChain(tokenizer, backends, limits)  # a bad backend order fails fast
         model = (
             AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32, **kwargs)
             .to(device)
             .eval()
         )
-        chain = BackendChain(tokenizer, backends, limits)
         digests = model_digests(source.digest_path)
         identity = EngineIdentity(
             model=source.name,
@@ -146,7 +151,7 @@ class EmbeddedEngine:
         async for event in self.stream(messages, constraint, sampling, enforcement=enforcement):
             if isinstance(event, Generation):
                 return event
-        raise EngineUnavailable("the decode loop ended without a result")
+        raise EngineFault("the decode loop ended without a result")
 
     async def stream(
         self,

@@ -206,3 +206,19 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and says in done.stderr, done.stderr
     assert not (tmp_path / "mount").exists()
+
+
+@pytest.mark.model
+def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
+        + ["--data-dir", str(tmp_path / "data")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CALLPROOF_BACKENDS": "llguidance,nosuch"},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "CALLPROOF_BACKENDS names unknown grammar backend(s) ['nosuch']" in done.stderr

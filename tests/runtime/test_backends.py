@@ -10,7 +10,7 @@ from grammar_testkit import matches, smol_tokenizer
 from runtime.backends import BackendChain, available_backends, backend_order, make_backend
 from runtime.backends.base import allocate_bitmask, bitmask_to_bool
 from runtime.constraint import Constraint
-from runtime.errors import BackendCannotCompile
+from runtime.errors import BackendCannotCompile, EngineConfigError
 
 BACKENDS = available_backends()
 
@@ -265,5 +265,8 @@ def test_backend_order_configuration(monkeypatch):
     assert backend_order("outlines") == ["outlines"]
     monkeypatch.delenv("CALLPROOF_BACKENDS")
     assert backend_order() == ["llguidance", "xgrammar", "lm-format-enforcer"]
-    with pytest.raises(ValueError, match="unknown grammar backend"):
+    with pytest.raises(EngineConfigError, match="unknown grammar backend"):
         backend_order(["llguidance", "nosuch"])
+    monkeypatch.setenv("CALLPROOF_BACKENDS", "llguidance,nosuch")
+    with pytest.raises(EngineConfigError, match=r"^CALLPROOF_BACKENDS names unknown .*'nosuch'"):
+        backend_order()
