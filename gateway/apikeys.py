@@ -17,7 +17,7 @@ from typing import Literal, get_args
 
 import sqlalchemy as sa
 
-from receipts.store import connect_args
+from receipts.store import create_engine, short_error
 
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -99,7 +99,9 @@ class KeyStore:
 
     @classmethod
     def open(cls, url: str) -> KeyStore:
-        return cls(sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args(url)))
+        """The ledger's own engine settings: the keys live in the same database (on SQLite the
+        same file, so the same WAL mode and busy timeout)."""
+        return cls(create_engine(url))
 
     def close(self) -> None:
         self._engine.dispose()
@@ -179,5 +181,5 @@ class KeyStore:
         try:
             with self._engine.begin() as conn:
                 yield conn
-        except (sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
-            raise KeyStoreUnavailable(f"API key database unreachable: {exc.orig}") from exc
+        except (sa.exc.SQLAlchemyError, self._engine.dialect.loaded_dbapi.Error) as exc:
+            raise KeyStoreUnavailable(f"the API key database failed: {short_error(exc)}") from exc

@@ -1,7 +1,7 @@
 """Alembic environment: runs the revisions online against one database URL.
 
 The URL comes from (first found) a connection handed over by migrations.runner, `-x db=URL`
-on the alembic command line, $CALLPROOF_DB (as for serve) or $CALLPROOF_DB_URL, or
+on the alembic command line, $CALLPROOF_DB (as for serve), or
 sqlalchemy.url in alembic.ini.
 """
 
@@ -19,7 +19,6 @@ def _url() -> str:
     url = (
         context.get_x_argument(as_dictionary=True).get("db")
         or os.environ.get("CALLPROOF_DB")
-        or os.environ.get("CALLPROOF_DB_URL")
         or config.get_main_option("sqlalchemy.url")
     )
     if not url:

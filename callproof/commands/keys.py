@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the import stays inside the handlers: `callproof --help` stays fast
@@ -33,58 +34,96 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_arguments(sub, only=_LOCATION)
 
 
-def _store(args: argparse.Namespace) -> KeyStore:
+def _store(args: argparse.Namespace, *, migrate: bool) -> KeyStore:
+    """The key store `serve` would use. Only `create` sets a database up (it is what the
+    deploy docs run before the first start); `list` and `revoke` read what is there."""
     from gateway.apikeys import KeyStore
-    from gateway.boot import prepare_database
-    from gateway.settings import settings_from_args
+    from gateway.boot import prepare_database, sqlite_file
+    from gateway.settings import SettingsError, settings_from_args
+    from migrations.runner import current
 
     settings = settings_from_args(args)
-    prepare_database(settings)
+    if migrate:
+        prepare_database(settings)
+    else:
+        ledger_file = sqlite_file(settings.db_url)
+        if (ledger_file is not None and not ledger_file.exists()) or current(
+            settings.db_url
+        ) is None:
+            raise SettingsError(
+                f"no gateway database at {settings.db_url}: `callproof keys create` or"
+                " `callproof serve` sets one up"
+            )
     return KeyStore.open(settings.db_url)
 
 
-def _create(args: argparse.Namespace) -> int:
-    store = _store(args)
+def _reported(action: str, run: Callable[[], int]) -> int:
+    """`run`, with what an operator can get wrong as one line on stderr instead of a
+    traceback: exit 2 for settings and arguments, 3 for a database that fails."""
+    import sqlalchemy as sa
+
+    from gateway.apikeys import InvalidKeyField, KeyStoreUnavailable
+    from gateway.settings import SettingsError
+
     try:
-        key, secret = store.create(args.role, args.tenant, args.name)
-    except ValueError as exc:
-        print(f"callproof keys create: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        store.close()
-    print(
-        f"created {key.role} key {key.id} for tenant {key.tenant!r}; the secret follows, "
-        "shown only this once:"
-    )
-    print(secret)
-    return 0
+        return run()
+    except (SettingsError, InvalidKeyField, OSError) as exc:
+        code, message = 2, str(exc)
+    except (KeyStoreUnavailable, sa.exc.SQLAlchemyError) as exc:
+        code, message = 3, str(exc).strip().splitlines()[0]
+    print(f"callproof keys {action}: {message}", file=sys.stderr)
+    return code
+
+
+def _create(args: argparse.Namespace) -> int:
+    def run() -> int:
+        store = _store(args, migrate=True)
+        try:
+            key, secret = store.create(args.role, args.tenant, args.name)
+        finally:
+            store.close()
+        print(
+            f"created {key.role} key {key.id} for tenant {key.tenant!r}; the secret follows, "
+            "shown only this once:"
+        )
+        print(secret)
+        return 0
+
+    return _reported("create", run)
 
 
 def _list(args: argparse.Namespace) -> int:
-    store = _store(args)
-    try:
-        keys = store.list()
-    finally:
-        store.close()
-    print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}REVOKED")
-    for key in keys:
-        revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
-        print(
-            f"{key.id:<22} {key.role:<8} {key.tenant:<20} {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked}"
-        )
-    return 0
+    def run() -> int:
+        store = _store(args, migrate=False)
+        try:
+            keys = store.list()
+        finally:
+            store.close()
+        print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}REVOKED")
+        for key in keys:
+            revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
+            print(
+                f"{key.id:<22} {key.role:<8} {key.tenant:<20}"
+                f" {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked}"
+            )
+        return 0
+
+    return _reported("list", run)
 
 
 def _revoke(args: argparse.Namespace) -> int:
     from gateway.apikeys import KeyNotFound
 
-    store = _store(args)
-    try:
-        key = store.revoke(args.key_id)
-    except KeyNotFound as exc:
-        print(f"callproof keys revoke: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        store.close()
-    print(f"revoked {key.id} ({key.role}, tenant {key.tenant!r})")
-    return 0
+    def run() -> int:
+        store = _store(args, migrate=False)
+        try:
+            key = store.revoke(args.key_id)
+        except KeyNotFound as exc:
+            print(f"callproof keys revoke: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            store.close()
+        print(f"revoked {key.id} ({key.role}, tenant {key.tenant!r})")
+        return 0
+
+    return _reported("revoke", run)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -64,15 +63,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_db(parser: argparse.ArgumentParser) -> None:
-    default = os.environ.get("CALLPROOF_DB") or os.environ.get("CALLPROOF_DB_URL")
-    parser.add_argument(
-        "--db",
-        default=default,
-        required=default is None,
-        metavar="URL",
-        help="SQLAlchemy URL, e.g. postgresql+psycopg://u@host/db or sqlite:///ledger.db"
-        " (default: $CALLPROOF_DB, as for serve; $CALLPROOF_DB_URL is read too)",
-    )
+    """The database `serve` uses, found the same way: --db, --data-dir, --config and their
+    environment variables (docs/configuration.md)."""
+    from gateway.settings import add_arguments
+
+    add_arguments(parser, only=("data_dir", "db"))
+
+
+def _db_url(args: argparse.Namespace) -> str:
+    """The ledger URL; an existing one only (reading must not create an empty SQLite file)."""
+    from gateway.boot import sqlite_file
+    from gateway.settings import settings_from_args
+
+    url = settings_from_args(args).db_url
+    ledger_file = sqlite_file(url)
+    if ledger_file is not None and not ledger_file.exists():
+        raise FileNotFoundError(f"no ledger at {ledger_file} (pass --db or --data-dir)")
+    return url
 
 
 def _add_report_options(parser: argparse.ArgumentParser) -> None:
@@ -89,6 +96,7 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from gateway.settings import SettingsError
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
     from receipts.signing import Signer, signer_from_env
@@ -99,12 +107,12 @@ def _export(args: argparse.Namespace) -> int:
             if args.signing_key
             else signer_from_env()
         )
-        with Ledger.open(args.db, signer) as ledger:
+        with Ledger.open(_db_url(args), signer) as ledger:
             tenant = args.tenant or _only_chain(ledger.chains())
             ledger.export(tenant, args.output, since=args.since, until=args.until)
     except LedgerUnavailable as exc:
         return _fail(UNAVAILABLE, exc)
-    except (ReceiptsError, OSError) as exc:
+    except (ReceiptsError, SettingsError, OSError) as exc:
         return _fail(BAD_INPUT, exc)
     print(f"wrote {args.output} (chain {tenant!r})")
     return OK
@@ -133,6 +141,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 
 
 def _verify_db(args: argparse.Namespace) -> int:
+    from gateway.settings import SettingsError
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
 
@@ -143,7 +152,7 @@ def _verify_db(args: argparse.Namespace) -> int:
 
             keyring, _ = pinned_keys(args.public_key.read_bytes())
         checkpoint = json.loads(args.checkpoint.read_text()) if args.checkpoint else None
-        with Ledger.open(args.db, None) as ledger:
+        with Ledger.open(_db_url(args), None) as ledger:
             tenants = [args.tenant] if args.tenant else ledger.chains()
             reports = [
                 ledger.verify(
@@ -153,7 +162,7 @@ def _verify_db(args: argparse.Namespace) -> int:
             ]
     except LedgerUnavailable as exc:
         return _fail(UNAVAILABLE, exc)
-    except (ReceiptsError, OSError, ValueError) as exc:
+    except (ReceiptsError, SettingsError, OSError, ValueError) as exc:
         return _fail(BAD_INPUT, exc)
     return _report(reports, args.json)
 
@@ -161,11 +170,16 @@ def _verify_db(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
-    from migrations.runner import current, upgrade
+    from gateway.boot import prepare_database
+    from gateway.settings import SettingsError, settings_from_args
+    from migrations.runner import current
 
     try:
-        upgrade(args.db)
-        print(f"database at revision {current(args.db)}")
+        settings = settings_from_args(args)
+        prepare_database(settings)  # as serve does: a new SQLite file is made private first
+        print(f"database at revision {current(settings.db_url)}")
+    except (SettingsError, OSError) as exc:
+        return _fail(BAD_INPUT, exc)
     except sa.exc.SQLAlchemyError as exc:
         return _fail(UNAVAILABLE, exc)
     return OK

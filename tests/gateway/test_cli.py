@@ -47,6 +47,35 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert missing.returncode == 1 and "no API key" in missing.stderr
     bad_role = callproof("keys", "create", "--role", "root", "--tenant", "x", data_dir=tmp_path)
     assert bad_role.returncode == 2
+    bad_tenant = callproof(
+        "keys", "create", "--role", "agent", "--tenant", "a\n", data_dir=tmp_path
+    )
+    assert bad_tenant.returncode == 2 and "Traceback" not in bad_tenant.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "says"),
+    [
+        (["list", "--config", "{tmp}/missing.toml"], 2, "cannot read"),
+        (["list"], 2, "no gateway database at sqlite:///{tmp}/fresh/ledger.db"),
+        (["revoke", "key_0123456789abcdef"], 2, "no gateway database"),
+        (["list", "--db", "postgresql+psycopg://nobody@127.0.0.1:9/none"], 3, "127.0.0.1"),
+        (
+            ["create", "--role", "agent", "--tenant", "t"]
+            + ["--db", "postgresql+psycopg://nobody@127.0.0.1:9/none"],
+            3,
+            "127.0.0.1",
+        ),
+    ],
+)
+def test_keys_that_cannot_run_say_why_in_one_line(
+    tmp_path: Path, argv: list[str], code: int, says: str
+) -> None:
+    """A list or revoke sets up no database (nothing is created for a read)."""
+    done = callproof("keys", *[a.format(tmp=tmp_path) for a in argv], data_dir=tmp_path / "fresh")
+    assert done.returncode == code, done.stderr
+    assert "Traceback" not in done.stderr and says.format(tmp=tmp_path) in done.stderr, done.stderr
+    assert not (tmp_path / "fresh").exists()
 
 
 @pytest.mark.model

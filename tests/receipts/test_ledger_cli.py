@@ -154,11 +154,29 @@ def test_bad_input_and_unavailable_database(
     down = "postgresql+psycopg://nobody@127.0.0.1:9/none"
     code, _, err = run(capsys, "ledger", "verify", "--db", down)
     assert code == 3 and "unavailable" in err
-    monkeypatch.delenv("CALLPROOF_DB_URL", raising=False)
     monkeypatch.delenv("CALLPROOF_DB", raising=False)
-    with pytest.raises(SystemExit) as exited:  # argparse: --db is required
-        main(["ledger", "verify"])
-    assert exited.value.code == 2
+    empty = tmp_path / "empty"  # serve's default ledger, <data_dir>/ledger.db, is not there
+    code, _, err = run(capsys, "ledger", "verify", "--data-dir", str(empty))
+    assert code == 2 and f"no ledger at {empty / 'ledger.db'}" in err
+    assert not empty.exists()
     monkeypatch.setenv("CALLPROOF_DB", down)  # the variable serve reads works here too
     code, _, err = run(capsys, "ledger", "verify")
     assert code == 3 and "unavailable" in err
+
+
+def test_the_ledger_commands_find_the_ledger_serve_made(tmp_path: Path, capsys) -> None:
+    """After the README's first run (`serve` with no flags: SQLite under the data directory)
+    export and verify need no --db, as `keys` needs none."""
+    data = tmp_path / "data"
+    assert run(capsys, "ledger", "migrate", "--data-dir", str(data))[0] == 0
+    assert (data / "ledger.db").stat().st_mode & 0o777 == 0o600
+    signer = Signer.generate()
+    with ledger(f"sqlite:///{data / 'ledger.db'}", signer) as led:
+        fill(led, 3)
+    (tmp_path / "settings.toml").write_text(f'data_dir = "{data}"\n')
+    code, out, err = run(capsys, "ledger", "verify", "--config", str(tmp_path / "settings.toml"))
+    assert code == 0 and "3 receipts verified" in out, err
+    bundle = tmp_path / "b.tar.gz"
+    code, _, err = run(capsys, "export", "--data-dir", str(data), "-o", str(bundle))
+    assert code == 0, err
+    assert run(capsys, "verify", str(bundle))[0] == 0
