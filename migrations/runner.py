@@ -9,6 +9,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 
+from receipts.store import connect_args
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -23,7 +25,7 @@ def alembic_config() -> Config:
 def upgrade(url: str, revision: str = "head") -> None:
     """Bring the database at ``url`` up to ``revision`` (idempotent)."""
     cfg = alembic_config()
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine = _engine(url)
     try:
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn
@@ -36,9 +38,15 @@ def current(url: str) -> str | None:
     """The revision the database is at (None before the first migration)."""
     from alembic.runtime.migration import MigrationContext
 
-    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    engine = _engine(url)
     try:
         with engine.connect() as conn:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+def _engine(url: str) -> sa.Engine:
+    """One connection, with the ledger's connect timeout and keepalives: a Postgres that does
+    not answer stops `serve` at startup with an error instead of hanging it."""
+    return sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args(url))

@@ -83,3 +83,30 @@ def test_postgres_connections_give_up_unless_the_url_says_otherwise() -> None:
     assert "connect_timeout" not in args  # the operator's value stays
     assert args["keepalives"] == 1 and args["tcp_user_timeout"] > 0
     assert connect_args("sqlite:///ledger.db") == {}
+
+
+def test_migrating_a_database_that_never_answers_fails_in_bounded_time() -> None:
+    """`serve` migrates first: a Postgres that accepts TCP and says nothing (a frozen server)
+    must stop it with an error within the 5 s connect timeout, not hang it."""
+    import socket
+    import threading
+    import time
+
+    failures: list[BaseException] = []
+
+    def migrate(url: str) -> None:
+        try:
+            upgrade(url)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failures.append(exc)
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # connects, never answers
+        url = f"postgresql+psycopg://callproof@127.0.0.1:{silent.getsockname()[1]}/ledger"
+        started = time.monotonic()
+        worker = threading.Thread(target=migrate, args=(url,), daemon=True)
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive(), "the migration still waits on a silent server"
+    assert time.monotonic() - started < 15
+    assert len(failures) == 1 and isinstance(failures[0], sa.exc.OperationalError)
+    assert "timeout" in str(failures[0])
