@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -60,6 +60,7 @@ def verify_stored(
         )
     rows = _CheckedRows(
         queries.stream_rows(conn, tenant, start, end),
+        _IndexWindow(lambda first, last: queries.index_rows(conn, tenant, first, last)),
         CompactRange(start - 1, left or []),
         queries.checkpoints(conn, tenant, start, end),
         keyring,
@@ -78,8 +79,14 @@ def verify_stored(
     problems = [rows.problem] if rows.problem else []
     if not report.ok:
         problems.append((report.first_failure_seq, report.reason))
+    if rows.index_problem:  # after the body's own reasons: at one seq, those say more
+        problems.append(rows.index_problem)
     if to_seq is None and last > head_seq:
         problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
+    if to_seq is None:
+        stray = queries.index_rows(conn, tenant, end + 1, None)
+        if seq := min(stray.calls.keys() | stray.links.keys(), default=0):
+            problems.append((seq, f"index rows for seq {seq}, which the chain does not hold"))
     if to_seq is None and rows.seen < end - start + 1 and report.ok:
         missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
         problems.append((start + rows.seen, missing))
@@ -126,10 +133,27 @@ def _range_context(
     )
 
 
+class _IndexWindow:
+    """The receipt_calls and receipt_links rows of the receipts being checked, loaded a
+    chunk of seqs at a time as the rows stream past (constant memory on a long chain)."""
+
+    def __init__(self, load: Callable[[int, int], queries.IndexRows]):
+        self._load = load
+        self._last = 0
+        self._rows = queries.IndexRows({}, {})
+
+    def at(self, seq: int) -> tuple[set[tuple[str, str]], list[tuple[str, str | None]]]:
+        if seq > self._last:
+            self._last = seq + queries.STREAM_CHUNK - 1
+            self._rows = self._load(seq, self._last)
+        return self._rows.calls.get(seq, set()), self._rows.links.get(seq, [])
+
+
 class _CheckedRows:
     """Receipt rows -> JSON objects for the chain verifier, stopping at the first row whose
-    indexed columns disagree with its signed body (a query could be steered by such a row)
-    or that completes a tree whose stored checkpoint is forged or does not match."""
+    indexed columns or index rows (receipt_calls, receipt_links) disagree with its signed
+    body (a query could be steered by such a row) or that completes a tree whose stored
+    checkpoint is forged or does not match."""
 
     COLUMNS = (
         "id",
@@ -147,16 +171,19 @@ class _CheckedRows:
     def __init__(
         self,
         rows: Iterator[sa.Row],
+        index: _IndexWindow,
         tree: CompactRange,
         checkpoints: Mapping[int, Mapping[str, Any]],
         keyring: KeyRing,
     ) -> None:
         self._rows = rows
+        self._index = index
         self._tree = tree  # over the entry hashes read so far, for the stored checkpoints
         self._checkpoints = checkpoints
         self._keyring = keyring
         self.seen = 0
         self.problem: tuple[int, str] | None = None
+        self.index_problem: tuple[int, str] | None = None  # the first; the rows go on
 
     def __iter__(self) -> Iterator[dict[str, Any] | str]:
         for row in self._rows:
@@ -165,13 +192,12 @@ class _CheckedRows:
             except ValueError:
                 self.problem = (row.seq, "stored receipt body is not JSON")
                 return
-            mismatch = self._mismatch(row, obj) if isinstance(obj, dict) else "body"
+            mismatch = self._mismatch(row, obj) if isinstance(obj, dict) else "the row's body"
             if mismatch:
-                self.problem = (
-                    row.seq,
-                    f"row column {mismatch!r} disagrees with the signed receipt body",
-                )
+                self.problem = (row.seq, f"{mismatch} disagrees with the signed receipt body")
                 return
+            if self.index_problem is None and (lie := self._index_mismatch(row.seq, obj)):
+                self.index_problem = (row.seq, f"{lie} disagree with the signed receipt body")
             self.seen += 1
             yield obj
             self._tree.append(leaf_hash(bytes.fromhex(row.entry_hash)))
@@ -187,16 +213,33 @@ class _CheckedRows:
         return reason and f"stored checkpoint at tree size {self._tree.size}: {reason}"
 
     def _mismatch(self, row: sa.Row, obj: dict[str, Any]) -> str | None:
+        """What of the row disagrees with its body: a column, or its index rows."""
         for column in self.COLUMNS:
             if getattr(row, column) != obj.get(column):
-                return column
-        manifest = obj.get("manifest")
-        output = obj.get("output")
+                return f"row column {column!r}"
+        manifest, output = obj.get("manifest"), obj.get("output")
         if not isinstance(manifest, dict) or not isinstance(output, dict):
             return None  # malformed bodies are the chain verifier's to name
-        if (row.model, row.schema_hash) != (manifest.get("model"), manifest.get("schema_hash")):
-            return "model" if row.model != manifest.get("model") else "schema_hash"
-        return "output_kind" if row.output_kind != output.get("kind") else None
+        for column, value in (
+            ("model", manifest.get("model")),
+            ("schema_hash", manifest.get("schema_hash")),
+            ("output_kind", output.get("kind")),
+        ):
+            if getattr(row, column) != value:
+                return f"row column {column!r}"
+        return None
+
+    def _index_mismatch(self, seq: int, obj: dict[str, Any]) -> str | None:
+        """Which of the receipt's index rows (its calls, its links) disagree with its body."""
+        calls, links = self._index.at(seq)
+        try:
+            if calls != {(c["id"], c["name"]) for c in obj["output"]["tool_calls"]}:
+                return "its receipt_calls rows"
+            if links != [(lk["tool_call_id"], lk["receipt_id"]) for lk in obj["links"]]:
+                return "its receipt_links rows"
+        except (TypeError, KeyError):
+            return None  # a malformed call or link: the chain verifier names it
+        return None
 
 
 def _trust_note(keyring: KeyRing, pinned: bool) -> str:

@@ -95,7 +95,26 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
     items = [receipt_from_body(row.body) for row in rows[: q.limit]]
     more = len(rows) > q.limit
-    return ReceiptPage(items, rows[q.limit - 1].seq if more else None)
+    return ReceiptPage(
+        [i for i in items if _body_matches(i, q)], rows[q.limit - 1].seq if more else None
+    )
+
+
+def _body_matches(receipt: Receipt, q: ReceiptQuery) -> bool:
+    """The filters again, on the signed body: the indexed columns and rows the SQL filtered
+    on are copies an attacker with write access could forge (verify names such a row), and
+    a listing must not answer from them meanwhile."""
+    since = rfc3339(q.since) if q.since is not None else None
+    until = rfc3339(q.until) if q.until is not None else None
+    calls = receipt.tool_calls
+    return (
+        (since is None or receipt.created_at >= since)
+        and (until is None or receipt.created_at < until)
+        and (q.model is None or receipt.manifest["model"] == q.model)
+        and (q.schema_hash is None or receipt.manifest["schema_hash"] == q.schema_hash)
+        and (q.tool_name is None or any(c["name"] == q.tool_name for c in calls))
+        and (q.call_id is None or any(c["id"] == q.call_id for c in calls))
+    )
 
 
 def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
@@ -118,7 +137,10 @@ def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
         .join_from(ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq))
         .where(c.chain == tenant, c.call_id == call_id)
     )
-    return receipt_from_body(body) if body is not None else None
+    receipt = receipt_from_body(body) if body is not None else None
+    if receipt is None or not any(c["id"] == call_id for c in receipt.tool_calls):
+        return None  # no receipt, or only a forged receipt_calls row names one
+    return receipt
 
 
 def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
@@ -132,7 +154,8 @@ def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
         )
         .order_by(r.seq)
     )
-    return [receipt_from_body(body) for body in conn.scalars(stmt)]
+    answers = (receipt_from_body(body) for body in conn.scalars(stmt))
+    return [r for r in answers if any(lk["tool_call_id"] == call_id for lk in r.links)]
 
 
 def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
@@ -258,6 +281,32 @@ def stream_rows(
         if len(rows) < STREAM_CHUNK:
             return
         after = rows[-1].seq
+
+
+@dataclass(frozen=True)
+class IndexRows:
+    """A window of the receipt_calls and receipt_links rows (copies of each receipt's tool
+    calls and links that only the audit queries use), keyed by seq."""
+
+    calls: dict[int, set[tuple[str, str]]]  # seq -> {(call_id, tool_name)}
+    links: dict[int, list[tuple[str, str | None]]]  # seq -> [(tool_call_id, receipt_id)]
+
+
+def index_rows(conn: sa.Connection, tenant: str, first: int, last: int | None) -> IndexRows:
+    """The chain's index rows of seqs first..last (last None: to the end)."""
+    c, lk = CallRow.__table__.c, LinkRow.__table__.c
+    calls: dict[int, set[tuple[str, str]]] = {}
+    links: dict[int, list[tuple[str, str | None]]] = {}
+    stmt = sa.select(c.seq, c.call_id, c.tool_name).where(c.chain == tenant, c.seq >= first)
+    for seq, call_id, name in conn.execute(stmt if last is None else stmt.where(c.seq <= last)):
+        calls.setdefault(seq, set()).add((call_id, name))
+    stmt = sa.select(lk.seq, lk.tool_call_id, lk.receipt_id).where(
+        lk.chain == tenant, lk.seq >= first
+    )
+    stmt = stmt if last is None else stmt.where(lk.seq <= last)
+    for seq, call_id, receipt_id in conn.execute(stmt.order_by(lk.seq, lk.position)):
+        links.setdefault(seq, []).append((call_id, receipt_id))
+    return IndexRows(calls, links)
 
 
 def last_seq(conn: sa.Connection, tenant: str) -> int:

@@ -16,7 +16,7 @@ from ledger_kit import attacker, body_of, clone, draft, fill, ledger, migrated
 
 from receipts.bundle import verify_bundle
 from receipts.errors import ChainDamaged, LedgerUnavailable
-from receipts.ledger import Ledger
+from receipts.ledger import Ledger, ReceiptQuery
 from receipts.manifest import schema_hash
 from receipts.merkle import CompactRange, leaf_hash
 from receipts.record import Receipt, entry_hash_of
@@ -119,6 +119,52 @@ def test_edited_index_column_only(chain) -> None:
     with Ledger.open(url, None) as led:
         report = led.verify(T)
     assert report.first_failure_seq == 12 and "'model'" in report.reason
+
+
+FORGED_CALL = "call_" + "f" * 24
+FORGE_CALL = "INSERT INTO receipt_calls (chain, call_id, seq, tool_name) VALUES ('{T}', '{c}', {s}, 'transfer_funds')"
+FORGE_LINK = "INSERT INTO receipt_links (chain, seq, position, tool_call_id, receipt_id) VALUES ('{T}', {s}, 0, '{c}', NULL)"
+
+
+@pytest.mark.parametrize(
+    ("statement", "seq", "says"),
+    [
+        (  # a receipt made to look as if it had issued a call (triggers need not be off)
+            FORGE_CALL.format(T=T, c=FORGED_CALL, s=3),
+            3,
+            "its receipt_calls rows",
+        ),
+        ("UPDATE receipt_calls SET tool_name = 'other' WHERE seq = 9", 9, "receipt_calls"),
+        ("DELETE FROM receipt_calls WHERE seq = 9", 9, "receipt_calls"),
+        (  # a receipt made to look as if it had answered a call
+            FORGE_LINK.format(T=T, c=FORGED_CALL, s=5),
+            5,
+            "its receipt_links rows",
+        ),
+        (
+            FORGE_CALL.format(T=T, c=FORGED_CALL, s=N + 4),
+            N + 4,
+            "which the chain does not hold",
+        ),
+    ],
+)
+def test_index_rows_that_disagree_with_the_bodies(
+    chain, statement: str, seq: int, says: str
+) -> None:
+    """The rows /audit/calls and the tool_name filter read are copies of the signed bodies:
+    a forged, edited or deleted one fails verification at its seq, and no query answers
+    from it meanwhile."""
+    url, _, _ = chain
+    with attacker(url) as conn:
+        conn.execute(sa.text(statement))
+    with Ledger.open(url, None) as led:
+        report = led.verify(T)
+        assert (report.ok, report.first_failure_seq) == (False, seq), report
+        assert says in report.reason
+        assert led.find_call(T, FORGED_CALL) is None
+        assert led.answers_to(T, FORGED_CALL) == []
+        page = led.query(ReceiptQuery(tenant=T, tool_name="transfer_funds"))
+        assert page.items == []
 
 
 def test_deleted_row(chain, tmp_path: Path) -> None:
@@ -252,7 +298,8 @@ def test_truncated_tail(chain, tmp_path: Path) -> None:
     the auditor's saved copy, once the stored ones are gone too) shows the loss."""
     url, signer, saved = chain
     with attacker(url) as conn:
-        conn.execute(sa.text("DELETE FROM receipts WHERE chain = :c AND seq > 20"), {"c": T})
+        for table in ("receipts", "receipt_calls"):  # a careful attacker: index rows too
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE chain = :c AND seq > 20"), {"c": T})
         tip = body_of(conn, T, 20)["entry_hash"]
         conn.execute(
             sa.text("UPDATE chains SET head_seq = 20, head_hash = :h WHERE chain = :c"),
