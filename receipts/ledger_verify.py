@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from receipts import queries
 from receipts.chain import VerificationReport, verify_receipts
 from receipts.checkpoint import checkpoint_problem
-from receipts.errors import ChainDamaged, ReceiptFormatError
+from receipts.errors import ChainDamaged, ReceiptFormatError, ReceiptsError
 from receipts.merkle import CompactRange, compact_range, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
@@ -47,7 +47,11 @@ def verify_stored(
     if start < 1 or end < start - 1:
         raise ReceiptFormatError(f"bad seq range {start}..{end}")
     pinned = keyring is not None
-    keyring = keyring or KeyRing.from_public_keys(queries.public_keys(conn, tenant))
+    if keyring is None:
+        try:
+            keyring = KeyRing.from_public_keys(queries.public_keys(conn, tenant))
+        except ReceiptsError as exc:  # a key row that lies is damage to report, not a crash
+            return VerificationReport.failed(f"stored signing keys: {exc}", chain=tenant)
     checkpoint = checkpoint or _covering_checkpoint(conn, tenant, start, to_seq)
     try:
         left, right = _range_context(conn, tenant, start, end, checkpoint, to_seq)

@@ -167,6 +167,24 @@ def test_index_rows_that_disagree_with_the_bodies(
         assert page.items == []
 
 
+def test_a_signing_key_row_replaced_by_another_key(chain) -> None:
+    """The stored PEM no longer matches its key id: a failed report saying so, not a crash
+    (the API answered 500 internal_error)."""
+    url, _, _ = chain
+    with attacker(url) as conn:
+        conn.execute(
+            sa.text("UPDATE signing_keys SET public_key_pem = :p"),
+            {"p": Signer.generate().public_key_pem()},
+        )
+    with Ledger.open(url, None) as led:
+        report = led.verify(T)
+    assert not report.ok and report.chain == T
+    assert (
+        report.reason.startswith("stored signing keys: key id")
+        and "does not match" in report.reason
+    )
+
+
 def test_deleted_row(chain, tmp_path: Path) -> None:
     url, signer, _ = chain
     with attacker(url) as conn:
