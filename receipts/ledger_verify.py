@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
 
@@ -17,6 +17,8 @@ from receipts.errors import ChainDamaged, ReceiptFormatError, ReceiptsError
 from receipts.merkle import CompactRange, compact_range, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
+
+W = TypeVar("W")
 
 
 def verify_stored(
@@ -64,7 +66,8 @@ def verify_stored(
         )
     rows = _CheckedRows(
         queries.stream_rows(conn, tenant, start, end),
-        _IndexWindow(lambda first, last: queries.index_rows(conn, tenant, first, last)),
+        _Window(lambda first, last: queries.index_rows(conn, tenant, first, last)),
+        _Window(lambda first, last: queries.merkle_nodes_ending(conn, tenant, first, last)),
         CompactRange(start - 1, left or []),
         queries.checkpoints(conn, tenant, start, end),
         keyring,
@@ -83,8 +86,8 @@ def verify_stored(
     problems = [rows.problem] if rows.problem else []
     if not report.ok:
         problems.append((report.first_failure_seq, report.reason))
-    if rows.index_problem:  # after the body's own reasons: at one seq, those say more
-        problems.append(rows.index_problem)
+    if rows.derived_problem:  # after the body's own reasons: at one seq, those say more
+        problems.append(rows.derived_problem)
     if to_seq is None and last > head_seq:
         problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
     if to_seq is None:
@@ -137,20 +140,21 @@ def _range_context(
     )
 
 
-class _IndexWindow:
-    """The receipt_calls and receipt_links rows of the receipts being checked, loaded a
-    chunk of seqs at a time as the rows stream past (constant memory on a long chain)."""
+class _Window(Generic[W]):
+    """Rows derived from the receipts (index rows, Merkle nodes) for the seqs being checked,
+    loaded a chunk of seqs at a time as the receipts stream past: constant memory."""
 
-    def __init__(self, load: Callable[[int, int], queries.IndexRows]):
+    def __init__(self, load: Callable[[int, int], W]):
         self._load = load
         self._last = 0
-        self._rows = queries.IndexRows({}, {})
+        self._rows: W | None = None
 
-    def at(self, seq: int) -> tuple[set[tuple[str, str]], list[tuple[str, str | None]]]:
-        if seq > self._last:
+    def at(self, seq: int) -> W:
+        """What ``load(first, last)`` returned for a chunk holding ``seq``."""
+        if self._rows is None or seq > self._last:
             self._last = seq + queries.STREAM_CHUNK - 1
             self._rows = self._load(seq, self._last)
-        return self._rows.calls.get(seq, set()), self._rows.links.get(seq, [])
+        return self._rows
 
 
 class _CheckedRows:
@@ -175,19 +179,21 @@ class _CheckedRows:
     def __init__(
         self,
         rows: Iterator[sa.Row],
-        index: _IndexWindow,
+        index: _Window[queries.IndexRows],
+        nodes: _Window[dict[tuple[int, int], bytes]],
         tree: CompactRange,
         checkpoints: Mapping[int, Mapping[str, Any]],
         keyring: KeyRing,
     ) -> None:
         self._rows = rows
         self._index = index
+        self._nodes = nodes
         self._tree = tree  # over the entry hashes read so far, for the stored checkpoints
         self._checkpoints = checkpoints
         self._keyring = keyring
         self.seen = 0
         self.problem: tuple[int, str] | None = None
-        self.index_problem: tuple[int, str] | None = None  # the first; the rows go on
+        self.derived_problem: tuple[int, str] | None = None  # the first; the rows go on
 
     def __iter__(self) -> Iterator[dict[str, Any] | str]:
         for row in self._rows:
@@ -200,11 +206,13 @@ class _CheckedRows:
             if mismatch:
                 self.problem = (row.seq, f"{mismatch} disagrees with the signed receipt body")
                 return
-            if self.index_problem is None and (lie := self._index_mismatch(row.seq, obj)):
-                self.index_problem = (row.seq, f"{lie} disagree with the signed receipt body")
+            if self.derived_problem is None and (lie := self._index_mismatch(row.seq, obj)):
+                self.derived_problem = (row.seq, f"{lie} disagree with the signed receipt body")
             self.seen += 1
             yield obj
-            self._tree.append(leaf_hash(bytes.fromhex(row.entry_hash)))
+            completed = self._tree.append(leaf_hash(bytes.fromhex(row.entry_hash)))
+            if self.derived_problem is None and (bad := self._node_mismatch(completed)):
+                self.derived_problem = (row.seq, bad)
             stored = self._checkpoints.get(self._tree.size)
             if stored is not None and (reason := self._checkpoint_problem(stored)):
                 self.problem = (row.seq, reason)
@@ -233,9 +241,23 @@ class _CheckedRows:
                 return f"row column {column!r}"
         return None
 
+    def _node_mismatch(self, completed: list[tuple[int, int, bytes]]) -> str | None:
+        """A stored Merkle node (what inclusion and consistency proofs are read from) that is
+        missing or differs from the subtree this receipt completes."""
+        stored = self._nodes.at(self._tree.size)
+        for level, idx, node in completed:
+            if stored.get((level, idx)) != node:
+                state = "missing" if (level, idx) not in stored else "wrong"
+                return (
+                    f"stored Merkle node at level {level}, index {idx} is {state}: the proofs"
+                    " served from it do not match the receipts"
+                )
+        return None
+
     def _index_mismatch(self, seq: int, obj: dict[str, Any]) -> str | None:
         """Which of the receipt's index rows (its calls, its links) disagree with its body."""
-        calls, links = self._index.at(seq)
+        index = self._index.at(seq)
+        calls, links = index.calls.get(seq, set()), index.links.get(seq, [])
         try:
             if calls != {(c["id"], c["name"]) for c in obj["output"]["tool_calls"]}:
                 return "its receipt_calls rows"

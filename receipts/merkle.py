@@ -263,8 +263,10 @@ class CompactRange:
             cr.append(h)
         return cr
 
-    def append(self, leaf: bytes) -> None:
-        self._push(1, leaf)
+    def append(self, leaf: bytes) -> list[tuple[int, int, bytes]]:
+        """Add one leaf hash; the perfect subtrees it completes, as (level, index, hash)
+        with level >= 1 (what a stored tree keeps, so a verifier can compare)."""
+        return self._push(1, leaf)
 
     def extend(self, end: int, hashes: Sequence[bytes]) -> None:
         """Append the compact range of [size, end) given its hashes (left to right)."""
@@ -277,16 +279,20 @@ class CompactRange:
         for size, h in zip(sizes, hashes):
             self._push(size, h)
 
-    def _push(self, size: int, h: bytes) -> None:
+    def _push(self, size: int, h: bytes) -> list[tuple[int, int, bytes]]:
         hashes = self.hashes
         hashes.append(h)
         merged = self.size
         self.size += size
+        completed = []
         while merged & size:  # the left neighbour is a perfect subtree of the same size
             right = hashes.pop()
             hashes[-1] = node_hash(hashes[-1], right)
             merged &= ~size
             size <<= 1
+            level = size.bit_length() - 1  # each ends where the range now ends
+            completed.append((level, (self.size >> level) - 1, hashes[-1]))
+        return completed
 
     def root(self) -> bytes:
         """MTH of the leaves [0, size): fold the subtrees right to left."""

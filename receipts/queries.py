@@ -309,6 +309,23 @@ def index_rows(conn: sa.Connection, tenant: str, first: int, last: int | None) -
     return IndexRows(calls, links)
 
 
+def merkle_nodes_ending(
+    conn: sa.Connection, tenant: str, first_size: int, last_size: int
+) -> dict[tuple[int, int], bytes]:
+    """The stored perfect subtrees (level >= 1) completed by leaves first_size..last_size,
+    i.e. whose last leaf is one of those, keyed by (level, idx)."""
+    m = MerkleNodeRow.__table__.c
+    spans = []
+    for level in range(1, last_size.bit_length()):
+        low, high = -(-first_size >> level) - 1, (last_size >> level) - 1
+        if low <= high:
+            spans.append(sa.and_(m.level == level, m.idx.between(low, high)))
+    if not spans:
+        return {}
+    rows = conn.execute(sa.select(m.level, m.idx, m.hash).where(m.chain == tenant, sa.or_(*spans)))
+    return {(row.level, row.idx): bytes(row.hash) for row in rows}
+
+
 def last_seq(conn: sa.Connection, tenant: str) -> int:
     """The highest seq stored for the chain (0 when none), whatever the head row says."""
     r = ReceiptRow.__table__.c

@@ -123,7 +123,8 @@ def test_ledger_verify_json_and_ranges(filled, tmp_path: Path, capsys) -> None:
     with ledger(url, signer) as led:
         saved = led.checkpoint_now("acme")
     with attacker(url) as conn:  # the tail and every stored checkpoint go
-        conn.execute(sa.text("DELETE FROM receipts WHERE chain = 'acme' AND seq > 35"))
+        for table in ("receipts", "receipt_calls"):  # index rows too: a careful attacker
+            conn.execute(sa.text(f"DELETE FROM {table} WHERE chain = 'acme' AND seq > 35"))
         conn.execute(sa.text("DELETE FROM checkpoints WHERE chain = 'acme'"))
         tip = body_of(conn, "acme", 35)["entry_hash"]
         conn.execute(

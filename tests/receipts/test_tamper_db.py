@@ -391,3 +391,22 @@ def test_verifying_a_range_over_deleted_merkle_nodes_is_a_failed_report(chain) -
     with Ledger.open(url, signer) as led:
         report = led.verify(T, from_seq=5)
     assert not report.ok and "lacks the subtree" in report.reason, report
+
+
+@pytest.mark.parametrize("statement", ["UPDATE", "DELETE"])
+def test_a_stored_merkle_node_that_lies(chain, statement: str) -> None:
+    """Proofs are read from merkle_nodes: a wrong or missing node fails verification at the
+    receipt that completes its subtree (seq 8: level 2, index 1), not only the proofs."""
+    url, _, _ = chain
+    with attacker(url) as conn:
+        where = f"WHERE chain = '{T}' AND level = 2 AND idx = 1"
+        if statement == "UPDATE":
+            conn.execute(sa.text(f"UPDATE merkle_nodes SET hash = :h {where}"), {"h": bytes(32)})
+        else:
+            conn.execute(sa.text(f"DELETE FROM merkle_nodes {where}"))
+    with Ledger.open(url, None) as led:
+        report = led.verify(T)
+        ranged = led.verify(T, 5, 12)
+    for r in (report, ranged):
+        assert (r.ok, r.first_failure_seq) == (False, 8), r
+        assert "stored Merkle node at level 2, index 1 is" in r.reason
