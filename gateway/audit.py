@@ -27,7 +27,7 @@ from gateway.errors import APIError, documented
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts.chain import VerificationReport
-from receipts.errors import LedgerUnavailable, ReceiptFormatError
+from receipts.errors import ChainDamaged, LedgerUnavailable, ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.record import Receipt
 
@@ -296,6 +296,11 @@ class AuditController(Controller):
         receipt = _found(
             await read(ledger.get, principal.tenant, receipt_id), f"receipt {receipt_id}"
         )
+        check = await read(ledger.verify, principal.tenant, receipt.seq, receipt.seq)
+        if not check.ok:  # replaying what its signature does not vouch for proves nothing
+            raise ChainDamaged(
+                f"receipt {receipt_id} (seq {receipt.seq}) does not verify: {check.reason}"
+            )
         force = data.force if data is not None else False
         return await replay(receipt, completions, force=force)
 

@@ -1,7 +1,8 @@
 """Replay of a receipt: re-run its recorded request with its recorded sampling and seed.
 
 Only meaningful on the engine that produced it, so a replay is refused (409) when the current
-model, weights digest or grammar backend differ from the manifest, unless forced. It needs the
+model, weights or tokenizer digest, engine, grammar backend or prompt renderer differ from the
+manifest, unless forced. It needs the
 request itself, which exists only when payload retention was on when it was recorded.
 Tool call ids are minted afresh on every run, so outputs are compared without them.
 """
@@ -25,10 +26,12 @@ _FREE_TEXT_BACKEND = "none"  # no constraint was enforced: any backend replays i
 
 
 def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> list[str]:
-    """Human-readable differences between the recorded manifest and the current engine."""
+    """Human-readable differences between the recorded manifest and the current engine:
+    anything that changes which tokens the same request yields (the prompt renderer is
+    compared once the request is prepared, by `renderer_difference`)."""
     differences = [
         f"{name}: recorded {manifest[name]!r}, current {getattr(identity, name)!r}"
-        for name in ("model", "weights_digest")
+        for name in ("model", "weights_digest", "tokenizer_digest", "engine")
         if manifest[name] != getattr(identity, name)
     ]
     if manifest["backend"] not in (_FREE_TEXT_BACKEND, *identity.backends):
@@ -39,16 +42,16 @@ def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> 
 
 
 def recorded_request(receipt: Receipt, served_model: str) -> ChatCompletionRequest:
-    texts, values = receipt.request.get("payload_json"), receipt.request.get("payload")
-    if texts is None and values is None:
+    texts = receipt.request.get("payload_json")
+    if texts is None:
         raise APIError(
             409,
             f"receipt {receipt.id} holds only digests of its request (payload retention was "
             "off when it was recorded), so there is nothing to replay",
             code="payload_not_retained",
         )
-    if texts is not None:  # the client's member order, which is part of the prompt
-        values = {part: msgspec.json.decode(text) for part, text in texts.items()}
+    # Decoded in the client's member order, which is part of the prompt.
+    values = {part: msgspec.json.decode(text) for part, text in texts.items()}
     body = {**values["params"], "messages": values["messages"]}
     body.update(model=served_model, stream=False)
     body.pop("stream_options", None)
@@ -78,7 +81,14 @@ async def replay(
     force: bool,
 ) -> ReplayReport:
     identity = completions.engine.identity
+    request = recorded_request(receipt, identity.model)
+    prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
     differences = manifest_differences(receipt.manifest, identity)
+    if prepared.plan.renderer != receipt.manifest["renderer"]:
+        differences.append(
+            f"renderer: recorded {receipt.manifest['renderer']!r},"
+            f" current {prepared.plan.renderer!r}"
+        )
     if differences and not force:
         raise APIError(
             409,
@@ -88,8 +98,6 @@ async def replay(
             code="manifest_mismatch",
             details={"differences": differences},
         )
-    request = recorded_request(receipt, identity.model)
-    prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
     recorded = _comparable(receipt.output, receipt.finish_reason)
     try:
         generation, parsed = await completions.generate(prepared)

@@ -67,7 +67,12 @@ def rfc3339(value: datetime | str) -> str:
 
 
 def receipt_from_body(body: str) -> Receipt:
-    return Receipt.from_json_obj(json.loads(body))
+    """A stored receipt; one that no longer parses is damage to the chain (ChainDamaged),
+    not a fault in the request that read it."""
+    try:
+        return Receipt.from_json_obj(json.loads(body))
+    except (ValueError, ReceiptFormatError) as exc:
+        raise ChainDamaged(f"a stored receipt is malformed ({exc})") from None
 
 
 def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:

@@ -28,11 +28,9 @@ CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 KEY_ID = re.compile(r"ed25519:[0-9a-f]{32}")
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
 OUTPUT_KINDS = frozenset({"tool_calls", "answer", "parsed", "text"})
-# Where a receipt may keep its request itself (retention on): `payload_json`, the JSON text of
-# messages and params in the client's member order; `payload`, the two values themselves, as
-# receipts written before 2026-11-22 hold them (members sorted, so replay could not send the
-# schema's property order again).
-PAYLOAD_MEMBERS = ("payload_json", "payload")
+# Where a receipt keeps its request itself (retention on): the JSON text of messages and
+# params in the client's member order, each checked against its digest.
+PAYLOAD_MEMBERS = ("payload_json",)
 
 
 def new_receipt_id() -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -216,16 +218,23 @@ def test_replay_on_a_different_engine_is_refused_unless_forced(
     gateway: Any, audited: dict[str, Any]
 ) -> None:
     original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    manifest = {**original.manifest, "model": "another-model", "weights_digest": "0" * 64}
-    foreign = _recorded_elsewhere(gateway, original.id, manifest=manifest)
+    changed = {
+        "model": "another-model",
+        "weights_digest": "0" * 64,
+        "tokenizer_digest": "1" * 64,
+        "engine": "vllm" if original.manifest["engine"] != "vllm" else "embedded",
+        "renderer": "llama" if original.manifest["renderer"] != "llama" else "qwen",
+    }
+    foreign = _recorded_elsewhere(gateway, original.id, manifest={**original.manifest, **changed})
     with gateway.http("auditor") as client:
         refused = client.post(f"/audit/replay/{foreign}", json={})
         assert refused.status_code == 409
         error = refused.json()["error"]
         assert error["code"] == "manifest_mismatch"
-        assert "model" in error["message"] and "weights_digest" in error["message"]
+        named = [difference.split(":")[0] for difference in error["differences"]]
+        assert named == list(changed), error
         forced = client.post(f"/audit/replay/{foreign}", json={"force": True}).json()
-    assert forced["forced"] is True and len(forced["differences"]) == 2
+    assert forced["forced"] is True and forced["differences"] == error["differences"]
     assert forced["match"] is True, forced["diff"]
 
 
@@ -354,63 +363,68 @@ def test_replay_takes_a_receipt_a_fallback_backend_enforced(
     assert response.json()["differences"] == []
 
 
+@contextmanager
+def _tampered_copy(
+    gateway: Any, audited: dict[str, Any], server_loop: Any, tmp_path: Path, tamper: str
+) -> Iterator[tuple[str, list[str], dict[str, str]]]:
+    """Three copies of the audited receipt in a chain of their own (a SQLite file), then
+    ``tamper`` run on it as an attacker would (append-only triggers off), served by a second
+    app: its URL, the copies' ids and an auditor's headers."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url)
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    names = ("tenant", "manifest", "request", "output", "finish_reason", "usage", "validation")
+    copy = {name: getattr(original, name) for name in names}
+    schema = gateway.ledger.schema(original.manifest["schema_hash"])
+    with Ledger.open(url, gateway.signer, retain_payloads=True) as ledger:
+        ids = []
+        for _ in range(3):
+            calls = [{**c, "id": new_call_id()} for c in original.tool_calls]
+            output = {**original.output, "tool_calls": calls}
+            draft = ReceiptDraft(**{**copy, "output": output}, schema=schema, links=[])
+            ids.append(ledger.append(draft).id)
+        with sa.create_engine(url).begin() as conn:
+            triggers = conn.execute(sa.text("SELECT name FROM sqlite_master WHERE type='trigger'"))
+            for name in triggers.scalars().all():
+                conn.execute(sa.text(f'DROP TRIGGER "{name}"'))
+            conn.exec_driver_sql(tamper)
+        app = create_app(gateway_settings(tmp_path, url), gateway.engine, ledger, gateway.keys)
+        base, stop = server_loop.serve(app)
+        try:
+            yield base, ids, {"Authorization": f"Bearer {gateway.secrets['auditor']}"}
+        finally:
+            stop()
+
+
 def test_verify_reports_a_deleted_receipt_instead_of_refusing_the_range(
     gateway: Any, audited: dict[str, Any], server_loop: Any, tmp_path: Path
 ) -> None:
     """A range check on which rows exist answered 400 to `from_seq` = the deleted seq."""
-    url = f"sqlite:///{tmp_path / 'ledger.db'}"
-    upgrade(url)
-    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    copy = {
-        name: getattr(original, name)
-        for name in (
-            "tenant",
-            "manifest",
-            "request",
-            "output",
-            "finish_reason",
-            "usage",
-            "validation",
-        )
-    }
-    schema = gateway.ledger.schema(original.manifest["schema_hash"])
-    with Ledger.open(url, gateway.signer) as ledger:
-        for _ in range(3):
-            calls = [{**c, "id": new_call_id()} for c in original.tool_calls]
-            output = {**original.output, "tool_calls": calls}
-            ledger.append(ReceiptDraft(**{**copy, "output": output}, schema=schema, links=[]))
-        with sa.create_engine(url).begin() as conn:  # an attacker: append-only triggers off
-            triggers = conn.execute(sa.text("SELECT name FROM sqlite_master WHERE type='trigger'"))
-            for name in triggers.scalars().all():
-                conn.execute(sa.text(f'DROP TRIGGER "{name}"'))
-            conn.execute(sa.text("DELETE FROM receipts WHERE seq = 2"))
-        app = create_app(gateway_settings(tmp_path, url), gateway.engine, ledger, gateway.keys)
-        base, stop = server_loop.serve(app)
-        try:
-            headers = {"Authorization": f"Bearer {gateway.secrets['auditor']}"}
-            response = httpx.post(f"{base}/audit/verify", json={"from_seq": 2}, headers=headers)
-        finally:
-            stop()
+    tamper = "DELETE FROM receipts WHERE seq = 2"
+    with _tampered_copy(gateway, audited, server_loop, tmp_path, tamper) as (base, _, headers):
+        response = httpx.post(f"{base}/audit/verify", json={"from_seq": 2}, headers=headers)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["ok"] is False and report["first_failure_seq"] == 2, report
 
 
-def test_replay_reads_the_payload_of_receipts_written_before_payload_json(
-    gateway: Any, audited: dict[str, Any]
+def test_a_receipt_that_does_not_verify_is_not_replayed(
+    gateway: Any, audited: dict[str, Any], server_loop: Any, tmp_path: Path
 ) -> None:
-    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    texts = original.request["payload_json"]
-    legacy = {
-        "messages_sha256": original.request["messages_sha256"],
-        "params_sha256": original.request["params_sha256"],
-        "payload": {part: json.loads(text) for part, text in texts.items()},
-    }
-    older = _recorded_elsewhere(gateway, original.id, request=legacy)
-    with gateway.http("auditor") as client:
-        response = client.post(f"/audit/replay/{older}", json={})
-    assert response.status_code == 200, response.text
-    assert response.json()["match"] is True, response.json()["diff"]
+    """A replay re-runs what the receipt records; one whose body was edited would replay the
+    edit and report a match. It is refused naming the receipt and why."""
+    tamper = (  # one more digit in front of the completion token count
+        "UPDATE receipts SET body = replace(body, '\"completion_tokens\":',"
+        " '\"completion_tokens\":1') WHERE seq = 2"
+    )
+    with _tampered_copy(gateway, audited, server_loop, tmp_path, tamper) as (base, ids, headers):
+        response = httpx.post(f"{base}/audit/replay/{ids[1]}", json={}, headers=headers)
+        intact = httpx.post(f"{base}/audit/replay/{ids[2]}", json={}, headers=headers)
+    assert response.status_code == 500, response.text
+    error = response.json()["error"]
+    assert error["code"] == "chain_damaged"
+    assert f"receipt {ids[1]} (seq 2) does not verify" in error["message"]
+    assert intact.status_code == 200, intact.text
 
 
 def test_a_tenant_without_receipts_can_pin_the_key_that_will_sign(gateway: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from migrations.runner import upgrade
+from receipts.canonical import hash_json
 from receipts.ledger import Ledger
 from receipts.manifest import build_manifest, schema_hash
 from receipts.record import ReceiptDraft
@@ -91,8 +92,9 @@ def draft(
         constraint_kind="tools",
     )
     request = {"messages_sha256": digest(secrets.token_hex(8)), "params_sha256": digest("p")}
-    if payload is not None:
-        request["payload"] = payload
+    if payload is not None:  # {"messages": [...], "params": {...}}, as retention keeps them
+        request = {f"{part}_sha256": hash_json(value) for part, value in payload.items()}
+        request["payload_json"] = {part: json.dumps(value) for part, value in payload.items()}
     return ReceiptDraft(
         tenant=tenant,
         manifest=manifest,

@@ -478,11 +478,15 @@ def test_unsealable_draft_fails_alone(fresh_sqlite_url: str) -> None:
 def test_payloads_are_dropped_unless_retained(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
-        assert "payload" not in led.append(draft(payload={"messages": ["hi"]})).request
+        assert "payload_json" not in led.append(draft(payload=PAYLOAD)).request
     with ledger(fresh_sqlite_url, retain_payloads=True) as led:
-        kept = led.append(draft(payload={"messages": ["hi"]}))
-        assert kept.request["payload"] == {"messages": ["hi"]}
-        assert led.get("acme", kept.id).request["payload"] == {"messages": ["hi"]}
+        kept = led.append(draft(payload=PAYLOAD))
+        texts = {"messages": '[{"role": "user", "content": "hi"}]', "params": '{"n": 1}'}
+        assert kept.request["payload_json"] == texts
+        assert led.get("acme", kept.id).request["payload_json"] == texts
+
+
+PAYLOAD = {"messages": [{"role": "user", "content": "hi"}], "params": {"n": 1}}
 
 
 def test_append_async_and_bad_input(fresh_sqlite_url: str) -> None:
@@ -567,8 +571,10 @@ def test_union_in_kit_binds_like_the_gateway() -> None:
     assert UNION["anyOf"][1]["properties"]["arguments"] == SEARCH_PARAMS
 
 
-def test_a_retained_payload_must_hash_to_its_digests(fresh_sqlite_url: str) -> None:
-    """payload_json is checked against messages_sha256 and params_sha256 on every read."""
+def test_a_retained_payload_must_hash_to_its_digests() -> None:
+    """payload_json is checked against messages_sha256 and params_sha256 (Receipt parsing,
+    so every read and every verifier does); no other member may carry the request (the
+    unchecked `payload` of early builds is refused)."""
     messages, params = [{"role": "user", "content": "hi"}], {"model": "m", "tools": []}
     texts = {"messages": json.dumps(messages), "params": json.dumps(params)}
     good = {
@@ -584,3 +590,5 @@ def test_a_retained_payload_must_hash_to_its_digests(fresh_sqlite_url: str) -> N
     ):
         with pytest.raises(ReceiptFormatError, match="request.payload_json"):
             check_request(broken)
+    with pytest.raises(ReceiptFormatError, match="payload"):
+        check_request({**good, "payload": {"messages": messages, "params": params}})
