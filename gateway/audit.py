@@ -27,7 +27,7 @@ from gateway.errors import APIError, documented
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts.chain import VerificationReport
-from receipts.errors import ChainDamaged, LedgerUnavailable, ReceiptFormatError
+from receipts.errors import ChainDamaged, LedgerUnavailable, OutOfRange, ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.record import Receipt
 
@@ -64,7 +64,7 @@ class LedgerRead:
         """A read in a thread; one the ledger refuses (a bad seq range) is a 400."""
         try:
             return await asyncio.to_thread(fn, *args)
-        except ReceiptFormatError as exc:
+        except (ReceiptFormatError, OutOfRange) as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
 
 

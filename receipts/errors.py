@@ -24,6 +24,11 @@ class SigningKeyError(ReceiptsError):
     """A signing or public key cannot be loaded (bad PEM, not Ed25519, unreadable file)."""
 
 
+class OutOfRange(ReceiptsError):
+    """A request names seqs, tree sizes or times the chain does not have (an empty chain
+    included): the caller's to fix, not damage and not a malformed receipt."""
+
+
 class LedgerUnavailable(ReceiptsError):
     """The ledger cannot commit or answer right now; the caller must fail closed."""
 

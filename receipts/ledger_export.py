@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from receipts import queries
 from receipts.bundle import write_bundle
-from receipts.errors import ChainDamaged, ReceiptFormatError, ReceiptsError
+from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import compact_range
 from receipts.queries import rfc3339
 from receipts.record import GENESIS_PREV_HASH
@@ -54,7 +54,7 @@ def export_bundle(
         )
     if span is None:
         where = "in that time range" if since or until else "yet"
-        raise ReceiptFormatError(f"chain {tenant!r} has no receipts {where}")
+        raise OutOfRange(f"chain {tenant!r} has no receipts {where}")
     first, last = span
     checkpoint = (
         sign_checkpoint(tenant)

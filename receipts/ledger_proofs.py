@@ -9,7 +9,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from receipts import merkle, queries
-from receipts.errors import ReceiptFormatError
+from receipts.errors import OutOfRange
 
 
 def inclusion_proof(
@@ -19,7 +19,7 @@ def inclusion_proof(
     latest checkpoint's, which is included so the root is signed)."""
     checkpoint, tree_size = _proof_target(conn, tenant, tree_size)
     if not 1 <= seq <= tree_size:
-        raise ReceiptFormatError(f"seq {seq} is outside the tree of size {tree_size}")
+        raise OutOfRange(f"seq {seq} is outside the tree of size {tree_size}")
     proof, root = queries.with_stored_tree(
         conn,
         tenant,
@@ -47,7 +47,7 @@ def consistency_proof(
     ``size2`` (default: the latest checkpoint's size)."""
     checkpoint, size2 = _proof_target(conn, tenant, size2)
     if not 1 <= size1 <= size2:
-        raise ReceiptFormatError(f"need 1 <= size1 <= size2, got {size1} and {size2}")
+        raise OutOfRange(f"need 1 <= size1 <= size2, got {size1} and {size2}")
     proof, root1, root2 = queries.with_stored_tree(
         conn,
         tenant,
@@ -81,7 +81,7 @@ def _proof_target(
     head_seq = head.head_seq if head else 0
     size = head_seq if tree_size is None else tree_size
     if head_seq == 0:
-        raise ReceiptFormatError(f"chain {tenant!r} has no receipts yet: nothing to prove")
+        raise OutOfRange(f"chain {tenant!r} has no receipts yet: nothing to prove")
     if not 1 <= size <= head_seq:
-        raise ReceiptFormatError(f"tree size {size} is outside chain {tenant!r} (1..{head_seq})")
+        raise OutOfRange(f"tree size {size} is outside chain {tenant!r} (1..{head_seq})")
     return queries.checkpoint_at(conn, tenant, size), size

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from receipts import queries
 from receipts.chain import VerificationReport, verify_receipts
 from receipts.checkpoint import checkpoint_problem
-from receipts.errors import ChainDamaged, ReceiptFormatError, ReceiptsError
+from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import CompactRange, compact_range, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
@@ -47,7 +47,7 @@ def verify_stored(
     start = from_seq or 1
     end = to_seq if to_seq is not None else max(head_seq, last)
     if start < 1 or end < start - 1:
-        raise ReceiptFormatError(f"bad seq range {start}..{end}")
+        raise OutOfRange(f"bad seq range {start}..{end}")
     pinned = keyring is not None
     if keyring is None:
         try:

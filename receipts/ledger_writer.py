@@ -50,7 +50,7 @@ from receipts.append_sql import AppendSQL
 from receipts.canonical import canonical_json
 from receipts.chain_head import ChainHead
 from receipts.checkpoint import make_checkpoint
-from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
 from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
 from receipts.seal import seal
 from receipts.signing import Signer
@@ -120,7 +120,7 @@ class LedgerWriter:
         future: Future[Receipt] = Future()
         with self._lock:
             if self._closed:
-                raise ReceiptsError("the ledger is closed")
+                raise LedgerUnavailable("the ledger is closed: the gateway is shutting down")
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
                 self._thread.start()
@@ -411,7 +411,7 @@ class LedgerWriter:
         with transaction(self._engine, "could not commit") as conn:
             head = self._lock_head(conn, tenant)
             if head.seq == 0:
-                raise ReceiptFormatError(f"chain {tenant!r} has no receipts to checkpoint")
+                raise OutOfRange(f"chain {tenant!r} has no receipts to checkpoint")
             latest = queries.latest_checkpoint(conn, tenant)
             if latest is not None and latest["tree_size"] > head.seq:
                 raise LedgerUnavailable(

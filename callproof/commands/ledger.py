@@ -119,11 +119,11 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _only_chain(chains: list[str]) -> str:
-    from receipts.errors import ReceiptFormatError
+    from receipts.errors import OutOfRange
 
     if len(chains) != 1:
         listed = ", ".join(chains) or "none"
-        raise ReceiptFormatError(f"pass --tenant: the database holds chains {listed}")
+        raise OutOfRange(f"pass --tenant: the database holds chains {listed}")
     return chains[0]
 
 

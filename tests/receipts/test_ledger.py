@@ -30,7 +30,7 @@ from ledger_kit import (
 )
 
 from receipts.canonical import hash_json
-from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import GENESIS_PREV_HASH, check_request
@@ -182,10 +182,12 @@ def test_inclusion_and_consistency_proofs_from_the_store(db_url: str) -> None:
                 bytes.fromhex(c["root2"]),
             )
         assert led.inclusion_proof("acme", 5, tree_size=10)["tree_size"] == 10
-        with pytest.raises(ReceiptFormatError):
+        with pytest.raises(OutOfRange, match="outside the tree"):
             led.inclusion_proof("acme", 78)
-        with pytest.raises(ReceiptFormatError):
+        with pytest.raises(OutOfRange, match="size1 <= size2"):
             led.consistency_proof("acme", 10, 5)
+        with pytest.raises(OutOfRange, match="no receipts yet"):
+            led.inclusion_proof("nobody", 1)
 
 
 def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
@@ -592,3 +594,13 @@ def test_a_retained_payload_must_hash_to_its_digests() -> None:
             check_request(broken)
     with pytest.raises(ReceiptFormatError, match="payload"):
         check_request({**good, "payload": {"messages": messages, "params": params}})
+
+
+def test_a_closed_ledger_is_unavailable(fresh_sqlite_url: str) -> None:
+    """An append that lands while the gateway shuts down fails closed as a database outage
+    does (503), not as an unhandled error (500)."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        led.close()
+        with pytest.raises(LedgerUnavailable, match="closed"):
+            led.append(draft())
