@@ -8,6 +8,7 @@ from pathlib import Path
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
+from alembic.util import CommandError
 
 from receipts.store import connect_args
 
@@ -22,14 +23,32 @@ def alembic_config() -> Config:
     return cfg
 
 
+# Any constant shared by every callproof process: replicas starting together on a new
+# revision take turns instead of racing on alembic_version (the loser saw a UniqueViolation).
+_MIGRATION_LOCK = 0x63616C6C70726F66  # "callprof"
+
+
+class MigrationError(Exception):
+    """The database cannot be brought to this release's schema (an unknown revision)."""
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at ``url`` up to ``revision`` (idempotent)."""
+    """Bring the database at ``url`` up to ``revision`` (idempotent; on Postgres one process
+    at a time)."""
     cfg = alembic_config()
     engine = _engine(url)
     try:
         with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(
+                    sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK}
+                )
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
+    except CommandError as exc:
+        raise MigrationError(
+            f"cannot migrate the database: {exc} (was it migrated by a newer callproof?)"
+        ) from None
     finally:
         engine.dispose()
 

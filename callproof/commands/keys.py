@@ -64,10 +64,11 @@ def _reported(action: str, run: Callable[[], int]) -> int:
 
     from gateway.apikeys import InvalidKeyField, KeyStoreUnavailable
     from gateway.settings import SettingsError
+    from migrations.runner import MigrationError
 
     try:
         return run()
-    except (SettingsError, InvalidKeyField, OSError) as exc:
+    except (SettingsError, MigrationError, InvalidKeyField, OSError) as exc:
         code, message = 2, str(exc)
     except (KeyStoreUnavailable, sa.exc.SQLAlchemyError) as exc:
         code, message = 3, str(exc).strip().splitlines()[0]

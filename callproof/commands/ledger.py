@@ -172,13 +172,13 @@ def _migrate(args: argparse.Namespace) -> int:
 
     from gateway.boot import prepare_database
     from gateway.settings import SettingsError, settings_from_args
-    from migrations.runner import current
+    from migrations.runner import MigrationError, current
 
     try:
         settings = settings_from_args(args)
         prepare_database(settings)  # as serve does: a new SQLite file is made private first
         print(f"database at revision {current(settings.db_url)}")
-    except (SettingsError, OSError) as exc:
+    except (SettingsError, MigrationError, OSError) as exc:
         return _fail(BAD_INPUT, exc)
     except sa.exc.SQLAlchemyError as exc:
         return _fail(UNAVAILABLE, exc)

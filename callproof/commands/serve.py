@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     )
     from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args
+    from migrations.runner import MigrationError
     from receipts.errors import ReceiptsError
     from runtime.errors import EngineError
 
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         ReceiptsError,
         EngineError,
         SQLAlchemyError,
+        MigrationError,
         OSError,
         ImportError,
     ) as exc:

@@ -9,7 +9,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from ledger_kit import draft, ledger, migrated
 
-from migrations.runner import alembic_config, current, upgrade
+from migrations.runner import MigrationError, alembic_config, current, upgrade
 from receipts.store import APPEND_ONLY_TABLES, Base
 
 
@@ -110,3 +110,38 @@ def test_migrating_a_database_that_never_answers_fails_in_bounded_time() -> None
     assert time.monotonic() - started < 15
     assert len(failures) == 1 and isinstance(failures[0], sa.exc.OperationalError)
     assert "timeout" in str(failures[0])
+
+
+def test_replicas_migrating_together_take_turns(fresh_postgres_url: str) -> None:
+    """Every `serve` migrates at start: replicas rolled out together raced on
+    alembic_version and one failed with a UniqueViolation."""
+    import threading
+
+    failures: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            upgrade(fresh_postgres_url)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failures.append(exc)
+
+    replicas = [threading.Thread(target=migrate) for _ in range(3)]
+    for replica in replicas:
+        replica.start()
+    for replica in replicas:
+        replica.join(60)
+    assert failures == []
+    assert (
+        current(fresh_postgres_url)
+        == ScriptDirectory.from_config(alembic_config()).get_current_head()
+    )
+
+
+def test_a_database_at_an_unknown_revision_is_one_clear_error(fresh_sqlite_url: str) -> None:
+    upgrade(fresh_sqlite_url)
+    engine = sa.create_engine(fresh_sqlite_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '0099_future'"))
+    engine.dispose()
+    with pytest.raises(MigrationError, match="0099_future.*newer callproof"):
+        upgrade(fresh_sqlite_url)
