@@ -8,6 +8,7 @@ docs/configuration.md lists them all.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 import tomllib
@@ -73,6 +74,16 @@ class Settings:
         return Limits(**{f.name: getattr(self, f.name) for f in fields(Limits)})
 
 
+# Bounds beyond "not negative": a port, and sizes and counts where 0 would refuse everything.
+_RANGES: dict[str, tuple[float, float]] = {
+    "port": (1, 65535),
+    "max_body_bytes": (1, math.inf),
+    "default_max_tokens": (1, math.inf),
+    "max_tokens_limit": (1, math.inf),
+    "checkpoint_every": (1, math.inf),
+}
+
+
 def _field_names() -> list[str]:
     return [f.name for f in fields(Settings)]
 
@@ -102,12 +113,19 @@ def _coerce(name: str, raw: Any) -> Any:
                 return False
             raise ValueError("must be true or false")
         if kind in (int, float):
+            if isinstance(raw, bool) or (kind is int and isinstance(raw, float)):
+                raise ValueError(f"must be {'a whole number' if kind is int else 'a number'}")
             value = kind(raw)
             if not math.isfinite(value) or value < 0:
                 raise ValueError("must be a finite number, not negative")
+            low, high = _RANGES.get(name, (0, math.inf))
             if name.endswith(("_timeout_s", "_ttl_s")) and value == 0:
                 raise ValueError("must be more than 0 (a deadline of 0 fails or disables it)")
+            if not low <= value <= high:
+                raise ValueError(f"must be between {low} and {high:g}")
             return value
+        if str(raw) == "":  # an empty variable must not quietly mean the default (a SQLite db)
+            raise ValueError("is empty: unset it to get the default")
         return kind(raw)
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"setting {name!r}: {raw!r} {exc}") from None
@@ -160,7 +178,34 @@ def load_settings(
     for name, value in (flags or {}).items():
         if value is not None and name in names:
             merged[name] = value
-    return Settings(**{name: _coerce(name, value) for name, value in merged.items()})
+    settings = Settings(**{name: _coerce(name, value) for name, value in merged.items()})
+    if settings.default_max_tokens > settings.max_tokens_limit:
+        raise SettingsError(
+            f"setting 'default_max_tokens' ({settings.default_max_tokens}) is above"
+            f" 'max_tokens_limit' ({settings.max_tokens_limit}): every request without"
+            " max_tokens would be refused"
+        )
+    return settings
+
+
+# CALLPROOF_ variables that are not settings but are read elsewhere (docs/configuration.md).
+OTHER_VARIABLES = frozenset({"CONFIG", "SIGNING_KEY", "BACKENDS", "MODEL_CACHE", "PG_BIN"})
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """CALLPROOF_ variables nothing reads, each with the setting it may have meant: a typo
+    in the environment is otherwise silently the default (a config-file typo is an error)."""
+    names = _field_names()
+    found = []
+    for variable in sorted(env):
+        name = variable.removeprefix(ENV_PREFIX)
+        if variable == name or name.lower() in names or name in OTHER_VARIABLES:
+            continue
+        close = difflib.get_close_matches(name.lower(), names, n=1)
+        found.append(
+            variable + (f" (did you mean {ENV_PREFIX}{close[0].upper()}?)" if close else "")
+        )
+    return found
 
 
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:

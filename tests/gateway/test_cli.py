@@ -251,3 +251,21 @@ def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CALLPROOF_BACKENDS names unknown grammar backend(s) ['nosuch']" in done.stderr
+
+
+@pytest.mark.model
+def test_serve_on_a_port_in_use_never_says_it_listens(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "callproof", "serve", "--port", str(port)]
+            + ["--data-dir", str(tmp_path / "data")],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 3, done.stderr
+    assert "listening" not in done.stdout and "address already in use" in done.stderr, done

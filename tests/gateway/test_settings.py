@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.settings import SettingsError, load_settings
+from gateway.settings import SettingsError, load_settings, unknown_variables
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:
@@ -42,11 +42,39 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({}, {"CALLPROOF_VLLM_TIMEOUT_S": "nan"}, "must be a finite number"),
         ({}, {"CALLPROOF_RETAIN_PAYLOADS": "maybe"}, "must be true or false"),
         ({}, {"CALLPROOF_MAX_BODY_BYTES": "lots"}, "max_body_bytes"),
+        ({}, {"CALLPROOF_DB": ""}, "'db': '' is empty"),  # not a quiet SQLite ledger
+        ({"port": "70000"}, {}, "between 1 and 65535"),
+        ({"max_body_bytes": "0"}, {}, "between 1 and inf"),
+        ({"default_max_tokens": "5000", "max_tokens_limit": "100"}, {}, "above 'max_tokens_limit'"),
     ],
 )
 def test_bad_values_are_named(flags: dict, env: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings(flags, env)
+
+
+def test_a_config_file_number_of_the_wrong_kind_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("port = 8791.7\n")  # was truncated to 8791
+    with pytest.raises(SettingsError, match="'port': 8791.7 must be a whole number"):
+        load_settings({}, {}, config)
+    config.write_text("checkpoint_every = true\n")
+    with pytest.raises(SettingsError, match="whole number"):
+        load_settings({}, {}, config)
+
+
+def test_unknown_variables_are_named_with_the_setting_meant() -> None:
+    env = {
+        "CALLPROOF_RETAIN_PAYLOAD": "1",
+        "CALLPROOF_PORT": "1",
+        "CALLPROOF_SIGNING_KEY": "pem",
+        "CALLPROOF_ZZZ": "x",
+        "HOME": "/root",
+    }
+    assert unknown_variables(env) == [
+        "CALLPROOF_RETAIN_PAYLOAD (did you mean CALLPROOF_RETAIN_PAYLOADS?)",
+        "CALLPROOF_ZZZ",
+    ]
 
 
 def test_log_level_takes_logging_names_in_any_case() -> None:
