@@ -32,6 +32,7 @@ _TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    499: "invalid_request_error",  # the client left: its request, not the server, ended it
     503: "service_unavailable_error",
 }
 
@@ -149,9 +150,13 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
     return 500, error_body(500, "internal server error", code="internal_error", param=None)
 
 
+RETRY_AFTER_S = "1"  # a 503 is a passing outage; the OpenAI SDK honours Retry-After
+
+
 def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
     status, body = error_for(exc)
-    return Response(body, status_code=status, media_type=MediaType.JSON)
+    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
+    return Response(body, status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
 def _validation_body(exc: ValidationException) -> dict[str, Any]:
@@ -182,7 +187,6 @@ def _http_body(exc: HTTPException) -> dict[str, Any]:
     }
     codes = {
         401: "invalid_api_key",
-        403: "forbidden",
         404: "not_found",
         405: "method_not_allowed",
         413: "body_too_large",

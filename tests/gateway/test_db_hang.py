@@ -134,6 +134,7 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
     started = time.monotonic()
     refused = client.post("/v1/chat/completions", json=body)
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "ledger_unavailable"
+    assert refused.headers["retry-after"] == "1"  # the OpenAI SDK waits this long, then retries
     assert time.monotonic() - started < 30  # generation plus db_timeout_s, not forever
 
     proxy.frozen.clear()
