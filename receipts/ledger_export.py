@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -18,8 +17,6 @@ from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import compact_range
 from receipts.queries import rfc3339
 from receipts.record import GENESIS_PREV_HASH
-
-log = logging.getLogger("receipts.ledger")
 
 
 def export_bundle(
@@ -85,7 +82,7 @@ def export_bundle(
             ),
         )
         schemas = queries.schemas(conn, queries.schema_hashes(conn, tenant, first, last))
-        receipts = _consecutive(queries.stream_rows(conn, tenant, first, last), first)
+        receipts = _consecutive(queries.stream_rows(conn, tenant, first, last), tenant, first, last)
         write_bundle(
             out,
             receipts,
@@ -97,17 +94,20 @@ def export_bundle(
         )
 
 
-def _consecutive(rows: Iterator[sa.Row], first: int) -> Iterator[dict[str, Any]]:
-    """Receipt objects for a bundle, ending before the first gap or out-of-order row.
-
-    A bundle holds consecutive receipts; a database that lost or reordered rows yields the
-    verifiable prefix, and the offline verifier then names the first missing seq (the
-    checkpoint covers more than the bundle holds)."""
+def _consecutive(
+    rows: Iterator[sa.Row], tenant: str, first: int, last: int
+) -> Iterator[dict[str, Any]]:
+    """Receipt objects for a bundle, which holds consecutive receipts: a database that lost
+    or reordered rows is ChainDamaged naming the first seq out of place (an export that
+    quietly stopped there read as a truncated chain)."""
     expected = first
     for row in rows:
         obj = json.loads(row.body)
         if row.seq != expected or not isinstance(obj, dict) or obj.get("seq") != expected:
-            log.warning("export stops before seq %d: the stored chain is broken there", expected)
-            return
+            raise ChainDamaged(
+                f"chain {tenant!r}: receipt seq {expected} is missing or out of place"
+            )
         yield obj
         expected += 1
+    if expected <= last:
+        raise ChainDamaged(f"chain {tenant!r}: receipt seq {expected} is missing")

@@ -403,9 +403,14 @@ def test_verify_reports_a_deleted_receipt_instead_of_refusing_the_range(
     tamper = "DELETE FROM receipts WHERE seq = 2"
     with _tampered_copy(gateway, audited, server_loop, tmp_path, tamper) as (base, _, headers):
         response = httpx.post(f"{base}/audit/verify", json={"from_seq": 2}, headers=headers)
+        export = httpx.get(f"{base}/audit/export", headers=headers)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["ok"] is False and report["first_failure_seq"] == 2, report
+    # An export is all the receipts or an error naming the gap, never a quietly short bundle.
+    assert export.status_code == 500, export.headers
+    error = export.json()["error"]
+    assert error["code"] == "chain_damaged" and "receipt seq 2 is missing" in error["message"]
 
 
 def test_a_receipt_that_does_not_verify_is_not_replayed(
