@@ -8,8 +8,6 @@ fails; verify_receipts() drives both over a sequence.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -30,7 +28,7 @@ from receipts.record import (
     GENESIS_PREV_HASH,
     Receipt,
 )
-from receipts.signing import KeyRing
+from receipts.signing import KeyRing, decode_signature
 
 
 @dataclass(frozen=True)
@@ -105,10 +103,9 @@ class ReceiptChecker:
             return (
                 f"key {receipt.key_id} did not sign seq {receipt.seq} of this chain (out of range)"
             )
-        try:
-            signature = base64.b64decode(receipt.signature, validate=True)
-        except binascii.Error:
-            return "signature is not valid base64"
+        signature = decode_signature(receipt.signature)
+        if signature is None:
+            return "signature is not 64 bytes in canonical base64"
         if not keyring.verify(receipt.key_id, bytes.fromhex(receipt.entry_hash), signature):
             return "signature does not verify"
         if self._manifest_hash(receipt.manifest) != receipt.manifest_hash:

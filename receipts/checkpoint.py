@@ -8,7 +8,6 @@ is base64 Ed25519 over JCS of the checkpoint without "signature".
 from __future__ import annotations
 
 import base64
-import binascii
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -17,7 +16,7 @@ from receipts.canonical import canonical_json
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import is_hex64
 from receipts.record import KEY_ID, TIMESTAMP, format_timestamp, utc_now
-from receipts.signing import KeyRing, Signer
+from receipts.signing import KeyRing, Signer, decode_signature
 
 CHECKPOINT_FIELDS = ("v", "chain", "tree_size", "root_hash", "timestamp", "key_id", "signature")
 
@@ -79,10 +78,9 @@ def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
     assert isinstance(cp, Mapping)
     if cp["key_id"] not in keyring:
         return f"checkpoint signed by unknown key {cp['key_id']}"
-    try:
-        signature = base64.b64decode(cp["signature"], validate=True)
-    except binascii.Error:
-        return "checkpoint signature is not valid base64"
+    signature = decode_signature(cp["signature"])
+    if signature is None:
+        return "checkpoint signature is not 64 bytes in canonical base64"
     unsigned = {k: cp[k] for k in CHECKPOINT_FIELDS if k != "signature"}
     if not keyring.verify(cp["key_id"], canonical_json(unsigned), signature):
         return "checkpoint signature does not verify"

@@ -8,6 +8,8 @@ time on this hardware, and verification is most of what an offline verifier does
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import logging
 import os
@@ -43,6 +45,19 @@ def public_key_pem(public_key: Ed25519PublicKey) -> str:
     return public_key.public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     ).decode("ascii")
+
+
+def decode_signature(text: object) -> bytes | None:
+    """The 64 signature bytes of its base64 text, or None unless the text is their one
+    canonical spelling (RFC 4648 section 3.5: a decoder may accept non-zero padding bits, so
+    `...g==` and `...h==` decode alike; one receipt must not have two spellings)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error:
+        return None
+    return raw if len(raw) == 64 and base64.b64encode(raw).decode() == text else None
 
 
 def load_public_key_pem(pem: str | bytes) -> Ed25519PublicKey:

@@ -103,6 +103,25 @@ def test_edit_with_recomputed_hash_fails_the_signature(chain, ring) -> None:
     assert report.first_failure_seq == 7 and "signature" in report.reason
 
 
+B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def test_a_signature_has_one_spelling(chain, ring, signer) -> None:
+    """The last character of a 64-byte signature's base64 carries 4 padding bits that a
+    lenient decoder ignores: flipping them respells the receipt without breaking it."""
+    receipts = objs(chain)
+    signature = receipts[3]["signature"]
+    last = B64.index(signature[-3])  # then "=="
+    respelled = signature[:-3] + B64[last ^ 1] + "=="
+    assert base64.b64decode(respelled) == base64.b64decode(signature)
+    receipts[3]["signature"] = respelled
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 4 and "canonical base64" in report.reason
+    cp = checkpoint_of(chain, signer)
+    cp["signature"] = cp["signature"][:-3] + B64[B64.index(cp["signature"][-3]) ^ 1] + "=="
+    assert not verify_checkpoint(cp, ring)
+
+
 def test_deleted_receipt(chain, ring) -> None:
     receipts = objs(chain)
     del receipts[3]
