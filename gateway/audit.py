@@ -16,7 +16,7 @@ from typing import IO, Annotated, Any, TypeVar
 
 from litestar import Controller, get, post
 from litestar.di import NamedDependency
-from litestar.params import FromQuery, JSONBody, Parameter
+from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
 
 from gateway.apikeys import ApiKey
@@ -41,6 +41,13 @@ RECEIPT_ID = r"^rcpt_[0-9a-f]{24}$(?!\n)"
 CALL_ID = r"^call_[0-9a-f]{24}$(?!\n)"
 HEX64 = r"^[0-9a-f]{64}$(?!\n)"
 PRINTABLE = r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)"
+RFC3339 = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$(?!\n)"
+# A time bound, as RFC 3339 says it: with its offset (a time without one, a Unix time or a
+# space for the T would be guessed at).
+Timestamp = Annotated[
+    str | None,
+    Parameter(pattern=RFC3339, description="RFC 3339 with its offset: 2026-11-22T16:00:00Z"),
+]
 
 
 class LedgerRead:
@@ -68,6 +75,12 @@ class LedgerRead:
             raise APIError(400, str(exc), code="invalid_value") from None
 
 
+def _in_order(since: str | None, until: str | None) -> None:
+    """A window whose end is before its start is a mistake to name, not an empty answer."""
+    if since and until and datetime.fromisoformat(since) > datetime.fromisoformat(until):
+        raise APIError(400, "since must not be after until", code="invalid_value", param="since")
+
+
 def _found(value: T | None, what: str) -> T:
     if value is None:
         raise APIError(404, f"{what} not found in this tenant's chain", code="not_found")
@@ -90,8 +103,8 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        since: FromQuery[datetime | None] = None,
-        until: FromQuery[datetime | None] = None,
+        since: Timestamp = None,
+        until: Timestamp = None,
         tool_name: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
         model: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
         schema_hash: Annotated[str | None, Parameter(pattern=HEX64)] = None,
@@ -101,6 +114,7 @@ class AuditController(Controller):
         ),
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> ReceiptPage:
+        _in_order(since, until)
         page = await read(
             ledger.query,
             ReceiptQuery(
@@ -315,9 +329,10 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        since: FromQuery[datetime | None] = None,
-        until: FromQuery[datetime | None] = None,
+        since: Timestamp = None,
+        until: Timestamp = None,
     ) -> Stream:
+        _in_order(since, until)
         fd, path = tempfile.mkstemp(prefix="callproof-export-", suffix=".tar.gz")
         os.close(fd)
         try:

@@ -100,6 +100,24 @@ def test_list_filter_and_paginate(gateway: Any, audited: dict[str, Any]) -> None
     assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 2
 
 
+def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    created = get_json(gateway, f"/audit/receipts/{audited['receipt']['id']}")["created_at"]
+    listed = get_json(gateway, "/audit/receipts", since=created, until="2999-01-01T00:00:00+00:00")
+    assert audited["receipt"]["id"] in [r["id"] for r in listed["items"]]
+    with gateway.http("auditor") as client:
+        for path in ("/audit/receipts", "/audit/export"):
+            for guessed in ("2026-11-22T16:29:20", "1795365000", "2026-11-22 16:29:20Z"):
+                response = client.get(path, params={"since": guessed})
+                assert response.status_code == 400, (path, guessed, response.text)
+                assert response.json()["error"]["param"] == "since"
+            backwards = {"since": "2026-11-22T17:00:00Z", "until": "2026-11-22T16:00:00Z"}
+            response = client.get(path, params=backwards)
+            assert response.status_code == 400, response.text
+            assert "since must not be after until" in response.json()["error"]["message"]
+
+
 def test_receipt_call_and_schema(gateway: Any, audited: dict[str, Any]) -> None:
     receipt = get_json(gateway, f"/audit/receipts/{audited['receipt']['id']}")
     assert receipt["entry_hash"] == audited["receipt"]["entry_hash"]
