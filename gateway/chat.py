@@ -67,14 +67,14 @@ class ChatController(Controller):
             events = await completions.open_stream(prepared)
             writer = ChunkWriter(completion_id, created, model, prepared.include_usage)
             return Stream(  # type: ignore[return-value]
-                stream_completion(completions, prepared, principal.tenant, events, writer),
+                stream_completion(completions, prepared, principal, events, writer),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
         generation, parsed = await unless_client_leaves(
             request.receive, completions.generate(prepared)
         )
-        receipt = await completions.record(prepared, principal.tenant, generation, parsed)
+        receipt = await completions.record(prepared, principal, generation, parsed)
         calls = [
             ToolCallOut(call.id, FunctionCall(call.name, call.arguments_json()))
             for call in parsed.tool_calls

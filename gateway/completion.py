@@ -18,9 +18,11 @@ from typing import Any
 
 import msgspec
 
+from gateway.apikeys import ApiKey
 from gateway.errors import model_not_served
+from gateway.logs import request_id
 from gateway.metrics import Metrics
-from gateway.recording import draft_for, manifest_for, request_record
+from gateway.recording import draft_for, manifest_for, request_record, with_caller
 from gateway.schemas import ChatCompletionRequest, ReceiptRef, Usage, to_plain
 from gateway.settings import Settings
 from receipts.errors import CanonicalizationError, LedgerUnavailable
@@ -188,32 +190,33 @@ class Completions:
         return _prepend(first, events)
 
     async def record(
-        self, prepared: PreparedChat, tenant: str, generation: Generation, parsed: ParsedResponse
+        self, prepared: PreparedChat, caller: ApiKey, generation: Generation, parsed: ParsedResponse
     ) -> Receipt:
-        """Append the receipt; returns once it is durable (raises LedgerUnavailable if not, or
-        if the database does not answer within db_timeout_s: a hung server fails closed)."""
+        """Append the receipt to the caller's tenant chain; returns once it is durable (raises
+        LedgerUnavailable if not, or if the database does not answer within db_timeout_s: a
+        hung server fails closed)."""
         try:
             async with asyncio.timeout(self.settings.db_timeout_s):
-                return await self._record(prepared, tenant, generation, parsed)
+                return await self._record(prepared, caller, generation, parsed)
         except TimeoutError:
             raise LedgerUnavailable(
                 f"no commit within db_timeout_s ({self.settings.db_timeout_s:g} s)"
             ) from None
 
     async def _record(
-        self, prepared: PreparedChat, tenant: str, generation: Generation, parsed: ParsedResponse
+        self, prepared: PreparedChat, caller: ApiKey, generation: Generation, parsed: ParsedResponse
     ) -> Receipt:
         plan = prepared.plan
         draft = draft_for(
-            tenant=tenant,
+            tenant=caller.tenant,
             plan=plan,
             manifest=manifest_for(
                 plan, self.engine.identity, prepared.sampling, generation.backend
             ),
-            request=prepared.request_record,
+            request=with_caller(prepared.request_record, caller.id, request_id.get()),
             generation=generation,
             parsed=parsed,
-            links=await self._links(tenant, plan.tool_call_ids_answered),
+            links=await self._links(caller.tenant, plan.tool_call_ids_answered),
         )
         started = time.perf_counter()
         receipt = await self.ledger.append_async(draft)

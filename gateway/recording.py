@@ -41,6 +41,15 @@ def request_record(sent: dict[str, Any], *, retain_payload: bool) -> dict[str, A
     return record
 
 
+def with_caller(record: dict[str, Any], api_key_id: str, request_id: str | None) -> dict[str, Any]:
+    """The request record naming who asked: the API key (its id, never its secret) and the
+    HTTP request whose `x-request-id` the gateway's log lines carry."""
+    caller = {"api_key_id": api_key_id}
+    if request_id is not None:
+        caller["request_id"] = request_id
+    return {**record, **caller}
+
+
 def _json_text(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 

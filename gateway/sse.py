@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 
+from gateway.apikeys import ApiKey
 from gateway.completion import (
     Completions,
     PreparedChat,
@@ -75,7 +76,7 @@ class ChunkWriter:
 async def stream_completion(
     completions: Completions,
     prepared: PreparedChat,
-    tenant: str,
+    caller: ApiKey,
     events: AsyncIterator[StreamEvent],
     writer: ChunkWriter,
 ) -> AsyncIterator[bytes]:
@@ -103,7 +104,7 @@ async def stream_completion(
             raise cut_short(exc, generation, prepared) from None
         for chunk in _live(writer, rest, held):
             yield chunk
-        receipt = await completions.record(prepared, tenant, generation, parsed)
+        receipt = await completions.record(prepared, caller, generation, parsed)
         for call_event in held:
             yield writer.delta(Delta(tool_calls=[_tool_delta(call_event)]))
         ref = receipt_ref(receipt)

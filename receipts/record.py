@@ -31,6 +31,11 @@ OUTPUT_KINDS = frozenset({"tool_calls", "answer", "parsed", "text"})
 # Where a receipt keeps its request itself (retention on): the JSON text of messages and
 # params in the client's member order, each checked against its digest.
 PAYLOAD_MEMBERS = ("payload_json",)
+# Who asked: the gateway's API key id and the id of the HTTP request (its x-request-id).
+CALLER_MEMBERS = {
+    "api_key_id": re.compile(r"key_[0-9a-f]{16}"),
+    "request_id": re.compile(r"req_[0-9a-f]{24}"),
+}
 
 
 def new_receipt_id() -> str:
@@ -84,9 +89,18 @@ def _count(value: object, path: str) -> None:
 
 
 def check_request(request: object) -> None:
-    _obj(request, "request", ("messages_sha256", "params_sha256"), PAYLOAD_MEMBERS)
+    _obj(
+        request,
+        "request",
+        ("messages_sha256", "params_sha256"),
+        PAYLOAD_MEMBERS + tuple(CALLER_MEMBERS),
+    )
     _hex64(request["messages_sha256"], "request.messages_sha256")
     _hex64(request["params_sha256"], "request.params_sha256")
+    for member, shape in CALLER_MEMBERS.items():
+        value = request.get(member)
+        if member in request and not (isinstance(value, str) and shape.fullmatch(value)):
+            raise _fail(f"request.{member}", f"a string like {shape.pattern}")
     if "payload_json" in request:
         texts = _obj(request["payload_json"], "request.payload_json", ("messages", "params"))
         for part, kind in (("messages", list), ("params", dict)):

@@ -118,6 +118,35 @@ def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
             assert "since must not be after until" in response.json()["error"]["message"]
 
 
+def test_a_receipt_names_the_key_and_the_request_that_asked(gateway: Any) -> None:
+    """Who made a tool call: the agent's API key id (never its secret) and the request id
+    that the response's x-request-id and the gateway's log lines carry, both signed."""
+    raw = gateway.openai().chat.completions.with_raw_response.create(
+        model=gateway.model,
+        max_tokens=4,
+        extra_body={"regex": "(ok|no)"},
+        messages=[{"role": "user", "content": "Reply ok."}],
+    )
+    receipt_id = raw.parse().model_extra["receipt"]["id"]
+    request = get_json(gateway, f"/audit/receipts/{receipt_id}")["request"]
+    agent = gateway.keys.lookup(gateway.secrets["agent"])
+    assert request["api_key_id"] == agent.id
+    assert request["request_id"] == raw.headers["x-request-id"]
+    assert gateway.secrets["agent"] not in json.dumps(request)
+    with gateway.openai().chat.completions.with_streaming_response.create(
+        model=gateway.model,
+        max_tokens=4,
+        stream=True,
+        extra_body={"regex": "(ok|no)"},
+        messages=[{"role": "user", "content": "Reply ok."}],
+    ) as streamed:
+        chunks = list(streamed.parse())
+        header = streamed.headers["x-request-id"]
+    receipt_id = chunks[-1].model_extra["receipt"]["id"]
+    request = get_json(gateway, f"/audit/receipts/{receipt_id}")["request"]
+    assert (request["api_key_id"], request["request_id"]) == (agent.id, header)
+
+
 def test_receipt_call_and_schema(gateway: Any, audited: dict[str, Any]) -> None:
     receipt = get_json(gateway, f"/audit/receipts/{audited['receipt']['id']}")
     assert receipt["entry_hash"] == audited["receipt"]["entry_hash"]

@@ -594,6 +594,11 @@ def test_a_retained_payload_must_hash_to_its_digests() -> None:
             check_request(broken)
     with pytest.raises(ReceiptFormatError, match="payload"):
         check_request({**good, "payload": {"messages": messages, "params": params}})
+    caller = {"api_key_id": "key_0123456789abcdef", "request_id": "req_" + "0" * 24}
+    check_request({**good, **caller})
+    for member, bad in (("api_key_id", "cp_secret"), ("request_id", "req_1\n"), ("request_id", 7)):
+        with pytest.raises(ReceiptFormatError, match=f"request.{member}"):
+            check_request({**good, **caller, member: bad})
 
 
 def test_a_closed_ledger_is_unavailable(fresh_sqlite_url: str) -> None:
