@@ -8,6 +8,7 @@ blocking database calls and run in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
@@ -287,7 +288,13 @@ class AuditController(Controller):
             raise APIError(
                 400, "from_seq must not be after to_seq", code="invalid_value", param="from_seq"
             )
-        report = await read.unbounded(ledger.verify, principal.tenant, data.from_seq, data.to_seq)
+        saved = [data.checkpoint] if data.checkpoint is not None else []
+        report = await read.unbounded(
+            functools.partial(ledger.verify, saved=saved),
+            principal.tenant,
+            data.from_seq,
+            data.to_seq,
+        )
         return report.to_json_obj()
 
     @post(

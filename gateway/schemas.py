@@ -277,6 +277,9 @@ Seq = Annotated[int, Meta(ge=1, le=2**53)]
 class VerifyRequest(Struct, forbid_unknown_fields=True):
     from_seq: Seq | None = None
     to_seq: Seq | None = None
+    # A signed checkpoint the auditor kept (GET /audit/checkpoints/latest, earlier): the
+    # stored receipts must still reach its root, so a chain rewritten or cut back since fails.
+    checkpoint: dict[str, Any] | None = None
 
 
 class ReplayRequest(Struct, forbid_unknown_fields=True):

@@ -27,7 +27,7 @@ import tarfile
 import tempfile
 import threading
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -464,6 +464,7 @@ def verify_bundle(
     *,
     workers: int | None = None,
     allow_range: bool = False,
+    saved: Sequence[Mapping[str, Any]] = (),
 ) -> VerificationReport:
     """Verify a bundle offline: file hashes, every signature (by a trusted key), every chain
     link, the Merkle root against the signed checkpoint and the schema binding. Reports the
@@ -478,6 +479,9 @@ def verify_bundle(
 
     `pinned`: the keys to trust (`pinned_keys`); None trusts the bundle's own.
 
+    `saved`: checkpoints the verifier kept from earlier exports; the bundle's receipts must
+    pass through each one's root (the chain only grew since).
+
     Raises BundleError when `path` is not a file or `pinned` holds no usable key (and
     SigningKeyError for a PEM block that is not an Ed25519 public key); everything wrong with
     the bundle itself is a failed report.
@@ -490,7 +494,7 @@ def verify_bundle(
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason)
     try:
-        report = _verify_contents(contents, pinned, progress, workers)
+        report = _verify_contents(contents, pinned, progress, workers, saved)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
     finally:
@@ -512,6 +516,7 @@ def _verify_contents(
     pinned: str | bytes | None,
     progress: Progress | None,
     workers: int | None,
+    saved: Sequence[Mapping[str, Any]],
 ) -> VerificationReport:
     manifest = _json(contents, MANIFEST)
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
@@ -537,6 +542,7 @@ def _verify_contents(
         start_seq=proofs.first_seq,
         checkpoint=checkpoint,
         left=proofs.left,
+        saved=saved,
     )
     try:
         for block in _checked(contents.receipts, keyring, schemas, total, workers):

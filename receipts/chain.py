@@ -9,7 +9,7 @@ fails; verify_receipts() drives both over a sequence.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -167,6 +167,10 @@ class ChainLinker:
 
     `left` is the compact range of the leaves before `start_seq` (empty from seq 1), which
     lets a range of the chain be checked against a checkpoint of the whole chain.
+
+    `saved` are checkpoints the verifier kept from earlier: the tree must pass through each
+    one's signed root at its size (the chain only grew since; RFC 9162 section 2.1.4's
+    consistency, checked here from the leaves themselves).
     """
 
     def __init__(
@@ -178,12 +182,13 @@ class ChainLinker:
         start_seq: int = 1,
         checkpoint: Mapping[str, Any] | None = None,
         left: list[bytes] | None = None,
+        saved: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         if start_seq == 1 and expected_prev_hash != GENESIS_PREV_HASH:
             raise VerificationError("seq 1 must follow the genesis prev_hash (64 zeros)")
-        if checkpoint is not None:
+        for cp in (checkpoint, *saved) if checkpoint is not None else saved:
             try:
-                check_checkpoint(checkpoint)
+                check_checkpoint(cp)
             except ReceiptFormatError as exc:
                 raise VerificationError(str(exc)) from exc
         self.chain = chain if chain is not None or checkpoint is None else checkpoint["chain"]
@@ -194,13 +199,23 @@ class ChainLinker:
         self.keyring = keyring
         self.checked = 0
         self.root_checked = False
+        self.saved = sorted(saved, key=lambda cp: cp["tree_size"])
         # The Merkle tree only matters against a checkpoint; without one, skip its hashing.
-        self.tree = CompactRange(start_seq - 1, left or []) if checkpoint is not None else None
-        if checkpoint is not None:
-            if checkpoint["tree_size"] < start_seq - 1:
-                raise VerificationError("checkpoint predates the first receipt checked")
-            if checkpoint["tree_size"] == start_seq - 1:
-                self._check_root(None)
+        hashed = checkpoint is not None or bool(self.saved)
+        self.tree = CompactRange(start_seq - 1, left or []) if hashed else None
+        self._hash_until = max(
+            [cp["tree_size"] for cp in self.saved]
+            + ([checkpoint["tree_size"]] if checkpoint is not None else []),
+            default=0,
+        )
+        if checkpoint is not None and checkpoint["tree_size"] < start_seq - 1:
+            raise VerificationError("checkpoint predates the first receipt checked")
+        if self.saved and self.saved[0]["tree_size"] < start_seq - 1:
+            raise VerificationError(
+                f"the saved checkpoint of tree size {self.saved[0]['tree_size']} predates the"
+                " first receipt checked: verify a bundle of the whole chain against it"
+            )
+        self._reached(start_seq - 1, None)
 
     def link(self, receipt: Linkable) -> None:
         """Accept the next receipt, or raise VerificationError at the seq where it breaks."""
@@ -219,18 +234,31 @@ class ChainLinker:
         self.next_seq += run.count
         self.checked += run.count
         tree = self.tree
-        if tree is None or self.root_checked:
+        if tree is None:
             return
-        size = self.checkpoint["tree_size"]
         leaves = run.leaves
-        for offset in range(0, min(len(leaves), (size - tree.size) * 32), 32):
+        for offset in range(0, min(len(leaves), (self._hash_until - tree.size) * 32), 32):
             tree.append(leaves[offset : offset + 32])
-        if tree.size == size:
-            self._check_root(size)  # the seq whose leaf completed the checkpoint's tree
+            self._reached(tree.size, tree.size)  # seq tree.size completed this tree
+
+    def _reached(self, size: int, seq: int | None) -> None:
+        """The tree has ``size`` leaves: check each checkpoint of that size."""
+        while self.saved and self.saved[0]["tree_size"] == size:
+            self._check_against(self.saved.pop(0), seq, "saved checkpoint")
+        cp = self.checkpoint
+        if cp is not None and not self.root_checked and cp["tree_size"] == size:
+            self._check_root(seq)
 
     def finish(self, right: list[bytes] | None = None) -> None:
         """End of input: the checkpoint must have been reached (or be reachable through the
         compact range `right` of the leaves after the last receipt, for a range export)."""
+        if self.saved:
+            size = self.saved[0]["tree_size"]
+            raise VerificationError(
+                f"a saved checkpoint covers {size} receipts but only {self.next_seq - 1} are"
+                " present (truncated since it was saved)",
+                self.next_seq,
+            )
         cp = self.checkpoint
         if cp is None or self.root_checked:
             if right:
@@ -253,16 +281,17 @@ class ChainLinker:
         """Compare roots once the tree reaches the checkpoint. The checkpoint's own signature
         is checked here, not up front, so a receipt failing earlier is what gets reported."""
         self.root_checked = True
-        cp = self.checkpoint
+        self._check_against(self.checkpoint, seq, "signed checkpoint")
+
+    def _check_against(self, cp: Mapping[str, Any], seq: int | None, what: str) -> None:
         reason = checkpoint_problem(cp, self.keyring)
         if reason:
-            raise VerificationError(reason)
+            raise VerificationError(reason if what == "signed checkpoint" else f"{what}: {reason}")
         if cp["chain"] != self.chain:
-            raise VerificationError(f"checkpoint is for chain {cp['chain']!r}, not {self.chain!r}")
+            raise VerificationError(f"{what} is for chain {cp['chain']!r}, not {self.chain!r}")
         if self.tree.root().hex() != cp["root_hash"]:
             raise VerificationError(
-                f"Merkle root at tree size {self.tree.size} does not match the signed checkpoint",
-                seq,
+                f"Merkle root at tree size {self.tree.size} does not match the {what}", seq
             )
 
     def report(self) -> VerificationReport:
@@ -288,6 +317,7 @@ def verify_receipts(
     checkpoint: Mapping[str, Any] | None = None,
     left: list[bytes] | None = None,
     right: list[bytes] | None = None,
+    saved: Sequence[Mapping[str, Any]] = (),
 ) -> VerificationReport:
     """Verify a run of one chain's receipts in seq order, starting at `start_seq` after
     `expected_prev_hash`; receipts may be Receipt objects or raw JSON objects (a malformed one
@@ -303,6 +333,7 @@ def verify_receipts(
             start_seq=start_seq,
             checkpoint=checkpoint,
             left=left,
+            saved=saved,
         )
     except ReceiptsError as exc:  # a malformed checkpoint or left compact range
         return VerificationReport.failed(getattr(exc, "reason", str(exc)))

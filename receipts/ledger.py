@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -202,15 +202,13 @@ class Ledger:
         from_seq: int | None = None,
         to_seq: int | None = None,
         *,
-        checkpoint: Mapping[str, Any] | None = None,
         keyring: KeyRing | None = None,
+        saved: Sequence[Mapping[str, Any]] = (),
     ) -> VerificationReport:
         """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first failing
         seq (see ledger_verify.verify_stored)."""
         with self._reading() as conn:
-            return verify_stored(
-                conn, tenant, from_seq, to_seq, checkpoint=checkpoint, keyring=keyring
-            )
+            return verify_stored(conn, tenant, from_seq, to_seq, keyring=keyring, saved=saved)
 
     def export(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import sqlalchemy as sa
@@ -27,8 +27,8 @@ def verify_stored(
     from_seq: int | None = None,
     to_seq: int | None = None,
     *,
-    checkpoint: Mapping[str, Any] | None = None,
     keyring: KeyRing | None = None,
+    saved: Sequence[Mapping[str, Any]] = (),
 ) -> VerificationReport:
     """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first
     failing seq.
@@ -37,9 +37,10 @@ def verify_stored(
     schema binding, Merkle root against a signed checkpoint) and also checks what only
     the database can get wrong: indexed columns that disagree with the signed body, every
     stored checkpoint in the range (signature and root), rows beyond or missing before
-    the chain's head. ``checkpoint`` is one the auditor saved
-    (default: the stored one); ``keyring`` pins trusted keys (default: the keys the
-    database lists, which an attacker with write access could extend).
+    the chain's head. ``saved`` are checkpoints the auditor kept, which the stored
+    receipts must still reach with the same roots (a database rewritten or cut back since,
+    stored checkpoints included, fails); ``keyring`` pins trusted keys (default: the keys
+    the database lists, which an attacker with write access could extend).
     """
     head = queries.chain_head(conn, tenant)
     head_seq = head.head_seq if head else 0
@@ -54,7 +55,7 @@ def verify_stored(
             keyring = KeyRing.from_public_keys(queries.public_keys(conn, tenant))
         except ReceiptsError as exc:  # a key row that lies is damage to report, not a crash
             return VerificationReport.failed(f"stored signing keys: {exc}", chain=tenant)
-    checkpoint = checkpoint or _covering_checkpoint(conn, tenant, start, to_seq)
+    checkpoint = _covering_checkpoint(conn, tenant, start, to_seq)
     try:
         left, right = _range_context(conn, tenant, start, end, checkpoint, to_seq)
     except ChainDamaged as exc:  # what verification is for: a report, not an error
@@ -82,6 +83,7 @@ def verify_stored(
         schemas=lambda h: schema_cache.setdefault(h, queries.schema(conn, h)),
         left=left,
         right=right,
+        saved=saved,
     )
     problems = [rows.problem] if rows.problem else []
     if not report.ok:
@@ -98,7 +100,14 @@ def verify_stored(
         missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
         problems.append((start + rows.seen, missing))
     if not problems:
-        return dataclasses.replace(report, notes=(_trust_note(keyring, pinned),))
+        notes = [_trust_note(keyring, pinned)]
+        if report.tree_size is None and not saved:
+            notes.append(
+                "no signed checkpoint covers these receipts: their Merkle root was not checked"
+                " and a tail cut off would not show; keep the latest checkpoint and verify"
+                " against it later"
+            )
+        return dataclasses.replace(report, notes=tuple(notes))
     seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
     return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
 

@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     verify.add_argument(
         "--range",
         action="store_true",
-        help="accept a bundle of part of the chain (an export with --from/--to); without it"
+        help="accept a bundle of part of the chain (an export with --from/--to, or since/until"
+        " over HTTP); without it"
         " the bundle must hold every receipt its checkpoint signs",
     )
     _add_report_options(verify)
@@ -52,9 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     db_verify.add_argument("--tenant", help="one chain (default: every chain)")
     db_verify.add_argument("--from-seq", type=int, metavar="N")
     db_verify.add_argument("--to-seq", type=int, metavar="M")
-    db_verify.add_argument(
-        "--checkpoint", type=Path, metavar="JSON", help="a signed checkpoint saved earlier"
-    )
     _add_report_options(db_verify)
     db_verify.set_defaults(handler=_verify_db)
     migrate = actions.add_parser("migrate", help="create or upgrade the ledger tables")
@@ -91,6 +89,13 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
             "trust only these keys: PEM public key(s), or the JSON saved from GET /audit/keys,"
             " whose seq ranges then hold retired keys to the receipts they signed"
         ),
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        metavar="JSON",
+        help="a signed checkpoint saved earlier (GET /audit/checkpoints/latest): the receipts"
+        " must still reach its root, so a chain rewritten or cut back since fails",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON report")
 
@@ -133,9 +138,10 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 
     try:
         pem = args.public_key.read_bytes() if args.public_key else None
+        saved = _saved_checkpoints(args)
         with _progress(args.json) as progress:
-            report = verify_bundle(args.bundle, pem, progress, allow_range=args.range)
-    except (ReceiptsError, OSError) as exc:
+            report = verify_bundle(args.bundle, pem, progress, allow_range=args.range, saved=saved)
+    except (ReceiptsError, OSError, ValueError) as exc:
         return _fail(BAD_INPUT, exc)
     return _report([report.to_json_obj()], args.json)
 
@@ -151,12 +157,12 @@ def _verify_db(args: argparse.Namespace) -> int:
             from receipts.bundle import pinned_keys
 
             keyring, _ = pinned_keys(args.public_key.read_bytes())
-        checkpoint = json.loads(args.checkpoint.read_text()) if args.checkpoint else None
+        saved = _saved_checkpoints(args)
         with Ledger.open(_db_url(args), None) as ledger:
             tenants = [args.tenant] if args.tenant else ledger.chains()
             reports = [
                 ledger.verify(
-                    tenant, args.from_seq, args.to_seq, checkpoint=checkpoint, keyring=keyring
+                    tenant, args.from_seq, args.to_seq, keyring=keyring, saved=saved
                 ).to_json_obj()
                 for tenant in tenants
             ]
@@ -183,6 +189,11 @@ def _migrate(args: argparse.Namespace) -> int:
     except sa.exc.SQLAlchemyError as exc:
         return _fail(UNAVAILABLE, exc)
     return OK
+
+
+def _saved_checkpoints(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The checkpoint file given with --checkpoint (ValueError when it is not JSON)."""
+    return [json.loads(args.checkpoint.read_text())] if args.checkpoint else []
 
 
 def _report(reports: list[dict[str, Any]], as_json: bool) -> int:

@@ -193,6 +193,18 @@ def test_verify_a_range(gateway: Any, audited: dict[str, Any]) -> None:
     assert report["ok"] is True and report["checked"] >= 2, report
 
 
+def test_verify_against_a_checkpoint_the_auditor_kept(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    with gateway.http("auditor") as client:
+        kept = client.post("/audit/checkpoints").json()
+        report = client.post("/audit/verify", json={"checkpoint": kept}).json()
+        assert report["ok"] is True, report
+        forged = {**kept, "root_hash": "0" * 64}
+        report = client.post("/audit/verify", json={"checkpoint": forged}).json()
+    assert report["ok"] is False and "saved checkpoint" in report["reason"], report
+
+
 def test_replay_of_a_greedy_receipt_matches(gateway: Any, audited: dict[str, Any]) -> None:
     with gateway.http("auditor") as client:
         response = client.post(f"/audit/replay/{audited['receipt']['id']}", json={})

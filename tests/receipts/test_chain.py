@@ -192,6 +192,29 @@ def test_older_checkpoint_is_checked_mid_chain(chain, ring, signer) -> None:
     assert verify(chain, ring, checkpoint=checkpoint_of(chain, signer, 7)).ok
 
 
+def test_checkpoints_the_verifier_saved_are_each_checked(chain, ring, signer) -> None:
+    """Beside the latest checkpoint: the receipts must pass through every saved root, so a
+    history rewritten (or cut back) since a checkpoint was saved fails even when the
+    current checkpoint was re-made to match the rewrite."""
+    saved = [checkpoint_of(chain, signer, 4), checkpoint_of(chain, signer, 7)]
+    assert verify(chain, ring, checkpoint=checkpoint_of(chain, signer), saved=saved).ok
+    assert verify(chain, ring, saved=saved).ok  # a saved one alone: no current checkpoint
+    fork = chain[:5] + build_chain(signer, N)[5:]  # seq 6 on rewritten, re-signed
+    relinked = objs(fork)
+    for prev, obj in itertools.pairwise(relinked):  # the attacker fixes every link after it
+        obj["prev_hash"] = prev["entry_hash"]
+        resign(obj, signer)
+    resealed = [Receipt.from_json_obj(o) for o in relinked]
+    current = checkpoint_of(resealed, signer)  # a checkpoint made after the rewrite
+    assert verify(resealed, ring, checkpoint=current).ok  # what the rewrite alone shows
+    report = verify(resealed, ring, checkpoint=current, saved=saved)
+    assert report.first_failure_seq == 7 and "does not match the saved checkpoint" in report.reason
+    report = verify(chain[:6], ring, saved=saved)
+    assert report.first_failure_seq == 7 and "truncated since it was saved" in report.reason
+    other = make_checkpoint("globex", 4, saved[0]["root_hash"], signer)
+    assert "for chain 'globex'" in verify(chain, ring, saved=[other]).reason
+
+
 def test_rewritten_history_does_not_match_the_checkpoint(chain, ring, signer) -> None:
     fork = build_chain(signer, N)  # validly signed, but not the history that was checkpointed
     report = verify(fork, ring, checkpoint=checkpoint_of(chain, signer))

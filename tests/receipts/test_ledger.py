@@ -206,7 +206,7 @@ def test_key_rotation_keeps_old_keys_listed_and_verifiable(db_url: str) -> None:
         report = led.verify("acme")
         assert report.ok
         # a passing report says on whose authority: both listed keys, not pinned
-        (note,) = report.notes
+        (note,) = report.notes  # a checkpoint anchors the chain: nothing else to say
         assert "the database lists" in note and old.key_id in note and new.key_id in note
         # pinned to the new key only, the old receipts are signed by an unknown key
         pinned = KeyRing()
@@ -609,3 +609,18 @@ def test_a_closed_ledger_is_unavailable(fresh_sqlite_url: str) -> None:
         led.close()
         with pytest.raises(LedgerUnavailable, match="closed"):
             led.append(draft())
+
+
+def test_a_verification_no_checkpoint_anchors_says_so(fresh_sqlite_url: str) -> None:
+    """Every stored checkpoint gone (as one who can write the database can make it): the
+    links still verify, and the report says that the root, and so the tail, went unchecked."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 3)
+        assert all("not checked" not in note for note in led.verify("acme").notes)
+    with attacker(fresh_sqlite_url) as conn:
+        conn.execute(sa.text("DELETE FROM checkpoints"))
+    with ledger(fresh_sqlite_url) as led:
+        report = led.verify("acme")
+    assert report.ok and report.tree_size is None
+    assert "Merkle root was not checked" in report.notes[-1]

@@ -59,6 +59,27 @@ def test_export_then_verify(filled, tmp_path: Path, capsys) -> None:
     assert code == 1 and report["first_failure_seq"] == 1 and "unknown key" in report["reason"]
 
 
+def test_a_later_bundle_is_checked_against_a_checkpoint_saved_earlier(
+    filled, tmp_path: Path, capsys
+) -> None:
+    url, signer, key = filled
+    with ledger(url, signer) as led:
+        saved = led.checkpoint_now("acme")  # what an auditor kept at 40 receipts
+        fill(led, 5)
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    bundle = tmp_path / "later.tar.gz"
+    argv = ["export", "--db", url, "--tenant", "acme", "-o", str(bundle), "--signing-key", str(key)]
+    assert run(capsys, *argv)[0] == 0
+    code, out, _ = run(capsys, "verify", str(bundle), "--checkpoint", str(tmp_path / "saved.json"))
+    assert code == 0 and "45 receipts verified" in out
+    (tmp_path / "forged.json").write_text(json.dumps({**saved, "root_hash": "0" * 64}))
+    code, out, _ = run(
+        capsys, "verify", str(bundle), "--json", "--checkpoint", str(tmp_path / "forged.json")
+    )
+    report = json.loads(out)
+    assert code == 1 and "saved checkpoint" in report["reason"]  # its signature no longer holds
+
+
 def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     url, _, key = filled
     with ledger(url) as led:

@@ -339,7 +339,7 @@ def test_truncated_tail(chain, tmp_path: Path) -> None:
         conn.execute(sa.text("DELETE FROM checkpoints WHERE chain = :c"), {"c": T})
     with Ledger.open(url, None) as led:
         assert led.verify(T).ok  # nothing left in the database to compare with...
-        report = led.verify(T, checkpoint=saved)  # ...but the auditor kept a checkpoint
+        report = led.verify(T, saved=[saved])  # ...but the auditor kept a checkpoint
     assert report.first_failure_seq == 21 and "truncated" in report.reason
 
 
