@@ -25,12 +25,16 @@ from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
 from gateway.errors import APIError, documented
+from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts.chain import VerificationReport
+from receipts.checkpoint import Checkpoint
 from receipts.errors import ChainDamaged, LedgerUnavailable, OutOfRange, ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
+from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
+from receipts.signing import PublicKeyEntry
 
 T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
@@ -76,10 +80,21 @@ class LedgerRead:
             raise APIError(400, str(exc), code="invalid_value") from None
 
 
-def _in_order(since: str | None, until: str | None) -> None:
-    """A window whose end is before its start is a mistake to name, not an empty answer."""
-    if since and until and datetime.fromisoformat(since) > datetime.fromisoformat(until):
+def _window(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
+    """The time bounds as datetimes; one that is no real time (month 13, an offset of 73 h)
+    or a window whose end is before its start is a 400 naming it, not an empty answer."""
+    bounds = []
+    for name, value in (("since", since), ("until", until)):
+        try:
+            bounds.append(datetime.fromisoformat(value) if value is not None else None)
+        except ValueError as exc:
+            raise APIError(
+                400, f"{name} is not a valid time: {exc}", code="invalid_value", param=name
+            ) from None
+    start, end = bounds
+    if start is not None and end is not None and start > end:
         raise APIError(400, "since must not be after until", code="invalid_value", param="since")
+    return start, end
 
 
 def _found(value: T | None, what: str) -> T:
@@ -111,17 +126,21 @@ class AuditController(Controller):
         schema_hash: Annotated[str | None, Parameter(pattern=HEX64)] = None,
         call_id: Annotated[str | None, Parameter(pattern=CALL_ID)] = None,
         cursor: int | None = Parameter(
-            default=None, ge=0, le=MAX_SEQ, description="next_cursor of a page"
+            default=None,
+            ge=0,
+            le=MAX_SEQ,
+            description="next_cursor of a page",
+            schema_extra={"minimum": 0},  # Litestar leaves a bound of 0 out of the document
         ),
         limit: int = Parameter(default=100, ge=1, le=1000),
     ) -> ReceiptPage:
-        _in_order(since, until)
+        start, end = _window(since, until)
         page = await read(
             ledger.query,
             ReceiptQuery(
                 tenant=principal.tenant,
-                since=since,
-                until=until,
+                since=start,
+                until=end,
                 tool_name=tool_name,
                 model=model,
                 schema_hash=schema_hash,
@@ -130,7 +149,7 @@ class AuditController(Controller):
                 limit=limit,
             ),
         )
-        return ReceiptPage([r.to_json_obj() for r in page.items], page.next_cursor)
+        return ReceiptPage(page.items, page.next_cursor)
 
     @get("/receipts/{receipt_id:str}", summary="One receipt", responses=documented())
     async def get_receipt(
@@ -139,9 +158,9 @@ class AuditController(Controller):
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
         receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
-    ) -> dict[str, Any]:
+    ) -> Receipt:
         receipt = await read(ledger.get, principal.tenant, receipt_id)
-        return _found(receipt, f"receipt {receipt_id}").to_json_obj()
+        return _found(receipt, f"receipt {receipt_id}")
 
     @get(
         "/calls/{call_id:str}",
@@ -157,7 +176,7 @@ class AuditController(Controller):
     ) -> CallRecord:
         issuer = _found(await read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
         answers: list[Receipt] = await read(ledger.answers_to, principal.tenant, call_id)
-        return CallRecord(call_id, issuer.to_json_obj(), [r.to_json_obj() for r in answers])
+        return CallRecord(call_id, issuer, answers)
 
     @get(
         "/schemas/{schema_hash:str}",
@@ -188,13 +207,15 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-    ) -> list[dict[str, Any]]:
+    ) -> list[PublicKeyEntry]:
         if await read(ledger.last_seq, principal.tenant) == 0 and ledger.signer is not None:
             # No key has signed this chain yet: the one that will, with no range, so an
             # auditor can pin it before the first receipt.
             signer = ledger.signer
             return [
-                {"key_id": signer.key_id, "public_key_pem": signer.public_key_pem(), "ranges": []}
+                PublicKeyEntry(
+                    key_id=signer.key_id, public_key_pem=signer.public_key_pem(), ranges=[]
+                )
             ]
         return await read(ledger.public_keys, principal.tenant)
 
@@ -208,7 +229,7 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-    ) -> dict[str, Any]:
+    ) -> Checkpoint:
         checkpoint = await read(ledger.latest_checkpoint, principal.tenant)
         return _found(checkpoint, "checkpoint")
 
@@ -223,7 +244,7 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-    ) -> dict[str, Any]:
+    ) -> Checkpoint:
         return await read(ledger.checkpoint_now, principal.tenant)
 
     @get(
@@ -238,7 +259,7 @@ class AuditController(Controller):
         read: NamedDependency[LedgerRead],
         seq: Annotated[int, Parameter(ge=1, le=MAX_SEQ)],
         tree_size: int | None = Parameter(default=None, ge=1, le=MAX_SEQ),
-    ) -> dict[str, Any]:
+    ) -> InclusionProof:
         return await read(ledger.inclusion_proof, principal.tenant, seq, tree_size)
 
     @get(
@@ -253,7 +274,7 @@ class AuditController(Controller):
         read: NamedDependency[LedgerRead],
         first: int = Parameter(ge=1, le=MAX_SEQ),
         second: int = Parameter(ge=1, le=MAX_SEQ),
-    ) -> dict[str, Any]:
+    ) -> ConsistencyProof:
         return await read(ledger.consistency_proof, principal.tenant, first, second)
 
     @post(
@@ -261,6 +282,7 @@ class AuditController(Controller):
         status_code=200,
         summary="Verify a seq range of this chain",
         responses=documented(413),
+        operation_class=OptionalBodyOperation,
         dto=StrictBody[VerifyRequest],
         return_dto=None,
     )
@@ -270,11 +292,11 @@ class AuditController(Controller):
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
         data: JSONBody[VerifyRequest | None] = None,
-    ) -> dict[str, Any]:
+    ) -> VerificationReport:
         data = data or VerifyRequest()
         head = await read(ledger.last_seq, principal.tenant)
         if head == 0:
-            return VerificationReport(ok=True, checked=0, chain=principal.tenant).to_json_obj()
+            return VerificationReport(ok=True, checked=0, chain=principal.tenant)
         for name in ("from_seq", "to_seq"):  # a range must lie inside the chain
             seq = getattr(data, name)
             if seq is not None and seq > head:
@@ -295,13 +317,14 @@ class AuditController(Controller):
             data.from_seq,
             data.to_seq,
         )
-        return report.to_json_obj()
+        return report
 
     @post(
         "/replay/{receipt_id:str}",
         status_code=200,
         summary="Re-run a receipt's request",
         responses=documented(409, 413, 422),
+        operation_class=OptionalBodyOperation,
         dto=StrictBody[ReplayRequest],
         return_dto=None,
     )
@@ -330,6 +353,7 @@ class AuditController(Controller):
         summary="Export this chain as a bundle that `callproof verify` checks offline",
         media_type="application/gzip",
         responses=documented(),
+        operation_class=GzipOperation,
     )
     async def export(
         self,
@@ -339,11 +363,11 @@ class AuditController(Controller):
         since: Timestamp = None,
         until: Timestamp = None,
     ) -> Stream:
-        _in_order(since, until)
+        start, end = _window(since, until)
         fd, path = tempfile.mkstemp(prefix="callproof-export-", suffix=".tar.gz")
         os.close(fd)
         try:
-            await read.unbounded(ledger.export, principal.tenant, path, since, until)
+            await read.unbounded(ledger.export, principal.tenant, path, start, end)
             bundle = await asyncio.to_thread(open, path, "rb")
         finally:
             # No name is left behind, even when the client is gone before the body starts and

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.openapi.spec import (
+    OpenAPIFormat,
     OpenAPIMediaType,
     OpenAPIResponse,
     OpenAPIType,
     Operation,
+    Reference,
     Schema,
 )
 
@@ -90,4 +92,28 @@ class ChatOperation(Operation):
                         " carrying `receipt`, then `data: [DONE]` (docs/api.md, Streaming)",
                     )
                 ),
+            }
+
+
+@dataclass
+class OptionalBodyOperation(Operation):
+    """A POST whose JSON body may be left out (every member has a default): Litestar marks
+    every request body required."""
+
+    def __post_init__(self) -> None:
+        if self.request_body is not None and not isinstance(self.request_body, Reference):
+            self.request_body.required = False
+
+
+@dataclass
+class GzipOperation(Operation):
+    """GET /audit/export: its 200 is the bundle's bytes, not JSON."""
+
+    def __post_init__(self) -> None:
+        ok = (self.responses or {}).get("200")
+        if isinstance(ok, OpenAPIResponse):
+            ok.content = {
+                "application/gzip": OpenAPIMediaType(
+                    schema=Schema(type=OpenAPIType.STRING, format=OpenAPIFormat.BINARY)
+                )
             }

@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
+from receipts.record import Receipt
 from runtime.tools import MAX_EXACT_INTEGER
 
 # --- errors ---------------------------------------------------------------------------------
@@ -259,7 +260,7 @@ class ModelList(Struct):
 
 
 class ReceiptPage(Struct):
-    items: list[dict[str, Any]]
+    items: list[Receipt]
     next_cursor: int | None
 
 
@@ -267,8 +268,8 @@ class CallRecord(Struct):
     """A tool call, the receipt that issued it and the receipts whose requests answered it."""
 
     call_id: str
-    receipt: dict[str, Any]
-    answered_by: list[dict[str, Any]]
+    receipt: Receipt
+    answered_by: list[Receipt]
 
 
 Seq = Annotated[int, Meta(ge=1, le=2**53)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from receipts.canonical import canonical_json
 from receipts.errors import ReceiptFormatError
@@ -18,7 +18,20 @@ from receipts.manifest import is_hex64
 from receipts.record import KEY_ID, TIMESTAMP, format_timestamp, utc_now
 from receipts.signing import KeyRing, Signer, decode_signature
 
-CHECKPOINT_FIELDS = ("v", "chain", "tree_size", "root_hash", "timestamp", "key_id", "signature")
+
+class Checkpoint(TypedDict):
+    """A signed checkpoint as JSON (docs/receipt-format.md section 7)."""
+
+    v: int
+    chain: str
+    tree_size: int
+    root_hash: str
+    timestamp: str
+    key_id: str
+    signature: str
+
+
+CHECKPOINT_FIELDS: tuple[str, ...] = tuple(Checkpoint.__annotations__)
 
 
 def make_checkpoint(
@@ -27,7 +40,7 @@ def make_checkpoint(
     root_hash: str,
     signer: Signer,
     timestamp: datetime | str | None = None,
-) -> dict[str, Any]:
+) -> Checkpoint:
     """Sign the root (hex) of `chain`'s tree at `tree_size`; timestamp defaults to now."""
     stamp = (
         utc_now()
@@ -46,7 +59,7 @@ def make_checkpoint(
     }
     check_checkpoint({**unsigned, "signature": ""})
     signature = signer.sign(canonical_json(unsigned))
-    return {**unsigned, "signature": base64.b64encode(signature).decode("ascii")}
+    return Checkpoint(**unsigned, signature=base64.b64encode(signature).decode("ascii"))
 
 
 def check_checkpoint(cp: object) -> None:

@@ -4,17 +4,47 @@ proof at any tree size reads O(log n) rows."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import sqlalchemy as sa
 
 from receipts import merkle, queries
-from receipts.errors import OutOfRange
+from receipts.checkpoint import Checkpoint
+from receipts.errors import ChainDamaged, OutOfRange
+
+
+class InclusionProof(TypedDict):
+    """RFC 9162 section 2.1.3: `proof` (hex, from the leaf's level up) takes the leaf hash of
+    `entry_hash` at `leaf_index` to `root_hash` of the tree of `tree_size` leaves, which
+    `checkpoint` signs when one was made at that size (else null)."""
+
+    chain: str
+    seq: int
+    leaf_index: int
+    tree_size: int
+    entry_hash: str
+    proof: list[str]
+    root_hash: str
+    checkpoint: Checkpoint | None
+
+
+class ConsistencyProof(TypedDict):
+    """RFC 9162 section 2.1.4: `proof` (hex) shows the tree of `size1` leaves (root `root1`)
+    is a prefix of the tree of `size2` (root `root2`, signed by `checkpoint` when one was
+    made at that size, else null)."""
+
+    chain: str
+    size1: int
+    size2: int
+    root1: str
+    root2: str
+    proof: list[str]
+    checkpoint: Checkpoint | None
 
 
 def inclusion_proof(
     conn: sa.Connection, tenant: str, seq: int, tree_size: int | None = None
-) -> dict[str, Any]:
+) -> InclusionProof:
     """Inclusion proof of receipt ``seq`` in the tree of ``tree_size`` leaves (default: the
     latest checkpoint's, which is included so the root is signed)."""
     checkpoint, tree_size = _proof_target(conn, tenant, tree_size)
@@ -28,12 +58,15 @@ def inclusion_proof(
             subtree(0, tree_size),
         ),
     )
+    entry_hash = queries.entry_hash(conn, tenant, seq)
+    if entry_hash is None:
+        raise ChainDamaged(f"chain {tenant!r}: receipt seq {seq} is missing")
     return {
         "chain": tenant,
         "seq": seq,
         "leaf_index": seq - 1,
         "tree_size": tree_size,
-        "entry_hash": queries.entry_hash(conn, tenant, seq),
+        "entry_hash": entry_hash,
         "proof": [h.hex() for h in proof],
         "root_hash": root.hex(),
         "checkpoint": checkpoint,
@@ -42,7 +75,7 @@ def inclusion_proof(
 
 def consistency_proof(
     conn: sa.Connection, tenant: str, size1: int, size2: int | None = None
-) -> dict[str, Any]:
+) -> ConsistencyProof:
     """Consistency proof that the tree of ``size1`` leaves is a prefix of the tree of
     ``size2`` (default: the latest checkpoint's size)."""
     checkpoint, size2 = _proof_target(conn, tenant, size2)

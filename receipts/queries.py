@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from receipts.errors import ChainDamaged, ReceiptFormatError
 from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
 from receipts.record import Receipt, format_timestamp
+from receipts.signing import PublicKeyEntry
 from receipts.store import (
     CallRow,
     ChainRow,
@@ -188,7 +189,7 @@ def schemas(conn: sa.Connection, hashes: Iterable[str]) -> dict[str, dict[str, A
     return {row.hash: json.loads(row.body) for row in rows}
 
 
-def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[dict[str, Any]]:
+def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKeyEntry]:
     """Every registered key with the seq ranges it signed per chain (KeyRing shape).
 
     A range ends where the chain's next range starts, or is open (last_seq None) at the head.

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -167,6 +167,27 @@ def signer_from_env(var: str = "CALLPROOF_SIGNING_KEY") -> Signer | None:
         raise SigningKeyError(f"${var}: {exc}") from exc
 
 
+class KeyRangeEntry(TypedDict):
+    """Seqs ``first_seq..last_seq`` of ``chain`` a key signed (last_seq null: up to the head)."""
+
+    chain: str
+    first_seq: int
+    last_seq: int | None
+
+
+class _KeyAndRanges(TypedDict):
+    key_id: str
+    public_key_pem: str
+    ranges: list[KeyRangeEntry]
+
+
+class PublicKeyEntry(_KeyAndRanges, total=False):
+    """A signing key as GET /audit/keys and a bundle's keys list it (KeyRing's input);
+    `created_at` is absent for the key that has not signed yet."""
+
+    created_at: str
+
+
 def _opt_int(value: object) -> int | None:
     return None if value is None else int(value)  # type: ignore[call-overload]
 
@@ -240,7 +261,7 @@ class KeyRing:
                 )
         return ring
 
-    def to_public_keys(self) -> list[dict[str, Any]]:
+    def to_public_keys(self) -> list[PublicKeyEntry]:
         return [
             {
                 "key_id": key_id,

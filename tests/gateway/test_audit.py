@@ -108,7 +108,13 @@ def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
     assert audited["receipt"]["id"] in [r["id"] for r in listed["items"]]
     with gateway.http("auditor") as client:
         for path in ("/audit/receipts", "/audit/export"):
-            for guessed in ("2026-11-22T16:29:20", "1795365000", "2026-11-22 16:29:20Z"):
+            for guessed in (
+                "2026-11-22T16:29:20",
+                "1795365000",
+                "2026-11-22 16:29:20Z",
+                "2026-13-01T00:00:00Z",
+                "2026-11-22T16:29:20-73:76",
+            ):
                 response = client.get(path, params={"since": guessed})
                 assert response.status_code == 400, (path, guessed, response.text)
                 assert response.json()["error"]["param"] == "since"
