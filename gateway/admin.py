@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Annotated
 
 from litestar import Controller, delete, get, post
@@ -14,6 +15,8 @@ from gateway.auth import BEARER, Authenticator, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
+
+log = logging.getLogger("callproof.gateway")
 
 
 def _info(key: ApiKey) -> KeyInfo:
@@ -27,9 +30,7 @@ class AdminKeysController(Controller):
     security = BEARER
 
     @get("", summary="List API keys (never their secrets)", responses=documented())
-    async def list_keys(
-        self, principal: NamedDependency[ApiKey], keys: NamedDependency[KeyStore]
-    ) -> list[KeyInfo]:
+    async def list_keys(self, keys: NamedDependency[KeyStore]) -> list[KeyInfo]:
         return [_info(key) for key in await asyncio.to_thread(keys.list)]
 
     @post(
@@ -49,6 +50,7 @@ class AdminKeysController(Controller):
             key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
         except InvalidKeyField as exc:
             raise APIError(400, str(exc), code="invalid_value", param=exc.param) from None
+        _log_change("api key created", key, principal)
         return CreatedKey(key=_info(key), secret=secret)
 
     @delete("/{key_id:str}", status_code=200, summary="Revoke an API key", responses=documented())
@@ -64,4 +66,19 @@ class AdminKeysController(Controller):
         except KeyNotFound as exc:
             raise APIError(404, str(exc), code="not_found", param="key_id") from None
         authenticator.forget(key_id)
+        _log_change("api key revoked", revoked, principal)
         return _info(revoked)
+
+
+def _log_change(what: str, key: ApiKey, admin: ApiKey) -> None:
+    """Who changed which key: an operator's trail of key management (ids, never secrets)."""
+    log.info(
+        what,
+        extra={
+            "event": what.replace(" ", "_"),
+            "key_id": key.id,
+            "role": key.role,
+            "tenant": key.tenant,
+            "by_key_id": admin.id,
+        },
+    )

@@ -20,7 +20,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
 
-from gateway.apikeys import ApiKey
+from gateway.apikeys import NAME_PATTERN, ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
@@ -45,7 +45,7 @@ MAX_SEQ = 2**53  # sequence numbers stay exact in every JSON reader
 RECEIPT_ID = r"^rcpt_[0-9a-f]{24}$(?!\n)"
 CALL_ID = r"^call_[0-9a-f]{24}$(?!\n)"
 HEX64 = r"^[0-9a-f]{64}$(?!\n)"
-PRINTABLE = r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)"
+PRINTABLE = NAME_PATTERN  # a tool or model name to filter by: printable, like a key's name
 RFC3339 = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$(?!\n)"
 # A time bound, as RFC 3339 says it: with its offset (a time without one, a Unix time or a
 # space for the T would be guessed at).

@@ -7,7 +7,6 @@ from litestar import Controller, get
 from litestar.di import NamedDependency
 from litestar.params import FromPath
 
-from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.completion import Completions
 from gateway.errors import documented, model_not_served
@@ -21,15 +20,12 @@ class ModelsController(Controller):
     security = BEARER
 
     @get("", summary="List the served models", responses=documented())
-    async def list_models(
-        self, principal: NamedDependency[ApiKey], completions: NamedDependency[Completions]
-    ) -> ModelList:
+    async def list_models(self, completions: NamedDependency[Completions]) -> ModelList:
         return ModelList(data=[_card(completions)])
 
     @get("/{model:path}", summary="One served model", responses=documented())
     async def retrieve_model(
         self,
-        principal: NamedDependency[ApiKey],
         completions: NamedDependency[Completions],
         model: FromPath[str],
     ) -> ModelCard:

@@ -19,10 +19,8 @@ from gateway.recording import finish_reason, output_record
 from gateway.schemas import ChatCompletionRequest, ReplayReport
 from receipts.manifest import schema_hash
 from receipts.record import Receipt
-from runtime.engines.base import EngineIdentity, Sampling
+from runtime.engines.base import NO_BACKEND, EngineIdentity, Sampling
 from runtime.errors import StructuredOutputInvalid
-
-_FREE_TEXT_BACKEND = "none"  # no constraint was enforced: any backend replays it
 
 
 def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> list[str]:
@@ -34,7 +32,7 @@ def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> 
         for name in ("model", "weights_digest", "tokenizer_digest", "engine")
         if manifest[name] != getattr(identity, name)
     ]
-    if manifest["backend"] not in (_FREE_TEXT_BACKEND, *identity.backends):
+    if manifest["backend"] not in (NO_BACKEND, *identity.backends):  # free text: any replays
         differences.append(
             f"backend: recorded {manifest['backend']!r}, current {' then '.join(identity.backends)}"
         )

@@ -368,10 +368,7 @@ class LedgerWriter:
         if row is None:  # inserted above (or by a concurrent writer) and never deleted
             raise LedgerUnavailable(f"chain {chain!r} has no head row after creating it")
         if row["head_seq"] < row["checkpoint_size"]:
-            raise LedgerUnavailable(
-                f"chain {chain!r} is behind its own checkpoint (head {row['head_seq']}, signed"
-                f" {row['checkpoint_size']}): receipts were removed; refusing to extend or sign it"
-            )
+            raise _behind(chain, row["head_seq"], row["checkpoint_size"])
         return ChainHead(
             chain,
             row["head_seq"],
@@ -414,10 +411,7 @@ class LedgerWriter:
                 raise OutOfRange(f"chain {tenant!r} has no receipts to checkpoint")
             latest = queries.latest_checkpoint(conn, tenant)
             if latest is not None and latest["tree_size"] > head.seq:
-                raise LedgerUnavailable(
-                    f"chain {tenant!r} is behind its own checkpoint (head {head.seq}, signed"
-                    f" {latest['tree_size']}): receipts were removed; refusing to sign it"
-                )
+                raise _behind(tenant, head.seq, latest["tree_size"])
             if latest is not None and latest["tree_size"] == head.seq:
                 return latest
             return self._save_checkpoint_and_commit(conn, head)
@@ -544,3 +538,12 @@ def _cursor(conn: sa.Connection) -> Any:
 
 def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:
     conn.execute(insert_ignore(table.__table__, conn.dialect), values)
+
+
+def _behind(chain: str, head: int, signed: int) -> LedgerUnavailable:
+    """A chain whose head is below a checkpoint already signed lost receipts: it is neither
+    extended nor signed again until an operator looks (callproof ledger verify)."""
+    return LedgerUnavailable(
+        f"chain {chain!r} is behind its own checkpoint (head {head}, signed {signed}):"
+        " receipts were removed; refusing to extend or sign it"
+    )

@@ -172,14 +172,26 @@ def processor_for(
     eos_token_ids: Iterable[int] | None = None,
 ) -> ConstrainedProcessor:
     compiled = (cache or default_cache(tokenizer)).get(constraint)
-    proc = ConstrainedLogitsProcessor(
+    proc = processor_of(compiled, tokenizer, enforcement=enforcement, eos_token_ids=eos_token_ids)
+    return ConstrainedProcessor(proc, compiled.backend, compiled)
+
+
+def processor_of(
+    compiled: CompiledGrammar,
+    tokenizer: Any,
+    *,
+    enforcement: Enforcement | None = None,
+    eos_token_ids: Iterable[int] | None = None,
+) -> ConstrainedLogitsProcessor:
+    """A logits processor for one request on a grammar compiled already (a fresh matcher:
+    the compiled grammar is shared, the matcher's state is the request's)."""
+    return ConstrainedLogitsProcessor(
         compiled.matcher(),
         tokenizer,
         eos_token_ids=eos_token_ids,
         enforcement=enforcement,
-        param=constraint.param,
+        param=compiled.constraint.param,
     )
-    return ConstrainedProcessor(proc, compiled.backend, compiled)
 
 
 def json_schema_processor(

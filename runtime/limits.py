@@ -26,7 +26,7 @@ class Limits:
     max_schema_depth: int = 64  # JSON nesting of the schema document (about 2 per level)
     max_tools: int = 64
     max_regex_length: int = 1024
-    max_regex_repeat: int = 1000  # largest {m,n} bound
+    max_regex_repeat: int = 1000  # copies all counted repetitions ask for, summed (nested multiply)
     max_grammar_bytes: int = 64 * 1024
 
 

@@ -48,7 +48,7 @@ from runtime.errors import (
 )
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
-CALL_ID_RE = re.compile(r"^call_[0-9a-f]{24}$")
+CALL_ID_RE = re.compile(r"call_[0-9a-f]{24}")  # fullmatch, as TOOL_NAME_RE
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 # Subschema-bearing keywords walked when closing objects or rewriting $ref pointers.

@@ -73,7 +73,8 @@ def test_gateway_waits_for_the_three_and_serves_vllm(services: dict[str, Any]) -
     served = next(a for a in services["vllm"]["command"] if a.startswith("--served-model-name="))
     assert env["CALLPROOF_MODEL"] == served.split("=", 1)[1]
     assert env["CALLPROOF_DB"] == services["migrate"]["environment"]["CALLPROOF_DB"]
-    assert gateway["ports"] == ["8000:8000"]
+    assert gateway["ports"] == ["127.0.0.1:8000:8000"]  # plaintext: for the TLS proxy only
+    assert gateway["stop_grace_period"] == "120s"
     assert "/readyz" in healthcheck_text(gateway)
 
 

@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         load_signer,
         open_resources,
         prepare_database,
+        superseded_key,
     )
     from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args, unknown_variables
@@ -86,6 +87,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"callproof: ledger at {ledger_at}", file=sys.stderr)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
+        moved_on = superseded_key(resources.ledger.public_keys(), signer.key_id)
+        if moved_on:
+            chains = ", ".join(f"{chain!r} (now {newer})" for chain, newer in moved_on.items())
+            print(
+                f"callproof: warning: a newer key has signed chain(s) {chains} since"
+                f" {signer.key_id} did: is this a stale replica or a rolled-back secret?"
+                " Signing with it again reopens its range (docs/deploy.md, key rotation)",
+                file=sys.stderr,
+                flush=True,
+            )
         secret = first_run_admin_key(resources.keys)
         if secret is not None:
             print("First run: created an admin API key. It is shown only this once:", flush=True)

@@ -64,13 +64,17 @@ class EngineIdentity:
         return self.backends[0]
 
 
+NO_BACKEND = "none"
+"""Generation.backend (and a manifest's) when no constraint was enforced: free text."""
+
+
 @dataclass(frozen=True)
 class Generation:
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: FinishReason
-    backend: str  # backend that actually enforced this request's constraint ("none" if free)
+    backend: str  # backend that actually enforced this request's constraint (NO_BACKEND if free)
     fallback: str | None = None  # e.g. "post_hoc_retry:2" when no backend could compile it
     matched_stop: str | None = None
     """The stop string that ended the output (finish_reason "stop"); None when EOS, the

@@ -25,9 +25,10 @@ from typing import Any
 from runtime.backends.base import CompiledGrammar
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
-from runtime.constrained import ConstrainedLogitsProcessor, post_hoc_retry_json
+from runtime.constrained import post_hoc_retry_json, processor_of
 from runtime.constraint import Constraint
 from runtime.engines.base import (
+    NO_BACKEND,
     ChatMessage,
     EngineIdentity,
     FinishReason,
@@ -248,7 +249,7 @@ class EmbeddedEngine:
             prompt_tokens=sum(a.prompt_tokens for a in attempts),
             completion_tokens=sum(a.completion_tokens for a in attempts),
             finish_reason=last.finish_reason,
-            backend="none",
+            backend=NO_BACKEND,
             fallback=f"post_hoc_retry:{len(attempts)}",
         )
 
@@ -301,12 +302,8 @@ class EmbeddedEngine:
         from transformers import DynamicCache
 
         processor = (
-            ConstrainedLogitsProcessor(
-                grammar.matcher(),
-                self.tokenizer,
-                eos_token_ids=self._eos_ids,
-                enforcement=enforcement,
-                param=grammar.constraint.param,
+            processor_of(
+                grammar, self.tokenizer, enforcement=enforcement, eos_token_ids=self._eos_ids
             )
             if grammar is not None
             else None
@@ -352,7 +349,7 @@ class EmbeddedEngine:
             prompt_tokens=len(prompt),
             completion_tokens=len(tokens),
             finish_reason=finish,
-            backend=grammar.backend if grammar is not None else "none",
+            backend=grammar.backend if grammar is not None else NO_BACKEND,
             matched_stop=matched,
         )
 

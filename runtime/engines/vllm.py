@@ -38,6 +38,7 @@ import msgspec
 
 from runtime.constraint import Constraint
 from runtime.engines.base import (
+    NO_BACKEND,
     ChatMessage,
     EngineIdentity,
     FinishReason,
@@ -239,7 +240,7 @@ class VllmEngine:
         return body
 
     def _enforced_by(self, constraint: Constraint | None) -> str:
-        return self.identity.backend if constraint is not None else "none"
+        return self.identity.backend if constraint is not None else NO_BACKEND
 
     # ------------------------------------------------------------------ transport
 

@@ -269,3 +269,20 @@ def test_serve_on_a_port_in_use_never_says_it_listens(tmp_path: Path) -> None:
         )
     assert done.returncode == 3, done.stderr
     assert "listening" not in done.stdout and "address already in use" in done.stderr, done
+
+
+def test_a_key_a_newer_one_replaced_is_named() -> None:
+    from gateway.boot import superseded_key
+
+    keys = [
+        {"key_id": "old", "public_key_pem": "", "ranges": [
+            {"chain": "acme", "first_seq": 1, "last_seq": 10},
+            {"chain": "beta", "first_seq": 1, "last_seq": None},
+        ]},
+        {"key_id": "new", "public_key_pem": "", "ranges": [
+            {"chain": "acme", "first_seq": 11, "last_seq": None},
+        ]},
+    ]  # fmt: skip
+    assert superseded_key(keys, "old") == {"acme": "new"}  # beta: still the newest there
+    assert superseded_key(keys, "new") == {}
+    assert superseded_key(keys, "unknown") == {}

@@ -3,6 +3,7 @@ ledger's database failing under a running gateway (503, nothing returned, then r
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import time
@@ -175,7 +176,8 @@ def test_openapi_document_is_served(gateway: Any) -> None:
     assert "413" not in document["paths"]["/audit/receipts"]["get"]["responses"]
 
 
-def test_admin_key_api_and_revocation(gateway: Any) -> None:
+def test_admin_key_api_and_revocation(gateway: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="callproof.gateway")
     with gateway.http("admin") as admin:
         created = admin.post("/admin/keys", json={"role": "agent", "tenant": "acme"})
         assert created.status_code == 201, created.text
@@ -200,6 +202,12 @@ def test_admin_key_api_and_revocation(gateway: Any) -> None:
         ]:
             refused = admin.post("/admin/keys", json=bad)
             assert refused.status_code == 400 and refused.json()["error"]["param"] == param
+    # Key management leaves a trail naming the admin key that acted, never a secret.
+    admin_id = gateway.keys.lookup(gateway.secrets["admin"]).id
+    trail = [(r.event, r.key_id, r.by_key_id) for r in caplog.records if hasattr(r, "by_key_id")]
+    made = key["key"]["id"]
+    assert trail == [("api_key_created", made, admin_id), ("api_key_revoked", made, admin_id)]
+    assert key["secret"] not in caplog.text
 
 
 # --------------------------------------------------------------------------- outage
