@@ -208,21 +208,63 @@ def unknown_variables(env: Mapping[str, str]) -> list[str]:
     return found
 
 
+# One line of --help per setting; docs/configuration.md says the rest.
+HELP = {
+    "data_dir": "where the SQLite ledger and the signing key live",
+    "db": "ledger database URL (default: SQLite in the data directory)",
+    "host": "listen address",
+    "port": "listen port",
+    "engine": "embedded (in-process model) or vllm (a vLLM server)",
+    "model": "embedded: a model directory or GGUF file; vllm: the served model name",
+    "vllm_url": "base URL of the vLLM server",
+    "weights_digest": "sha256 of the served weights, bound into every manifest",
+    "vllm_api_key": "the vLLM server's --api-key (prefer the environment variable: a flag"
+    " shows in ps)",
+    "vllm_backend": "the vLLM server's structured-output backend, recorded in manifests",
+    "vllm_model_dir": "a local copy of the served weights, for their digests",
+    "vllm_think_budget": "tokens of free reasoning before an always-on constraint",
+    "vllm_timeout_s": "longest one vLLM request may take, stream included",
+    "reasoning": "a thinking model (default: detected from the model name)",
+    "signing_key_file": "Ed25519 private key (PEM); only the default file is generated",
+    "retain_payloads": "keep each request's messages and parameters in its receipt (replay"
+    " needs them)",
+    "max_body_bytes": "larger request bodies are a 413",
+    "default_max_tokens": "max_tokens when a request gives none",
+    "max_tokens_limit": "larger max_tokens is a 400",
+    "max_tools": "more tools in one request is a 400",
+    "max_schema_bytes": "larger schemas are a 400",
+    "max_schema_depth": "deeper schemas are a 400",
+    "max_regex_length": "longer regexes are a 400",
+    "max_regex_repeat": "more copies asked by counted repetitions is a 400",
+    "max_grammar_bytes": "larger grammars are a 400",
+    "checkpoint_every": "sign a checkpoint every N receipts of a chain",
+    "checkpoint_interval_s": "... or every T seconds when a chain has unsigned receipts",
+    "key_cache_ttl_s": "how long a looked-up API key is trusted before it is checked again",
+    "db_timeout_s": "longest wait on the database before failing closed with a 503",
+    "log_level": "JSON log level",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None = None) -> None:
     """One `--flag` per setting (or the `only` ones), plus `--config FILE`; defaults stay unset
     so that the environment and the config file are not overridden by a flag nobody gave."""
     parser.add_argument("--config", type=Path, help="settings file (.toml or .yaml)")
+    hints = get_type_hints(Settings)
     for f in fields(Settings):
         if only is not None and f.name not in only:
             continue
         flag = "--" + f.name.replace("_", "-")
-        env = ENV_PREFIX + f.name.upper()
-        if get_type_hints(Settings)[f.name] is bool:
+        helped = f"{HELP[f.name]} (env {ENV_PREFIX}{f.name.upper()})"
+        hint = hints[f.name]
+        if hint in (bool, bool | None):
             parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=None, help=f"env {env}"
+                flag, action=argparse.BooleanOptionalAction, default=None, help=helped
             )
+        elif getattr(hint, "__origin__", None) is Literal:  # checked by _coerce, as env is
+            choices = "{" + ",".join(get_args(hint)) + "}"
+            parser.add_argument(flag, default=None, metavar=choices, help=helped)
         else:
-            parser.add_argument(flag, default=None, metavar=f.name.upper(), help=f"env {env}")
+            parser.add_argument(flag, default=None, metavar=f.name.upper(), help=helped)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:

@@ -35,11 +35,6 @@ def split_point(n: int) -> int:
     return 1 << ((n - 1).bit_length() - 1)
 
 
-def root_hash(leaf_hashes: Sequence[bytes]) -> bytes:
-    """MTH of a list of leaf hashes (already leaf_hash()-ed)."""
-    return CompactRange.of(leaf_hashes).root()
-
-
 class MerkleTree:
     """Append-only store of every perfect subtree hash: levels[k][i] = MTH of leaves
     [i*2^k, (i+1)*2^k). About 2n hashes for n leaves; any MTH(D[a:b]) costs O(log n) lookups,

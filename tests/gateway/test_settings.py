@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,20 @@ def test_a_raised_constraint_limit_reaches_the_embedded_engine() -> None:
         assert engine.grammars.get(Constraint.regex(pattern), timeout=60) is not None
     finally:
         asyncio.run(engine.aclose())
+
+
+def test_every_setting_has_a_flag_with_help() -> None:
+    """`serve --help` says what each flag does; a boolean that may be unset is --x/--no-x."""
+    import argparse
+
+    from gateway.settings import HELP, Settings, add_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    flags = {a.dest: a for a in parser._actions}
+    assert set(HELP) == {f.name for f in dataclasses.fields(Settings)}
+    assert all(flags[name].help.startswith(HELP[name]) for name in HELP)
+    assert settings_from_args(parser.parse_args(["--no-reasoning"])).reasoning is False
+    assert settings_from_args(parser.parse_args(["--log-level", "debug"])).log_level == "DEBUG"
+    with pytest.raises(SettingsError, match="must be one of embedded, vllm"):
+        settings_from_args(parser.parse_args(["--engine", "gpu"]))
