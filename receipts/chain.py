@@ -286,7 +286,7 @@ class ChainLinker:
     def _check_against(self, cp: Mapping[str, Any], seq: int | None, what: str) -> None:
         reason = checkpoint_problem(cp, self.keyring)
         if reason:
-            raise VerificationError(reason if what == "signed checkpoint" else f"{what}: {reason}")
+            raise VerificationError(f"{what} at tree size {cp['tree_size']}: {reason}")
         if cp["chain"] != self.chain:
             raise VerificationError(f"{what} is for chain {cp['chain']!r}, not {self.chain!r}")
         if self.tree.root().hex() != cp["root_hash"]:

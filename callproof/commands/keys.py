@@ -100,12 +100,12 @@ def _list(args: argparse.Namespace) -> int:
             keys = store.list()
         finally:
             store.close()
-        print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}REVOKED")
+        print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}{'REVOKED':<27}NAME")
         for key in keys:
             revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
             print(
                 f"{key.id:<22} {key.role:<8} {key.tenant:<20}"
-                f" {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked}"
+                f" {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked:<27}{key.name or ''}"
             )
         return 0
 

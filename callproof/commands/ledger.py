@@ -69,14 +69,27 @@ def _add_db(parser: argparse.ArgumentParser) -> None:
 
 
 def _db_url(args: argparse.Namespace) -> str:
-    """The ledger URL; an existing one only (reading must not create an empty SQLite file)."""
+    """The ledger URL; an existing, migrated one only (reading must not create an empty SQLite
+    file, and tables that are not there are a setup step missed, not an outage)."""
+    import sqlalchemy as sa
+
     from gateway.boot import sqlite_file
-    from gateway.settings import settings_from_args
+    from gateway.settings import SettingsError, settings_from_args
+    from migrations.runner import current
+    from receipts.errors import LedgerUnavailable
+    from receipts.store import short_error
 
     url = settings_from_args(args).db_url
     ledger_file = sqlite_file(url)
     if ledger_file is not None and not ledger_file.exists():
         raise FileNotFoundError(f"no ledger at {ledger_file} (pass --db or --data-dir)")
+    try:
+        revision = current(url)
+    except sa.exc.SQLAlchemyError as exc:
+        raise LedgerUnavailable(f"the ledger database is unavailable: {short_error(exc)}") from None
+    if revision is None:
+        shown = sa.make_url(url).render_as_string(hide_password=True)
+        raise SettingsError(f"no ledger tables in {shown}: run `callproof ledger migrate` first")
     return url
 
 

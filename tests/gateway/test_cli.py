@@ -33,14 +33,16 @@ def callproof(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
 
 def test_keys_create_list_revoke(tmp_path: Path) -> None:
     created = callproof(
-        "keys", "create", "--role", "auditor", "--tenant", "acme", data_dir=tmp_path
-    )
+        "keys", "create", "--role", "auditor", "--tenant", "acme", "--name", "q3 audit",
+        data_dir=tmp_path,
+    )  # fmt: skip
     assert created.returncode == 0, created.stderr
     secret = created.stdout.strip().splitlines()[-1]
     assert SECRET.match(secret), created.stdout
     key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
     listed = callproof("keys", "list", data_dir=tmp_path)
     assert key_id in listed.stdout and "auditor" in listed.stdout and secret not in listed.stdout
+    assert listed.stdout.splitlines()[1].endswith("q3 audit")
     revoked = callproof("keys", "revoke", key_id, data_dir=tmp_path)
     assert revoked.returncode == 0 and "revoked" in revoked.stdout
     missing = callproof("keys", "revoke", "key_nope", data_dir=tmp_path)

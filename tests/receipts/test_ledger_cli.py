@@ -181,6 +181,9 @@ def test_bad_input_and_unavailable_database(
     code, _, err = run(capsys, "ledger", "verify", "--data-dir", str(empty))
     assert code == 2 and f"no ledger at {empty / 'ledger.db'}" in err
     assert not empty.exists()
+    (tmp_path / "bare.db").touch()  # a database nobody migrated: a step missed, not an outage
+    code, _, err = run(capsys, "ledger", "verify", "--db", f"sqlite:///{tmp_path / 'bare.db'}")
+    assert code == 2 and "no ledger tables" in err and "ledger migrate" in err
     monkeypatch.setenv("CALLPROOF_DB", down)  # the variable serve reads works here too
     code, _, err = run(capsys, "ledger", "verify")
     assert code == 3 and "unavailable" in err
