@@ -30,8 +30,8 @@ import uvicorn
 from callproof.devpg import free_port, scratch_database
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
+from gateway.boot import open_resources, prepare_database
 from gateway.settings import Settings
-from migrations.runner import upgrade
 from receipts.ledger import Ledger
 from receipts.signing import Signer
 from runtime.engines.base import Engine
@@ -184,11 +184,11 @@ def gateway(
 def _serve_gateway(
     db_kind: str, db_url: str, data_dir: Path, engine: Engine, server_loop: ServerLoop
 ) -> Iterator[Gateway]:
-    upgrade(db_url)
     settings = gateway_settings(data_dir, db_url)
+    prepare_database(settings)
     signer = Signer.generate()
-    ledger = Ledger.open(db_url, signer, retain_payloads=True, checkpoint_every=1000)
-    keys = KeyStore.open(db_url)
+    resources = open_resources(settings, engine, signer)  # serve's own wiring
+    ledger, keys = resources.ledger, resources.keys
     secrets = {
         "agent": keys.create("agent", TENANT)[1],
         "auditor": keys.create("auditor", TENANT)[1],
