@@ -19,7 +19,6 @@ from receipts.merkle import (
     MerkleTree,
     leaf_hash,
     node_hash,
-    root_hash,
     split_point,
     verify_consistency,
     verify_inclusion,
@@ -135,7 +134,7 @@ def test_known_root_of_rfc6962_test_tree() -> None:
         "606162636465666768696a6b6c6d6e6f",
     ]
     leaves = [hashlib.sha256(b"\x00" + bytes.fromhex(d)).digest() for d in data]
-    assert root_hash(leaves).hex() == (
+    assert CompactRange.of(leaves).root().hex() == (
         "5dc9da79a70659a9ad559cb701ded9a2ab9d823aad2f4960cfe370eff4604328"
     )
 
