@@ -530,7 +530,11 @@ def _verify_contents(
         _json(contents, name)
     if contents.receipts is None:
         raise VerificationError(f"bundle lacks {RECEIPTS}")
-    keyring, trust = trusted_keys(_bundle_keys(contents), pinned)
+    try:
+        keyring, trust = trusted_keys(_bundle_keys(contents), pinned)
+    except VerificationError as exc:  # the report still names the chain the manifest gives
+        chain = manifest.get("chain") if isinstance(manifest.get("chain"), str) else None
+        return VerificationReport.failed(exc.reason, chain=chain)
     schemas = _schemas(contents)
     proofs = _proofs(_json(contents, "proofs.json"))
     checkpoint = _json(contents, "checkpoint.json")

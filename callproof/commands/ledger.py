@@ -11,7 +11,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from receipts.signing import Signer
 
 OK, FAILED, BAD_INPUT, UNAVAILABLE = 0, 1, 2, 3
 
@@ -29,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--signing-key",
         type=Path,
         metavar="PEM",
-        help="private key to sign a checkpoint at the head (default: $CALLPROOF_SIGNING_KEY;"
-        " without one, the bundle ends at the latest stored checkpoint)",
+        help="private key to sign a checkpoint at the head (default: the gateway's, as serve"
+        " finds it: $CALLPROOF_SIGNING_KEY, else signing_key_file or <data_dir>/signing-key.pem"
+        " when it exists; without one, the bundle ends at the latest stored checkpoint)",
     )
     export.set_defaults(handler=_export)
 
@@ -117,13 +121,13 @@ def _export(args: argparse.Namespace) -> int:
     from gateway.settings import SettingsError
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
-    from receipts.signing import Signer, signer_from_env
+    from receipts.signing import Signer
 
     try:
         signer = (
             Signer.from_pem(args.signing_key.read_bytes())
             if args.signing_key
-            else signer_from_env()
+            else _gateway_signer(args)
         )
         with Ledger.open(_db_url(args), signer) as ledger:
             tenant = args.tenant or _only_chain(ledger.chains())
@@ -134,6 +138,18 @@ def _export(args: argparse.Namespace) -> int:
         return _fail(BAD_INPUT, exc)
     print(f"wrote {args.output} (chain {tenant!r})")
     return OK
+
+
+def _gateway_signer(args: argparse.Namespace) -> Signer | None:
+    """The key `serve` signs with, if this machine has it; never a new one."""
+    from gateway.settings import settings_from_args
+    from receipts.signing import load_or_create_signer, signer_from_env
+
+    from_env = signer_from_env()
+    if from_env is not None:
+        return from_env
+    path = settings_from_args(args).signing_key_path
+    return load_or_create_signer(path, create=False) if path.is_file() else None
 
 
 def _only_chain(chains: list[str]) -> str:

@@ -448,3 +448,13 @@ def test_right_hand_proof_hashes_past_a_whole_chain_fail(bundle: Path) -> None:
     files["proofs.json"] = canonical_json({**proofs, "right": ["00" * 32]})
     report = verify_bundle(rewrite(bundle, files))
     assert not report.ok and "already reaches the checkpoint" in report.reason, report
+
+
+def test_a_key_file_that_is_not_its_key_id_names_the_chain(bundle: Path, signer: Signer) -> None:
+    """Unpinned, the bundle's own key files are what is trusted: one swapped for another key
+    fails, and the report still names the chain (it said '?')."""
+    files = read(bundle)
+    files[key_file(signer.key_id)] = Signer.generate().public_key_pem().encode()
+    report = verify_bundle(rewrite(bundle, files))
+    assert not report.ok and "does not match" in report.reason
+    assert report.chain == json.loads(files[MANIFEST])["chain"]
