@@ -1,7 +1,7 @@
-"""A chain's head as the ledger writer holds it: seq, entry hash, signing key, last
-checkpoint, and the Merkle tree's right edge (``frontier``), advanced in memory while a batch
-is sealed onto it, so a batch extends the tree and signs checkpoints without reading any
-earlier receipt back."""
+"""A chain's head as the ledger writer holds it: entry hash, signing key, last checkpoint,
+and the Merkle tree's right edge (a compact range, stored as the row's ``frontier``), advanced
+in memory while a batch is sealed onto it, so a batch extends the tree and signs checkpoints
+without reading any earlier receipt back."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from receipts.merkle import CompactRange, leaf_hash, node_hash
+from receipts.merkle import CompactRange, leaf_hash
 
 
 @dataclass
@@ -17,10 +17,9 @@ class ChainHead:
     """A chain's locked head row, advanced in memory while a batch is sealed onto it."""
 
     chain: str
-    seq: int
     hash: str
-    frontier: list[bytes]
-    """Roots of the perfect subtrees of the Merkle tree at ``seq`` (a compact range)."""
+    tree: CompactRange
+    """The Merkle tree of the chain's receipts as its right edge: its size is the head's seq."""
     key_id: str | None
     checkpoint_size: int
     checkpoint_at: int  # epoch milliseconds of the chain's last checkpoint
@@ -29,29 +28,24 @@ class ChainHead:
     """The checkpoint columns come from the writer's own last commit, not a locked read:
     another process may have signed a checkpoint since, so they are not written back."""
 
+    @property
+    def seq(self) -> int:
+        return self.tree.size
+
     def kept(self) -> ChainHead:
         """A copy to seal the writer's next batch onto without re-reading the row."""
-        return dataclasses.replace(
-            self, frontier=list(self.frontier), new_nodes=[], stale_checkpoint=True
-        )
+        tree = CompactRange(self.tree.size, self.tree.hashes)
+        return dataclasses.replace(self, tree=tree, new_nodes=[], stale_checkpoint=True)
 
     def add_leaf(self, entry_hash: str) -> None:
         """Extend the tree by one leaf, recording each perfect subtree the leaf completes
-        (merkle_nodes rows) as it merges into the frontier."""
-        self.frontier.append(leaf_hash(bytes.fromhex(entry_hash)))
-        level, done = 0, self.seq + 1  # done: leaves covered at the current level
-        while done % 2 == 0:
-            right = self.frontier.pop()
-            self.frontier[-1] = node_hash(self.frontier[-1], right)
-            level, done = level + 1, done // 2
-            self.new_nodes.append(
-                {"chain": self.chain, "level": level, "idx": done - 1, "hash": self.frontier[-1]}
-            )
-        self.seq += 1
+        (merkle_nodes rows)."""
+        for level, idx, node in self.tree.append(leaf_hash(bytes.fromhex(entry_hash))):
+            self.new_nodes.append({"chain": self.chain, "level": level, "idx": idx, "hash": node})
         self.hash = entry_hash
 
     def root(self) -> str:
-        return CompactRange(self.seq, self.frontier).root().hex()
+        return self.tree.root().hex()
 
     def row(self) -> dict[str, Any]:
         """The chains row (or, with a stale checkpoint, the part of it) to record."""
@@ -59,7 +53,7 @@ class ChainHead:
             "chain": self.chain,
             "head_seq": self.seq,
             "head_hash": self.hash,
-            "frontier": ",".join(h.hex() for h in self.frontier),
+            "frontier": ",".join(h.hex() for h in self.tree.hashes),
             "key_id": self.key_id,
         }
         if not self.stale_checkpoint:

@@ -51,6 +51,7 @@ from receipts.canonical import canonical_json
 from receipts.chain_head import ChainHead
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
+from receipts.merkle import CompactRange
 from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
 from receipts.seal import seal
 from receipts.signing import Signer
@@ -369,11 +370,11 @@ class LedgerWriter:
             raise LedgerUnavailable(f"chain {chain!r} has no head row after creating it")
         if row["head_seq"] < row["checkpoint_size"]:
             raise _behind(chain, row["head_seq"], row["checkpoint_size"])
+        frontier = [bytes.fromhex(h) for h in row["frontier"].split(",") if h]
         return ChainHead(
             chain,
-            row["head_seq"],
             row["head_hash"],
-            [bytes.fromhex(h) for h in row["frontier"].split(",") if h],
+            CompactRange(row["head_seq"], frontier),
             row["key_id"],
             row["checkpoint_size"],
             row["checkpoint_at"],
