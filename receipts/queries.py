@@ -81,11 +81,13 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     if not 1 <= q.limit <= MAX_PAGE:
         raise ReceiptFormatError(f"limit must be between 1 and {MAX_PAGE}, got {q.limit}")
     r = ReceiptRow.__table__.c
+    since = rfc3339(q.since) if q.since is not None else None
+    until = rfc3339(q.until) if q.until is not None else None
     stmt = sa.select(r.seq, r.body).where(r.chain == q.tenant)
-    if q.since is not None:
-        stmt = stmt.where(r.created_at >= rfc3339(q.since))
-    if q.until is not None:
-        stmt = stmt.where(r.created_at < rfc3339(q.until))
+    if since is not None:
+        stmt = stmt.where(r.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(r.created_at < until)
     if q.model is not None:
         stmt = stmt.where(r.model == q.model)
     if q.schema_hash is not None:
@@ -101,26 +103,27 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
     items = [receipt_from_body(row.body) for row in rows[: q.limit]]
     more = len(rows) > q.limit
-    return ReceiptPage(
-        [i for i in items if _body_matches(i, q)], rows[q.limit - 1].seq if more else None
-    )
+    matching = [i for i in items if _body_matches(i, q, since, until)]
+    return ReceiptPage(matching, rows[q.limit - 1].seq if more else None)
 
 
-def _body_matches(receipt: Receipt, q: ReceiptQuery) -> bool:
+def _body_matches(receipt: Receipt, q: ReceiptQuery, since: str | None, until: str | None) -> bool:
     """The filters again, on the signed body: the indexed columns and rows the SQL filtered
     on are copies an attacker with write access could forge (verify names such a row), and
     a listing must not answer from them meanwhile."""
-    since = rfc3339(q.since) if q.since is not None else None
-    until = rfc3339(q.until) if q.until is not None else None
-    calls = receipt.tool_calls
     return (
         (since is None or receipt.created_at >= since)
         and (until is None or receipt.created_at < until)
         and (q.model is None or receipt.manifest["model"] == q.model)
         and (q.schema_hash is None or receipt.manifest["schema_hash"] == q.schema_hash)
-        and (q.tool_name is None or any(c["name"] == q.tool_name for c in calls))
-        and (q.call_id is None or any(c["id"] == q.call_id for c in calls))
+        and (q.tool_name is None or any(c["name"] == q.tool_name for c in receipt.tool_calls))
+        and (q.call_id is None or _issued(receipt, q.call_id))
     )
+
+
+def _issued(receipt: Receipt, call_id: str) -> bool:
+    """Whether the signed body issued tool call ``call_id`` (not only an index row says so)."""
+    return any(c["id"] == call_id for c in receipt.tool_calls)
 
 
 def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
@@ -144,7 +147,7 @@ def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
         .where(c.chain == tenant, c.call_id == call_id)
     )
     receipt = receipt_from_body(body) if body is not None else None
-    if receipt is None or not any(c["id"] == call_id for c in receipt.tool_calls):
+    if receipt is None or not _issued(receipt, call_id):
         return None  # no receipt, or only a forged receipt_calls row names one
     return receipt
 
