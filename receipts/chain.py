@@ -186,7 +186,8 @@ class ChainLinker:
     ) -> None:
         if start_seq == 1 and expected_prev_hash != GENESIS_PREV_HASH:
             raise VerificationError("seq 1 must follow the genesis prev_hash (64 zeros)")
-        for cp in (checkpoint, *saved) if checkpoint is not None else saved:
+        anchors = [*([checkpoint] if checkpoint is not None else []), *saved]
+        for cp in anchors:
             try:
                 check_checkpoint(cp)
             except ReceiptFormatError as exc:
@@ -201,13 +202,8 @@ class ChainLinker:
         self.root_checked = False
         self.saved = sorted(saved, key=lambda cp: cp["tree_size"])
         # The Merkle tree only matters against a checkpoint; without one, skip its hashing.
-        hashed = checkpoint is not None or bool(self.saved)
-        self.tree = CompactRange(start_seq - 1, left or []) if hashed else None
-        self._hash_until = max(
-            [cp["tree_size"] for cp in self.saved]
-            + ([checkpoint["tree_size"]] if checkpoint is not None else []),
-            default=0,
-        )
+        self.tree = CompactRange(start_seq - 1, left or []) if anchors else None
+        self._hash_until = max((cp["tree_size"] for cp in anchors), default=0)
         if checkpoint is not None and checkpoint["tree_size"] < start_seq - 1:
             raise VerificationError("checkpoint predates the first receipt checked")
         if self.saved and self.saved[0]["tree_size"] < start_seq - 1:
