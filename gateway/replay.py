@@ -2,8 +2,8 @@
 
 Only meaningful on the engine that produced it, so a replay is refused (409) when the current
 model, weights or tokenizer digest, engine, grammar backend or prompt renderer differ from the
-manifest, unless forced. It needs the
-request itself, which exists only when payload retention was on when it was recorded.
+manifest, unless forced. It needs the request itself, which exists only when payload retention
+was on when it was recorded.
 Tool call ids are minted afresh on every run, so outputs are compared without them.
 """
 
@@ -23,14 +23,23 @@ from runtime.engines.base import NO_BACKEND, EngineIdentity, Sampling
 from runtime.errors import StructuredOutputInvalid
 
 
-def manifest_differences(manifest: dict[str, Any], identity: EngineIdentity) -> list[str]:
-    """Human-readable differences between the recorded manifest and the current engine:
-    anything that changes which tokens the same request yields (the prompt renderer is
-    compared once the request is prepared, by `renderer_difference`)."""
+def manifest_differences(
+    manifest: dict[str, Any], identity: EngineIdentity, renderer: str
+) -> list[str]:
+    """Human-readable differences between the recorded manifest and the current engine and
+    the prompt ``renderer`` it would use now: anything that changes which tokens the same
+    request yields."""
+    current = {
+        "model": identity.model,
+        "weights_digest": identity.weights_digest,
+        "tokenizer_digest": identity.tokenizer_digest,
+        "engine": identity.engine,
+        "renderer": renderer,
+    }
     differences = [
-        f"{name}: recorded {manifest[name]!r}, current {getattr(identity, name)!r}"
-        for name in ("model", "weights_digest", "tokenizer_digest", "engine")
-        if manifest[name] != getattr(identity, name)
+        f"{name}: recorded {manifest[name]!r}, current {value!r}"
+        for name, value in current.items()
+        if manifest[name] != value
     ]
     if manifest["backend"] not in (NO_BACKEND, *identity.backends):  # free text: any replays
         differences.append(
@@ -81,12 +90,7 @@ async def replay(
     identity = completions.engine.identity
     request = recorded_request(receipt, identity.model)
     prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
-    differences = manifest_differences(receipt.manifest, identity)
-    if prepared.plan.renderer != receipt.manifest["renderer"]:
-        differences.append(
-            f"renderer: recorded {receipt.manifest['renderer']!r},"
-            f" current {prepared.plan.renderer!r}"
-        )
+    differences = manifest_differences(receipt.manifest, identity, prepared.plan.renderer)
     if differences and not force:
         raise APIError(
             409,
