@@ -10,6 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
@@ -51,6 +52,23 @@ def prepare_database(settings: Settings) -> None:
         os.close(os.open(ledger_file, os.O_CREAT | os.O_RDONLY, 0o600))  # no-op if it exists
         _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
+
+
+def database_state(url: str) -> Literal["absent", "unmigrated", "ready"]:
+    """Whether the database a command would only read is there and set up, found without
+    creating it (looking must not make an empty SQLite file); one that does not answer
+    raises SQLAlchemyError."""
+    from migrations.runner import current
+
+    ledger_file = sqlite_file(url)
+    if ledger_file is not None and not ledger_file.exists():
+        return "absent"
+    return "ready" if current(url) is not None else "unmigrated"
+
+
+def shown_url(url: str) -> str:
+    """A database URL fit for a message or a log line: its password hidden."""
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def sqlite_file(url: str) -> Path | None:

@@ -38,22 +38,17 @@ def _store(args: argparse.Namespace, *, migrate: bool) -> KeyStore:
     """The key store `serve` would use. Only `create` sets a database up (it is what the
     deploy docs run before the first start); `list` and `revoke` read what is there."""
     from gateway.apikeys import KeyStore
-    from gateway.boot import prepare_database, sqlite_file
+    from gateway.boot import database_state, prepare_database, shown_url
     from gateway.settings import SettingsError, settings_from_args
-    from migrations.runner import current
 
     settings = settings_from_args(args)
     if migrate:
         prepare_database(settings)
-    else:
-        ledger_file = sqlite_file(settings.db_url)
-        if (ledger_file is not None and not ledger_file.exists()) or current(
-            settings.db_url
-        ) is None:
-            raise SettingsError(
-                f"no gateway database at {settings.db_url}: `callproof keys create` or"
-                " `callproof serve` sets one up"
-            )
+    elif database_state(settings.db_url) != "ready":
+        raise SettingsError(
+            f"no gateway database at {shown_url(settings.db_url)}: `callproof keys create` or"
+            " `callproof serve` sets one up"
+        )
     return KeyStore.open(settings.db_url)
 
 

@@ -77,23 +77,22 @@ def _db_url(args: argparse.Namespace) -> str:
     file, and tables that are not there are a setup step missed, not an outage)."""
     import sqlalchemy as sa
 
-    from gateway.boot import sqlite_file
+    from gateway.boot import database_state, shown_url, sqlite_file
     from gateway.settings import SettingsError, settings_from_args
-    from migrations.runner import current
     from receipts.errors import LedgerUnavailable
     from receipts.store import short_error
 
     url = settings_from_args(args).db_url
-    ledger_file = sqlite_file(url)
-    if ledger_file is not None and not ledger_file.exists():
-        raise FileNotFoundError(f"no ledger at {ledger_file} (pass --db or --data-dir)")
     try:
-        revision = current(url)
+        state = database_state(url)
     except sa.exc.SQLAlchemyError as exc:
         raise LedgerUnavailable(f"the ledger database is unavailable: {short_error(exc)}") from None
-    if revision is None:
-        shown = sa.make_url(url).render_as_string(hide_password=True)
-        raise SettingsError(f"no ledger tables in {shown}: run `callproof ledger migrate` first")
+    if state == "absent":
+        raise FileNotFoundError(f"no ledger at {sqlite_file(url)} (pass --db or --data-dir)")
+    if state == "unmigrated":
+        raise SettingsError(
+            f"no ledger tables in {shown_url(url)}: run `callproof ledger migrate` first"
+        )
     return url
 
 

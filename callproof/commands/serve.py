@@ -45,7 +45,6 @@ def _announcing_server_class() -> type[uvicorn.Server]:
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
-    from sqlalchemy import make_url
     from sqlalchemy.exc import SQLAlchemyError
 
     from gateway.app import create_app
@@ -55,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         load_signer,
         open_resources,
         prepare_database,
+        shown_url,
         superseded_key,
     )
     from gateway.logs import configure_logging
@@ -83,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for variable in unknown_variables(os.environ):
         print(f"callproof: ignoring {variable}", file=sys.stderr)
-    ledger_at = make_url(settings.db_url).render_as_string(hide_password=True)
-    print(f"callproof: ledger at {ledger_at}", file=sys.stderr)
+    print(f"callproof: ledger at {shown_url(settings.db_url)}", file=sys.stderr)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
         moved_on = superseded_key(resources.ledger.public_keys(), signer.key_id)
