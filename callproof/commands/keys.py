@@ -34,35 +34,34 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_arguments(sub, only=_LOCATION)
 
 
-def _store(args: argparse.Namespace, *, migrate: bool) -> KeyStore:
-    """The key store `serve` would use. Only `create` sets a database up (it is what the
-    deploy docs run before the first start); `list` and `revoke` read what is there."""
-    from gateway.apikeys import KeyStore
-    from gateway.boot import database_state, prepare_database, shown_url
-    from gateway.settings import SettingsError, settings_from_args
-
-    settings = settings_from_args(args)
-    if migrate:
-        prepare_database(settings)
-    elif database_state(settings.db_url) != "ready":
-        raise SettingsError(
-            f"no gateway database at {shown_url(settings.db_url)}: `callproof keys create` or"
-            " `callproof serve` sets one up"
-        )
-    return KeyStore.open(settings.db_url)
-
-
-def _reported(action: str, run: Callable[[], int]) -> int:
-    """`run`, with what an operator can get wrong as one line on stderr instead of a
-    traceback: exit 2 for settings and arguments, 3 for a database that fails."""
+def _with_store(
+    args: argparse.Namespace, action: str, use: Callable[[KeyStore], int], *, migrate: bool
+) -> int:
+    """``use`` on the key store `serve` would use, closed after; what an operator can get
+    wrong is one line on stderr instead of a traceback: exit 2 for settings and arguments, 3
+    for a database that fails. Only `create` sets a database up (it is what the deploy docs
+    run before the first start); `list` and `revoke` read what is there."""
     import sqlalchemy as sa
 
-    from gateway.apikeys import InvalidKeyField, KeyStoreUnavailable
-    from gateway.settings import SettingsError
+    from gateway.apikeys import InvalidKeyField, KeyStore, KeyStoreUnavailable
+    from gateway.boot import database_state, prepare_database, shown_url
+    from gateway.settings import SettingsError, settings_from_args
     from migrations.runner import MigrationError
 
     try:
-        return run()
+        settings = settings_from_args(args)
+        if migrate:
+            prepare_database(settings)
+        elif database_state(settings.db_url) != "ready":
+            raise SettingsError(
+                f"no gateway database at {shown_url(settings.db_url)}: `callproof keys create`"
+                " or `callproof serve` sets one up"
+            )
+        store = KeyStore.open(settings.db_url)
+        try:
+            return use(store)
+        finally:
+            store.close()
     except (SettingsError, MigrationError, InvalidKeyField, OSError) as exc:
         code, message = 2, str(exc)
     except (KeyStoreUnavailable, sa.exc.SQLAlchemyError) as exc:
@@ -72,12 +71,8 @@ def _reported(action: str, run: Callable[[], int]) -> int:
 
 
 def _create(args: argparse.Namespace) -> int:
-    def run() -> int:
-        store = _store(args, migrate=True)
-        try:
-            key, secret = store.create(args.role, args.tenant, args.name)
-        finally:
-            store.close()
+    def use(store: KeyStore) -> int:
+        key, secret = store.create(args.role, args.tenant, args.name)
         print(
             f"created {key.role} key {key.id} for tenant {key.tenant!r}; the secret follows, "
             "shown only this once:"
@@ -85,16 +80,12 @@ def _create(args: argparse.Namespace) -> int:
         print(secret)
         return 0
 
-    return _reported("create", run)
+    return _with_store(args, "create", use, migrate=True)
 
 
 def _list(args: argparse.Namespace) -> int:
-    def run() -> int:
-        store = _store(args, migrate=False)
-        try:
-            keys = store.list()
-        finally:
-            store.close()
+    def use(store: KeyStore) -> int:
+        keys = store.list()  # before the header: a failing database prints no table
         print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}{'REVOKED':<27}NAME")
         for key in keys:
             revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
@@ -104,22 +95,19 @@ def _list(args: argparse.Namespace) -> int:
             )
         return 0
 
-    return _reported("list", run)
+    return _with_store(args, "list", use, migrate=False)
 
 
 def _revoke(args: argparse.Namespace) -> int:
     from gateway.apikeys import KeyNotFound
 
-    def run() -> int:
-        store = _store(args, migrate=False)
+    def use(store: KeyStore) -> int:
         try:
             key = store.revoke(args.key_id)
         except KeyNotFound as exc:
             print(f"callproof keys revoke: {exc}", file=sys.stderr)
             return 1
-        finally:
-            store.close()
         print(f"revoked {key.id} ({key.role}, tenant {key.tenant!r})")
         return 0
 
-    return _reported("revoke", run)
+    return _with_store(args, "revoke", use, migrate=False)
