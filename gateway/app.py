@@ -37,7 +37,10 @@ def _singleton(value: Any) -> Provide:
 
 def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStore) -> Litestar:
     grammars = getattr(engine, "grammars", None)  # in-process engines expose their cache
-    metrics = Metrics(grammar_stats=grammars.stats if grammars is not None else None)
+    metrics = Metrics(
+        grammar_stats=grammars.stats if grammars is not None else None,
+        queued_appends=ledger.queued_appends,
+    )
     completions = Completions(engine, ledger, settings, metrics)
     authenticator = Authenticator(keys, settings.key_cache_ttl_s, settings.db_timeout_s)
     app = Litestar(

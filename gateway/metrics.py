@@ -6,7 +6,8 @@ the id it answers in `x-request-id` and every log line names (gateway.logs.reque
 
 HTTP requests and latency are labelled by route template (never by raw path, so ids do not
 explode the label space) and status. Grammar cache figures are read from the engine's cache at
-scrape time through a collector, so the hot path pays nothing for them.
+scrape time through a collector, so the hot path pays nothing for them; so are the receipts
+waiting for the ledger's writer, and the process's CPU, memory and file descriptors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -34,6 +36,7 @@ log = logging.getLogger("callproof.access")
 disable_created_metrics()
 
 GrammarStats = Callable[[], dict[str, dict[str, float]]]
+QueuedAppends = Callable[[], int]
 
 # A label per method a client can invent would grow the series without bound.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -41,8 +44,13 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class Metrics:
-    def __init__(self, grammar_stats: GrammarStats | None = None):
+    def __init__(
+        self,
+        grammar_stats: GrammarStats | None = None,
+        queued_appends: QueuedAppends | None = None,
+    ):
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
         self.requests = Counter(
             "callproof_http_requests",
             "HTTP requests served",
@@ -78,6 +86,8 @@ class Metrics:
         )
         if grammar_stats is not None:
             self.registry.register(_GrammarCacheCollector(grammar_stats))
+        if queued_appends is not None:
+            self.registry.register(_QueuedAppendsCollector(queued_appends))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -159,3 +169,18 @@ class _GrammarCacheCollector(Collector):
             compile_time.add_metric([kind], figures.get("compile_ms_sum", 0.0) / 1000)
             compile_max.add_metric([kind], figures.get("compile_ms_max", 0.0) / 1000)
         yield from (hits, misses, compiles, failures, compile_time, compile_max)
+
+
+class _QueuedAppendsCollector(Collector):
+    """Receipts handed to the ledger's writer and not yet committed: a queue that grows while
+    appends keep their latency says the database, not the gateway, is the bottleneck."""
+
+    def __init__(self, queued: QueuedAppends):
+        self._queued = queued
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "callproof_ledger_queued_appends",
+            "Receipts waiting for the ledger's writer thread",
+            value=self._queued(),
+        )

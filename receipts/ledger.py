@@ -123,6 +123,10 @@ class Ledger:
             draft = dataclasses.replace(draft, request=request)
         return self._writer.submit(draft)
 
+    def queued_appends(self) -> int:
+        """Receipts submitted and not yet committed (0 for a read-only ledger)."""
+        return 0 if self._writer is None else self._writer.queued()
+
     def checkpoint_now(self, tenant: str) -> dict[str, Any]:
         """A signed checkpoint at the chain's head: the stored one if it is current."""
         if self._writer is None:

@@ -128,6 +128,11 @@ class LedgerWriter:
             self._queue.put(_Pending(draft, future))
         return future
 
+    def queued(self) -> int:
+        """Receipts in the queue, not counting the batch being committed (approximate, as
+        any reading of a queue other threads fill)."""
+        return self._queue.qsize()
+
     def close(self) -> None:
         """Commit what is queued, sign the last checkpoints, release the connection."""
         with self._lock:

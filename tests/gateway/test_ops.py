@@ -135,8 +135,13 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
         "callproof_receipts_appended_total",
         "callproof_receipt_append_duration_seconds_count",
         "callproof_tokens_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
     ):
         assert name in text
+    # Every append above has returned, so none is waiting for the writer.
+    assert "\ncallproof_ledger_queued_appends 0.0\n" in text
     if getattr(gateway.engine, "grammars", None) is not None:  # an in-process engine's cache
         for name in (
             "callproof_grammar_cache_misses_total",
