@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +19,9 @@ from conftest import gateway_settings
 from gateway.app import create_app
 from migrations.runner import upgrade
 from receipts.canonical import hash_json
+from receipts.checkpoint import verify_checkpoint
 from receipts.ledger import Ledger
-from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
+from receipts.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import ReceiptDraft
 from receipts.signing import KeyRing
 from runtime.tools import new_call_id
@@ -74,6 +76,37 @@ def get_json(gateway: Any, path: str, role: str = "auditor", **params: Any) -> A
     return response.json()
 
 
+def listed_ids(gateway: Any, role: str = "auditor", **filters: Any) -> list[str]:
+    return [
+        r["id"] for r in get_json(gateway, "/audit/receipts", role, limit=500, **filters)["items"]
+    ]
+
+
+def all_receipts(gateway: Any, role: str = "auditor") -> list[dict[str, Any]]:
+    items, cursor = [], None
+    while True:
+        page = get_json(
+            gateway, "/audit/receipts", role, limit=500, **({"cursor": cursor} if cursor else {})
+        )
+        items += page["items"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return items
+
+
+def download_export(gateway: Any, role: str, path: Path) -> list[dict[str, Any]]:
+    """The tenant's bundle written to ``path``; returns its receipts."""
+    with gateway.http(role) as client, client.stream("GET", "/audit/export") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("application/gzip")
+        with path.open("wb") as out:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+    with tarfile.open(path) as tar:
+        lines = tar.extractfile("receipts.jsonl").read().splitlines()  # type: ignore[union-attr]
+    return [json.loads(line) for line in lines]
+
+
 def test_list_filter_and_paginate(gateway: Any, audited: dict[str, Any]) -> None:
     rid = audited["receipt"]["id"]
     by_tool = get_json(gateway, "/audit/receipts", tool_name="set_alarm")
@@ -81,13 +114,16 @@ def test_list_filter_and_paginate(gateway: Any, audited: dict[str, Any]) -> None
     assert all(
         any(c["name"] == "set_alarm" for c in r["output"]["tool_calls"]) for r in by_tool["items"]
     )
+    assert audited["later"]["id"] not in [r["id"] for r in by_tool["items"]]
     by_call = get_json(gateway, "/audit/receipts", call_id=audited["call"].id)
     assert [r["id"] for r in by_call["items"]] == [rid]
-    assert get_json(gateway, "/audit/receipts", model=gateway.model)["items"]
+    assert rid in listed_ids(gateway, model=gateway.model)
+    assert listed_ids(gateway, model="not-" + gateway.model) == []
     schema_hash = get_json(gateway, f"/audit/receipts/{rid}")["manifest"]["schema_hash"]
-    assert rid in [
-        r["id"] for r in get_json(gateway, "/audit/receipts", schema_hash=schema_hash)["items"]
-    ]
+    by_schema = get_json(gateway, "/audit/receipts", schema_hash=schema_hash, limit=500)["items"]
+    assert rid in [r["id"] for r in by_schema]
+    assert {r["manifest"]["schema_hash"] for r in by_schema} == {schema_hash}
+    assert audited["later"]["id"] not in [r["id"] for r in by_schema]  # a regex: no schema
     seqs, cursor = [], None
     while True:
         page = get_json(
@@ -103,9 +139,16 @@ def test_list_filter_and_paginate(gateway: Any, audited: dict[str, Any]) -> None
 def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
     gateway: Any, audited: dict[str, Any]
 ) -> None:
-    created = get_json(gateway, f"/audit/receipts/{audited['receipt']['id']}")["created_at"]
-    listed = get_json(gateway, "/audit/receipts", since=created, until="2999-01-01T00:00:00+00:00")
-    assert audited["receipt"]["id"] in [r["id"] for r in listed["items"]]
+    first, later = audited["receipt"]["id"], audited["later"]["id"]
+    created = get_json(gateway, f"/audit/receipts/{first}")["created_at"]
+    created_later = get_json(gateway, f"/audit/receipts/{later}")["created_at"]
+    assert created < created_later
+    listed = listed_ids(gateway, since=created, until="2999-01-01T00:00:00+00:00")
+    assert first in listed and later in listed
+    assert first not in listed_ids(gateway, since=created_later)  # since is included...
+    assert later in listed_ids(gateway, since=created_later)
+    before_later = listed_ids(gateway, until=created_later)  # ...and until excluded
+    assert first in before_later and later not in before_later
     with gateway.http("auditor") as client:
         for path in ("/audit/receipts", "/audit/export"):
             for guessed in (
@@ -170,8 +213,12 @@ def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> No
     with gateway.http("auditor") as client:
         checkpoint = client.post("/audit/checkpoints").json()
     assert checkpoint == get_json(gateway, "/audit/checkpoints/latest")
+    assert verify_checkpoint(checkpoint, ring)
     size = checkpoint["tree_size"]
     seq = audited["receipt"]["seq"]
+    # The roots, recomputed from the receipts the auditor lists, not taken from the server.
+    entries = [r["entry_hash"] for r in all_receipts(gateway)]
+    assert MerkleTree.from_entry_hashes(entries[:size]).root().hex() == checkpoint["root_hash"]
     inclusion = get_json(gateway, f"/audit/proofs/inclusion/{seq}", tree_size=size)
     verify_inclusion(  # raises ProofError unless the proof leads to the signed root
         leaf_hash(bytes.fromhex(audited["receipt"]["entry_hash"])),
@@ -181,11 +228,13 @@ def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> No
         bytes.fromhex(checkpoint["root_hash"]),
     )
     consistency = get_json(gateway, "/audit/proofs/consistency", first=seq, second=size)
+    root1 = MerkleTree.from_entry_hashes(entries[:seq]).root()
+    assert consistency["root1"] == root1.hex()
     verify_consistency(
         seq,
         size,
         [bytes.fromhex(h) for h in consistency["proof"]],
-        bytes.fromhex(consistency["root1"]),
+        root1,
         bytes.fromhex(checkpoint["root_hash"]),
     )
     with gateway.http("auditor") as client:
@@ -224,12 +273,9 @@ def test_exported_bundle_verifies_offline(
     gateway: Any, audited: dict[str, Any], tmp_path: Path
 ) -> None:
     bundle = tmp_path / "bundle.tar.gz"
-    with gateway.http("auditor") as client, client.stream("GET", "/audit/export") as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("application/gzip")
-        with bundle.open("wb") as out:
-            for chunk in response.iter_bytes():
-                out.write(chunk)
+    exported = download_export(gateway, "auditor", bundle)
+    assert [r["id"] for r in exported] == [r["id"] for r in all_receipts(gateway)]
+    assert audited["receipt"]["id"] in [r["id"] for r in exported]
     pem = tmp_path / "key.pem"
     pem.write_text(gateway.signer.public_key_pem())
     verified = subprocess.run(
@@ -242,13 +288,40 @@ def test_exported_bundle_verifies_offline(
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
-def test_other_tenants_and_other_roles_see_nothing(gateway: Any, audited: dict[str, Any]) -> None:
+def test_other_tenants_and_other_roles_see_nothing(
+    gateway: Any, audited: dict[str, Any], tmp_path: Path
+) -> None:
+    """Both tenants hold receipts; each auditor sees its own chain and nothing of the other."""
+    from openai import OpenAI
+
+    theirs = OpenAI(
+        base_url=gateway.url + "/v1", api_key=gateway.secrets["other_agent"], max_retries=0
+    ).chat.completions.create(
+        model=gateway.model,
+        max_tokens=4,
+        extra_body={"regex": "(ok|no)"},
+        messages=[{"role": "user", "content": "Reply ok."}],
+    )
+    their_id = theirs.model_extra["receipt"]["id"]
     rid, call_id = audited["receipt"]["id"], audited["call"].id
+    ours = {r["id"] for r in all_receipts(gateway)}
+    their_chain = all_receipts(gateway, "other_auditor")
+    assert their_id in {r["id"] for r in their_chain} and their_id not in ours
+    assert {r["tenant"] for r in their_chain} == {"globex"}
+    assert [r["id"] for r in download_export(gateway, "other_auditor", tmp_path / "b")] == [
+        r["id"] for r in their_chain
+    ]
     with gateway.http("other_auditor") as other:
+        checkpoint = other.post("/audit/checkpoints").json()
+        assert (checkpoint["chain"], checkpoint["tree_size"]) == ("globex", len(their_chain))
         assert other.get(f"/audit/receipts/{rid}").status_code == 404
         assert other.get(f"/audit/calls/{call_id}").status_code == 404
-        assert other.get("/audit/receipts").json()["items"] == []
         assert other.post(f"/audit/replay/{rid}", json={}).status_code == 404
+        report = other.post("/audit/verify", json={}).json()
+        assert (report["chain"], report["checked"]) == ("globex", len(their_chain)), report
+    with gateway.http("auditor") as auditor:
+        assert auditor.get(f"/audit/receipts/{their_id}").status_code == 404
+        assert auditor.post(f"/audit/replay/{their_id}", json={}).status_code == 404
     with gateway.http("agent") as agent:
         for path in (f"/audit/receipts/{rid}", "/audit/receipts", "/audit/export"):
             response = agent.get(path)
@@ -289,6 +362,7 @@ def test_replay_on_a_different_engine_is_refused_unless_forced(
         "tokenizer_digest": "1" * 64,
         "engine": "vllm" if original.manifest["engine"] != "vllm" else "embedded",
         "renderer": "llama" if original.manifest["renderer"] != "llama" else "qwen",
+        "backend": "a-retired-backend",
     }
     foreign = _recorded_elsewhere(gateway, original.id, manifest={**original.manifest, **changed})
     with gateway.http("auditor") as client:
@@ -301,6 +375,33 @@ def test_replay_on_a_different_engine_is_refused_unless_forced(
         forced = client.post(f"/audit/replay/{foreign}", json={"force": True}).json()
     assert forced["forced"] is True and forced["differences"] == error["differences"]
     assert forced["match"] is True, forced["diff"]
+
+
+def test_replay_reports_recorded_arguments_the_engine_does_not_produce(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """A receipt whose recorded call differs from what the same request decodes to: the
+    replay says so, naming the tool calls recorded and replayed."""
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    call = original.tool_calls[0]
+    other_hour = 6 if call["arguments"]["hour"] != 6 else 8
+    output = {
+        **original.output,
+        "tool_calls": [{**call, "id": new_call_id(), "arguments": {"hour": other_hour}}],
+    }
+    edited = _recorded_elsewhere(gateway, original.id, output=output)
+    with gateway.http("auditor") as client:
+        response = client.post(f"/audit/replay/{edited}", json={})
+    assert response.status_code == 200, response.text
+    report = response.json()
+    assert report["match"] is False and report["differences"] == []
+    assert report["recorded"]["tool_calls"] == [
+        {"name": "set_alarm", "arguments": {"hour": other_hour}}
+    ]
+    assert report["replayed"]["tool_calls"] == [
+        {"name": "set_alarm", "arguments": call["arguments"]}
+    ]
+    assert [line.split(":")[0] for line in report["diff"]] == ["tool_calls"]
 
 
 def test_replay_needs_the_retained_payload(gateway: Any, audited: dict[str, Any]) -> None:

@@ -110,17 +110,30 @@ def test_required_tool_call_is_receipted_before_it_returns(gateway: Any) -> None
     assert completion.usage.completion_tokens == stored.usage["completion_tokens"]
 
 
+def test_required_tool_choice_calls_a_tool_even_when_asked_to_chat(gateway: Any) -> None:
+    completion = create(
+        gateway,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        messages=[{"role": "user", "content": "Say hello."}],
+    )
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    check_calls(choice.message.tool_calls)
+
+
 def test_named_tool_choice_calls_exactly_that_tool(gateway: Any) -> None:
+    """The question asks for the weather; the named tool is the clock, and the clock it is."""
     completion = create(
         gateway,
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}},
         parallel_tool_calls=False,
-        messages=[{"role": "user", "content": "Time in Japan?"}],
     )
     calls = completion.choices[0].message.tool_calls
     check_calls(calls)
-    assert {c.function.name for c in calls} == {"get_time"}
+    assert [c.function.name for c in calls] == ["get_time"]
 
 
 def test_tool_choice_none_answers_without_calls(gateway: Any) -> None:
@@ -153,19 +166,38 @@ def test_tool_choice_auto_gives_a_valid_call_or_an_answer(gateway: Any) -> None:
     )
 
 
-def test_parallel_tool_calls(gateway: Any) -> None:
+TWO_CALLS = {
+    "tool_calls": [
+        {"tool": "get_weather", "arguments": {"city": "Paris"}},
+        {"tool": "get_time", "arguments": {"timezone": "UTC"}},
+    ]
+}
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_parallel_tool_calls(gateway: Any, parallel: bool) -> None:
+    """The small model rarely chooses two calls, so what parallel_tool_calls changes is
+    checked where it acts: the constraint the decoder was held to (recorded by its hash)
+    admits a list of calls only when parallel calls are allowed."""
     completion = create(
         gateway,
         tools=TOOLS,
         tool_choice="required",
-        parallel_tool_calls=True,
+        parallel_tool_calls=parallel,
         max_tokens=96,
         messages=[{"role": "user", "content": "Weather in Paris and the time in UTC?"}],
     )
     calls = completion.choices[0].message.tool_calls
     check_calls(calls)
+    if not parallel:
+        assert len(calls) == 1
     stored = recorded(gateway, receipt_of(completion)["id"])
     assert [c["id"] for c in stored.tool_calls] == [c.id for c in calls]
+    with gateway.http("auditor") as auditor:
+        constraint = auditor.get(f"/audit/schemas/{stored.manifest['schema_hash']}").json()
+    validator = jsonschema.Draft202012Validator(constraint)
+    assert validator.is_valid(TWO_CALLS) is parallel
+    assert validator.is_valid(TWO_CALLS["tool_calls"][0])
 
 
 def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
@@ -188,6 +220,11 @@ def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
     assert [c["id"] for c in stored.tool_calls] == [
         c.id for c in final.choices[0].message.tool_calls
     ]
+    assert (stored.seq, stored.entry_hash, stored.manifest_hash) == (
+        receipt["seq"],
+        receipt["entry_hash"],
+        receipt["manifest_hash"],
+    )
 
 
 def test_streamed_answer_with_usage_chunk(gateway: Any) -> None:
@@ -242,6 +279,42 @@ def test_chunks_carry_the_fields_openai_sends(gateway: Any) -> None:
         else:
             assert not any("usage" in c for c in chunks)
         assert "receipt" in chunks[-1] and not any("receipt" in c for c in chunks[:-1])
+
+
+def test_seed_and_top_p_make_a_sampled_answer_repeatable(gateway: Any) -> None:
+    """At temperature 1 the seed decides the sample: the same seed gives the same text, other
+    seeds other texts, and the receipt records the sampling that made it."""
+    params: dict[str, Any] = {
+        "temperature": 1.0,
+        "top_p": 0.95,
+        "max_tokens": 16,
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+    }
+    texts = {seed: create(gateway, seed=seed, **params) for seed in (7, 8, 9)}
+    again = create(gateway, seed=7, **params)
+    assert again.choices[0].message.content == texts[7].choices[0].message.content
+    assert len({c.choices[0].message.content for c in texts.values()}) > 1
+    sampling = recorded(gateway, receipt_of(again)["id"]).manifest["sampling"]
+    assert (sampling["seed"], sampling["temperature"], sampling["top_p"]) == (7, 1.0, 0.95)
+
+
+def test_json_object_and_text_response_formats(gateway: Any) -> None:
+    as_json = create(
+        gateway,
+        response_format={"type": "json_object"},
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Give Paris's country as JSON."}],
+    )
+    assert isinstance(json.loads(as_json.choices[0].message.content), dict)
+    assert recorded(gateway, receipt_of(as_json)["id"]).manifest["constraint_kind"] == "json"
+    as_text = create(
+        gateway,
+        response_format={"type": "text"},
+        max_tokens=8,
+        messages=[{"role": "user", "content": "Say hi."}],
+    )
+    assert isinstance(as_text.choices[0].message.content, str)
+    assert recorded(gateway, receipt_of(as_text)["id"]).manifest["constraint_kind"] == "none"
 
 
 class CityFact(BaseModel):
