@@ -3,12 +3,13 @@ ledger's database failing under a running gateway (503, nothing returned, then r
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -231,25 +232,41 @@ def sqlite_refuses_writes(db_url: str) -> Iterator[None]:
 
 
 @contextmanager
-def postgres_refuses_connections(db_url: str) -> Iterator[None]:
-    """The database stops accepting connections and its sessions are cut, as in a failover."""
+def postgres_altered(db_url: str, setting: str, reset: str) -> Iterator[None]:
+    """``ALTER DATABASE <db> <setting>`` with its sessions cut (so that it applies to the next
+    ones), undone with ``reset`` and the sessions cut again."""
     name = db_url.rsplit("/", 1)[1]
     admin = sa.create_engine(db_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
 
-    def run(sql: str) -> None:
+    def alter(sql: str) -> None:
         with admin.connect() as conn:
-            conn.exec_driver_sql(sql)
+            conn.exec_driver_sql(f'ALTER DATABASE "{name}" {sql}')
+            conn.exec_driver_sql(
+                f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+            )
 
-    run(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-    run(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'")
+    alter(setting)
     try:
         yield
     finally:
-        run(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+        alter(reset)
         admin.dispose()
 
 
-def call_tool(gateway: Any) -> Any:
+def postgres_refuses_connections(db_url: str) -> AbstractContextManager[None]:
+    """The database stops accepting connections, as in a failover."""
+    return postgres_altered(db_url, "ALLOW_CONNECTIONS false", "ALLOW_CONNECTIONS true")
+
+
+def postgres_turns_read_only(db_url: str) -> AbstractContextManager[None]:
+    """Sessions are read-only, as after a failover to a replica: reads (key lookups) work,
+    commits fail."""
+    return postgres_altered(
+        db_url, "SET default_transaction_read_only = on", "RESET default_transaction_read_only"
+    )
+
+
+def call_tool(gateway: Any, **params: Any) -> Any:
     return gateway.openai().chat.completions.create(
         model=gateway.model,
         temperature=0,
@@ -257,6 +274,7 @@ def call_tool(gateway: Any) -> Any:
         tool_choice="required",
         parallel_tool_calls=False,
         messages=[{"role": "user", "content": "Ping alpha."}],
+        **params,
     )
 
 
@@ -272,10 +290,58 @@ def test_ledger_outage_fails_closed_and_recovers_without_restart(gateway: Any) -
             call_tool(gateway)
         assert caught.value.status_code == 503
         assert caught.value.body["code"] == "ledger_unavailable"
+        assert caught.value.response.headers["retry-after"] == "1"
+        if gateway.db_kind == "postgres":  # SQLite still answers reads: it stays "reachable"
+            with gateway.http() as client:
+                ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["database"] is False
     recovered = call_tool(gateway)
     first_seq = first.model_extra["receipt"]["seq"]
     assert recovered.model_extra["receipt"]["seq"] == first_seq + 1  # nothing was half-written
     assert gateway.ledger.verify(gateway.tenant).ok
+    with gateway.http() as client:
+        assert client.get("/readyz").status_code == 200
+
+
+def test_a_stream_whose_receipt_cannot_commit_sends_no_tool_call(gateway: Any) -> None:
+    """Streamed, the 200 has gone out before the commit: the call's deltas must not. The
+    database refuses writes only (a full disk, a failover to a read-only replica), so the key
+    lookup succeeds and the commit is what fails."""
+    first = call_tool(gateway)
+    refusing = sqlite_refuses_writes if gateway.db_kind == "sqlite" else postgres_turns_read_only
+    with refusing(gateway.db_url):
+        events = streamed_tool_call_events(gateway)
+        with pytest.raises(openai.APIError, match="ledger's database is unavailable"):
+            list(call_tool(gateway, stream=True))
+    assert "[DONE]" not in events
+    chunks = [json.loads(e) for e in events]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert not any(c.get("choices") and c["choices"][0]["delta"].get("tool_calls") for c in chunks)
+    assert chunks[-1]["error"]["code"] == "ledger_unavailable", chunks[-1]
+    recovered = call_tool(gateway, stream=True)
+    receipts = [c.model_extra["receipt"] for c in recovered if c.model_extra.get("receipt")]
+    assert [r["seq"] for r in receipts] == [first.model_extra["receipt"]["seq"] + 1]
+    assert gateway.ledger.verify(gateway.tenant).ok
+
+
+def streamed_tool_call_events(gateway: Any) -> list[str]:
+    """The `data:` payloads of a streamed tool call, read as raw server-sent events."""
+    with gateway.http("agent") as client:
+        response = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": gateway.model,
+                "temperature": 0,
+                "tools": [TOOL],
+                "tool_choice": "required",
+                "parallel_tool_calls": False,
+                "messages": [{"role": "user", "content": "Ping alpha."}],
+                "stream": True,
+            },
+        )
+    assert response.status_code == 200, response.text
+    prefix = "data: "
+    return [line[len(prefix) :] for line in response.text.splitlines() if line.startswith(prefix)]
 
 
 def test_json_logs_name_the_request_and_hold_no_payload_or_key(
