@@ -101,6 +101,7 @@ def prepare(
             model=served_model,
         ),
         reasoning=settings.reasoning,
+        limits=limits,
     )
     if plan.constraint is not None:
         check_constraint(plan.constraint, limits)

@@ -55,6 +55,7 @@ class Settings:
     max_regex_length: int = DEFAULT_LIMITS.max_regex_length
     max_regex_repeat: int = DEFAULT_LIMITS.max_regex_repeat
     max_grammar_bytes: int = DEFAULT_LIMITS.max_grammar_bytes
+    max_grammar_depth: int = DEFAULT_LIMITS.max_grammar_depth
     checkpoint_every: int = 1000
     checkpoint_interval_s: float = 60.0
     key_cache_ttl_s: float = 2.0  # how long a looked-up API key is trusted before re-checking
@@ -237,6 +238,7 @@ HELP = {
     "max_regex_length": "longer regexes are a 400",
     "max_regex_repeat": "more copies asked by counted repetitions is a 400",
     "max_grammar_bytes": "larger grammars are a 400",
+    "max_grammar_depth": "grammars whose rule references nest deeper are a 400",
     "checkpoint_every": "sign a checkpoint every N receipts of a chain",
     "checkpoint_interval_s": "... or every T seconds when a chain has unsigned receipts",
     "key_cache_ttl_s": "how long a looked-up API key is trusted before it is checked again",

@@ -8,6 +8,7 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import re._constants as re_constants
 import re._parser as re_parser
@@ -28,6 +29,9 @@ class Limits:
     max_regex_length: int = 1024
     max_regex_repeat: int = 1000  # copies all counted repetitions ask for, summed (nested multiply)
     max_grammar_bytes: int = 64 * 1024
+    # Rule references followed from the start rule, each weighted by the ( and [ around it:
+    # llguidance recurses through them, and about 2,000 of them overflow a thread's stack.
+    max_grammar_depth: int = 256
 
 
 DEFAULT_LIMITS = Limits()
@@ -40,21 +44,7 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
     remembered (one that fails raises, which the cache does not keep)."""
     param = constraint.param
     if constraint.is_json:
-        size = len(constraint.source.encode())
-        if size > limits.max_schema_bytes:
-            raise ConstraintTooComplex(
-                f"schema is {size} bytes; max_schema_bytes is {limits.max_schema_bytes}",
-                param=param,
-            )
-        schema = constraint.schema()
-        depth = schema_depth(schema)
-        if depth > limits.max_schema_depth:
-            raise ConstraintTooComplex(
-                f"schema nests {depth} levels deep; max_schema_depth is {limits.max_schema_depth}",
-                param=param,
-            )
-        for pattern in schema_patterns(schema):
-            check_regex(pattern, limits, param)
+        _check_schema(constraint.schema(), len(constraint.source.encode()), limits, param)
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
     else:
@@ -71,6 +61,47 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
                 f" max_regex_repeat is {limits.max_regex_repeat}",
                 param=param,
             )
+        lark = _lark_or_none(constraint.source)
+        if lark is None:
+            return  # not a grammar at all: validation says why
+        for schema, size in embedded_schemas(lark):
+            _check_schema(schema, size, limits, param, what="%json schema in the grammar")
+        depth = grammar_depth(lark)
+        if depth > limits.max_grammar_depth:
+            raise ConstraintTooComplex(
+                f"grammar nests {depth} levels deep (rule references followed from its start"
+                f" rule, weighted by the groups around them); max_grammar_depth is"
+                f" {limits.max_grammar_depth}",
+                param=param,
+            )
+
+
+def check_schema_bounds(schema: Any, size: int, limits: Limits, param: str) -> None:
+    """The size and depth limits alone: cheap, so they run before a schema is checked
+    against its metaschema or cached (a 1 MB schema took 27 s to check, and was kept)."""
+    if size > limits.max_schema_bytes:
+        raise ConstraintTooComplex(
+            f"'{param}' is {size} bytes; max_schema_bytes is {limits.max_schema_bytes}",
+            param=param,
+        )
+    depth = schema_depth(schema)
+    if depth > limits.max_schema_depth:
+        raise ConstraintTooComplex(
+            f"'{param}' nests {depth} levels deep with its $refs followed; max_schema_depth"
+            f" is {limits.max_schema_depth}",
+            param=param,
+        )
+
+
+def _check_schema(schema: Any, size: int, limits: Limits, param: str, what: str = "schema") -> None:
+    try:
+        check_schema_bounds(schema, size, limits, param)
+    except ConstraintTooComplex as exc:
+        raise ConstraintTooComplex(
+            exc.message.replace(f"'{param}'", what, 1), param=param
+        ) from None
+    for pattern in schema_patterns(schema):
+        check_regex(pattern, limits, param)
 
 
 # Lark syntax the repetition scan must not read into: string and regex literals, comments.
@@ -90,11 +121,8 @@ def grammar_repeat_copies(grammar: str) -> int:
     into that many items (and gives up past 50,000 while decoding); the counted repetitions
     inside /regex/ terminals add up as in a regex. GBNF is read in its Lark form.
     Repetitions of a rule by another rule are not multiplied."""
-    try:
-        grammar = to_lark(grammar)
-    except ValueError:
-        pass  # not a grammar at all: validation says why
-    bare = _GRAMMAR_COMMENT.sub("", _GRAMMAR_STRING.sub('""', grammar))
+    grammar = _lark_or_none(grammar) or grammar
+    bare = _GRAMMAR_COMMENT.sub("", _GRAMMAR_STRING.sub('""', _without_json(grammar)))
     regex_copies = sum(
         repeated_copies(m.group()[1 : m.group().rindex("/")]) for m in _GRAMMAR_REGEX.finditer(bare)
     )
@@ -122,6 +150,105 @@ def grammar_repeat_copies(grammar: str) -> int:
     return total
 
 
+def _lark_or_none(grammar: str) -> str | None:
+    try:
+        return to_lark(grammar)
+    except ValueError:
+        return None
+
+
+_JSON_DIRECTIVE = re.compile(r"%json\s*(?=\{)")
+
+
+def embedded_schemas(lark: str) -> Iterator[tuple[Any, int]]:
+    """The JSON schemas a Lark grammar embeds (``%json { ... }``), with their sizes: the
+    same compilers build them as a ``response_format`` schema, so the same limits apply."""
+    decoder = json.JSONDecoder()
+    for match in _JSON_DIRECTIVE.finditer(lark):
+        try:
+            schema, end = decoder.raw_decode(lark, match.end())
+        except ValueError:
+            continue  # validation says why
+        yield schema, end - match.end()
+
+
+def _without_json(lark: str) -> str:
+    """``lark`` with each embedded schema replaced by ``{}``: its braces, brackets and
+    strings are JSON, not grammar."""
+    decoder, parts, at = json.JSONDecoder(), [], 0
+    for match in _JSON_DIRECTIVE.finditer(lark):
+        if match.start() < at:
+            continue  # inside the schema just skipped
+        try:
+            _, end = decoder.raw_decode(lark, match.end())
+        except ValueError:
+            continue
+        parts += [lark[at : match.end()], "{}"]
+        at = end
+    return "".join(parts) + lark[at:]
+
+
+# A rule or terminal definition at the start of a line: name, optional template parameters
+# or priority, then the colon.
+_GRAMMAR_RULE = re.compile(
+    r"^[ \t]*[?!]?([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\{[^}\n]*\})?[ \t]*(?:\.[ \t]*-?\d+)?[ \t]*:",
+    re.MULTILINE,
+)
+_GRAMMAR_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[()\[\]]")
+
+
+def grammar_depth(lark: str) -> int:
+    """How deep a Lark grammar nests: the longest chain of rule references from ``start``
+    (from every rule when there is none), each reference weighted 1 plus the groups
+    (``(...)``, ``[...]``) around it in its rule. A recursive rule counts once. Read without
+    strings, regexes, comments and embedded schemas; iterative, as deep input must not blow
+    this process's stack either."""
+    bare = _GRAMMAR_COMMENT.sub("", _GRAMMAR_STRING.sub('""', _without_json(lark)))
+    bare = _GRAMMAR_REGEX.sub("/x/", bare)
+    definitions = list(_GRAMMAR_RULE.finditer(bare))
+    bodies: dict[str, str] = {}
+    for i, match in enumerate(definitions):
+        end = definitions[i + 1].start() if i + 1 < len(definitions) else len(bare)
+        bodies[match.group(1)] = bodies.get(match.group(1), "") + " " + bare[match.end() : end]
+    edges: dict[str, list[tuple[str, int]]] = {}
+    for name, body in bodies.items():
+        nesting, refs = 0, []
+        for token in _GRAMMAR_TOKEN.findall(body):
+            if token in "([":
+                nesting += 1
+            elif token in ")]":
+                nesting = max(nesting - 1, 0)
+            elif token in bodies:
+                refs.append((token, 1 + nesting))
+        edges[name] = refs
+    roots = ["start"] if "start" in bodies else list(bodies)
+    return max((_longest_path(root, edges) for root in roots), default=0)
+
+
+def _longest_path(root: str, edges: dict[str, list[tuple[str, int]]]) -> int:
+    """The heaviest path from ``root`` along weighted edges, cycles cut (memoised, iterative
+    post-order: frames of node, edges left, heaviest path below, weight of the edge in)."""
+    done: dict[str, int] = {}
+    on_path = {root}
+    stack: list[list[Any]] = [[root, iter(edges[root]), 0, 0]]
+    while stack:
+        frame = stack[-1]
+        for target, weight in frame[1]:
+            if target in done:
+                frame[2] = max(frame[2], weight + done[target])
+            elif target not in on_path:
+                on_path.add(target)
+                stack.append([target, iter(edges[target]), 0, weight])
+                break
+        else:
+            stack.pop()
+            on_path.discard(frame[0])
+            done[frame[0]] = frame[2]
+            if stack:
+                stack[-1][2] = max(stack[-1][2], frame[3] + frame[2])
+    return done[root]
+
+
 def _repeat_bound(match: re.Match[str]) -> int:
     digits = [d for d in match.groups() if d]
     if any(len(d) > 9 for d in digits):
@@ -137,17 +264,63 @@ def check_tool_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:
         raise ConstraintTooComplex(f"{count} tools; max_tools is {limits.max_tools}", param="tools")
 
 
-def schema_depth(value: Any) -> int:
-    """Nesting depth of the JSON value (iterative: a deep schema must not blow the stack)."""
-    deepest, stack = 0, [(value, 1)]
+def schema_depth(schema: Any) -> int:
+    """Nesting depth of a JSON schema with its local ``$ref``s followed (a target counts as a
+    level below its $ref): a chain of ``$defs`` nests as deep as the schema written out, and
+    the compilers recurse through it (1,500 linked $defs crash llguidance). A recursive
+    schema counts its cycle once. Iterative: a deep schema must not blow this stack either."""
+    done: dict[str, int] = {}  # ref -> depth of its target
+    on_path: set[str] = set()
+    # frames: the node, its children left, the deepest child so far, the ref that led here
+    stack: list[list[Any]] = [[schema, _below(schema), 0, None]]
+    depth = 0
     while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        children = (
-            node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        )
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
+        frame = stack[-1]
+        for child in frame[1]:
+            if not isinstance(child, str):
+                stack.append([child, _below(child), 0, None])
+                break
+            if child in done:
+                frame[2] = max(frame[2], done[child])
+            elif child not in on_path and (target := _resolve(schema, child)) is not None:
+                on_path.add(child)
+                stack.append([target, _below(target), 0, child])
+                break
+        else:
+            stack.pop()
+            depth = frame[2] + 1
+            if frame[3] is not None:
+                on_path.discard(frame[3])
+                done[frame[3]] = depth
+            if stack:
+                stack[-1][2] = max(stack[-1][2], depth)
+    return depth
+
+
+def _below(node: Any) -> Iterator[Any]:
+    """A JSON value's containers, then its local $ref (as the string) when it has one."""
+    values = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    yield from (v for v in values if isinstance(v, dict | list))
+    if isinstance(node, dict) and isinstance(ref := node.get("$ref"), str) and ref.startswith("#"):
+        yield ref
+
+
+def _resolve(schema: Any, ref: str) -> Any:
+    """The container a local JSON-pointer ``$ref`` (``#``, ``#/$defs/x``) names, or None."""
+    node = schema
+    if ref in ("#", "#/"):
+        return node
+    if not ref.startswith("#/"):
+        return None  # an anchor: not followed
+    for part in ref[2:].split("/"):
+        key = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+            node = node[int(key)]
+        else:
+            return None
+    return node if isinstance(node, dict | list) else None
 
 
 def schema_patterns(schema: Any) -> list[str]:

@@ -26,6 +26,7 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnsupportedParameter,
 )
+from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.renderers import (
     HistoryMessage,
     ToolPrompt,
@@ -186,21 +187,28 @@ class Plan:
         )
 
 
-def plan_chat(chat: ChatInput, family: str | None = None, *, reasoning: bool | None = None) -> Plan:
+def plan_chat(
+    chat: ChatInput,
+    family: str | None = None,
+    *,
+    reasoning: bool | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+) -> Plan:
     """Validate ``chat`` and decide its prompt and its single constraint.
 
     ``family`` overrides the renderer detected from ``chat.model``; ``reasoning`` overrides
     whether the model is a thinking model (detected from its name), whose ``<think>`` region
-    stays free: see :func:`_enforcement`.
+    stays free: see :func:`_enforcement`. Each schema is held to ``limits``' size and depth
+    before it is checked further.
     """
     history = parse_messages(chat.messages)
-    response_format = parse_response_format(chat.response_format)
+    response_format = parse_response_format(chat.response_format, limits)
     _check_one_constraint(chat, response_format)
     renderer = get_renderer(family or detect_family(chat.model))
     thinking = detect_reasoning(chat.model) if reasoning is None else reasoning
     answered = tuple(dict.fromkeys(m.tool_call_id for m in history if m.tool_call_id))
     if chat.tools is not None:
-        tools = parse_tools_field(chat.tools)
+        tools = parse_tools_field(chat.tools, limits)
         choice = parse_tool_choice(chat.tool_choice, tools)
         parallel = _parallel_flag(chat.parallel_tool_calls)
         answer_rf = response_format if response_format and response_format.constrains else None

@@ -46,6 +46,7 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnknownTool,
 )
+from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
 CALL_ID_RE = re.compile(r"call_[0-9a-f]{24}")  # fullmatch, as TOOL_NAME_RE
@@ -91,8 +92,10 @@ class ToolSpec:
         return {"type": "function", "function": function}
 
 
-def check_schema(schema: Any, param: str) -> None:
-    """Reject a schema that is not valid Draft 2020-12 or that points outside itself.
+def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Reject a schema over the size or depth limit, that is not valid Draft 2020-12, or that
+    points outside itself. The limits come first: the metaschema check is slow on large
+    schemas and its cache keeps what it checked.
 
     Remote ``$ref`` would make validation fetch URLs (and backends cannot compile them).
     """
@@ -102,6 +105,7 @@ def check_schema(schema: Any, param: str) -> None:
         canonical = _canonical(schema)  # the key of both caches below
     except (TypeError, ValueError) as exc:  # a Python caller's non-JSON value
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
+    check_schema_bounds(schema, len(canonical), limits, param)
     try:
         _check_metaschema(canonical)
     except RecursionError:  # jsonschema recurses per level: ~100 levels of properties do it
@@ -130,7 +134,7 @@ def check_schema(schema: Any, param: str) -> None:
         raise InvalidSchema(f"'{param}' cannot be compiled: {reason}", param=param) from None
 
 
-def parse_tools_field(tools: Any) -> tuple[ToolSpec, ...]:
+def parse_tools_field(tools: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[ToolSpec, ...]:
     """Validate the OpenAI ``tools`` array; each error names the offending element."""
     if not isinstance(tools, list):
         raise InvalidTools("'tools' must be an array of tool objects", param="tools")
@@ -173,12 +177,12 @@ def parse_tools_field(tools: Any) -> tuple[ToolSpec, ...]:
             raise InvalidTools(
                 f"'{at}.function.strict' must be a boolean", param=f"{at}.function.strict"
             )
-        params = _tool_parameters(fn.get("parameters"), f"{at}.function.parameters")
+        params = _tool_parameters(fn.get("parameters"), f"{at}.function.parameters", limits)
         specs.append(ToolSpec(name, description, params, bool(strict)))
     return tuple(specs)
 
 
-def _tool_parameters(params: Any, param: str) -> dict[str, Any]:
+def _tool_parameters(params: Any, param: str, limits: Limits) -> dict[str, Any]:
     if params is None or params == {}:
         return copy.deepcopy(EMPTY_PARAMETERS)
     if not isinstance(params, dict) or params.get("type") != "object":
@@ -186,7 +190,7 @@ def _tool_parameters(params: Any, param: str) -> dict[str, Any]:
         raise InvalidTools(
             f"'{param}' must be a JSON schema of type 'object', got {got!r}", param=param
         )
-    check_schema(params, param)
+    check_schema(params, param, limits)
     return copy.deepcopy(params)
 
 
@@ -231,7 +235,7 @@ class ResponseFormat:
         return self.type != "text"
 
 
-def parse_response_format(value: Any) -> ResponseFormat | None:
+def parse_response_format(value: Any, limits: Limits = DEFAULT_LIMITS) -> ResponseFormat | None:
     """Validate ``response_format``; json_object becomes the schema ``{"type": "object"}``."""
     if value is None:
         return None
@@ -260,7 +264,7 @@ def parse_response_format(value: Any) -> ResponseFormat | None:
             param="response_format.json_schema.name",
         )
     schema = spec.get("schema")
-    check_schema(schema, "response_format.json_schema.schema")
+    check_schema(schema, "response_format.json_schema.schema", limits)
     return ResponseFormat("json_schema", copy.deepcopy(schema), name, bool(spec.get("strict")))
 
 
@@ -690,12 +694,13 @@ def _canonical(schema: dict[str, Any]) -> bytes:
     return json_text(schema, _sorted_json)
 
 
-@functools.lru_cache(maxsize=4096)
+# Keyed by schemas up to max_schema_bytes (64 KB by default): 1,024 of them stay under 200 MB.
+@functools.lru_cache(maxsize=1024)
 def _check_metaschema(canonical: bytes) -> None:
     jsonschema.Draft202012Validator.check_schema(_load_exact(canonical))
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _validator(canonical: bytes) -> jsonschema_rs.Validator:
     return jsonschema_rs.Draft202012Validator(json.loads(canonical), offline=True)
 

@@ -147,6 +147,63 @@ def test_schema_too_large(gateway: Any) -> None:
     assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
 
 
+def _linked_defs(count: int) -> dict[str, Any]:
+    """A schema of ``count`` $defs each standing for the next: flat as a document, as deep as
+    ``count`` nested schemas to a compiler (1,500 crashed llguidance's thread)."""
+    defs: dict[str, Any] = {
+        f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}]} for i in range(count)
+    }
+    defs[f"d{count}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _rule_chain(count: int) -> str:
+    return "start: r0\n" + "\n".join(f"r{i}: r{i + 1}" for i in range(count)) + f'\nr{count}: "a"'
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("grammar", _rule_chain(3000), "max_grammar_depth"),  # it crashed the gateway
+        (
+            "grammar",
+            "start: %json " + json.dumps(_linked_defs(1200), separators=(",", ":")),
+            "max_schema_depth",
+        ),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "c", "schema": _linked_defs(1500)}},
+            "max_schema_depth",
+        ),
+    ],
+    ids=["rule-chain", "json-in-grammar", "ref-chain"],
+)
+def test_constraints_the_compiler_would_recurse_through_are_refused(
+    gateway: Any, field: str, value: Any, words: str
+) -> None:
+    err = error_of(post_chat(gateway, **{field: value}), 400)
+    assert err["code"] == "constraint_too_complex" and words in err["message"], err
+    with gateway.http() as client:
+        assert client.get("/healthz").status_code == 200  # the process is still there
+
+
+def test_a_huge_schema_is_refused_by_size_before_it_is_checked(gateway: Any) -> None:
+    """Its metaschema check took 27 s on the event loop (every request waited), and the
+    checked schema stayed cached: the size limit now comes first."""
+    import time
+
+    properties = {f"p{i}": {} for i in range(60_000)}
+    tool = {
+        "type": "function",
+        "function": {"name": "big", "parameters": {"type": "object", "properties": properties}},
+    }
+    started = time.perf_counter()
+    err = error_of(post_chat(gateway, tools=[tool]), 400)
+    assert time.perf_counter() - started < 2.0
+    assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
+    assert err["param"] == "tools[0].function.parameters"
+
+
 @pytest.mark.parametrize("regex", ["(a+)+b", "a{,100000}", "(a{100}b){100}"])
 def test_regex_too_complex(gateway: Any, regex: str) -> None:
     """``a{,100000}`` once passed the repeat limit, and its pure-Python automaton held a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -85,6 +86,26 @@ def _deep(levels: int) -> dict:
         (Constraint.ebnf('start: "a"~' + "9" * 5000), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.ebnf("start: /(a{1000}){1000}/"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.json_schema(_deep(40)), ConstraintTooComplex, "max_schema_depth"),
+        (
+            Constraint.ebnf("start: r0\n" + "\n".join(f"r{i}: (r{i + 1})" for i in range(200))),
+            ConstraintTooComplex,
+            "nests 399 levels deep",
+        ),
+        (
+            Constraint.ebnf("start: %json " + json.dumps(_deep(40))),
+            ConstraintTooComplex,
+            "%json schema in the grammar nests",
+        ),
+        (
+            Constraint.json_schema(
+                {
+                    "$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(80)},
+                    "$ref": "#/$defs/d0",
+                }
+            ),
+            ConstraintTooComplex,
+            "with its $refs followed",
+        ),
         (
             Constraint.json_schema({"enum": ["x" * 100] * 1000}),
             ConstraintTooComplex,
