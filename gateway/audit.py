@@ -12,7 +12,7 @@ import functools
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import IO, Annotated, Any, TypeVar
 
 from litestar import Controller, get, post
@@ -86,10 +86,15 @@ def _window(since: str | None, until: str | None) -> tuple[datetime | None, date
     bounds = []
     for name, value in (("since", since), ("until", until)):
         try:
-            bounds.append(datetime.fromisoformat(value) if value is not None else None)
+            moment = datetime.fromisoformat(value) if value is not None else None
+            bounds.append(moment.astimezone(UTC) if moment is not None else None)
         except ValueError as exc:
             raise APIError(
                 400, f"{name} is not a valid time: {exc}", code="invalid_value", param=name
+            ) from None
+        except OverflowError:  # 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
+            raise APIError(
+                400, f"{name} is outside years 1-9999 in UTC", code="invalid_value", param=name
             ) from None
     start, end = bounds
     if start is not None and end is not None and start > end:

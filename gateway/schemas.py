@@ -118,6 +118,9 @@ class StreamOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
+StopString = Annotated[str, Meta(max_length=256)]
+
+
 class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
     """POST /v1/chat/completions. `regex` and `grammar` are callproof extensions (extra_body)."""
 
@@ -135,7 +138,9 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     max_completion_tokens: PositiveInt | None = None
     # the receipt records the seed, and RFC 8785 JSON holds integers exactly up to 2**53 - 1
     seed: Annotated[int, Meta(ge=-MAX_EXACT_INTEGER, le=MAX_EXACT_INTEGER)] | None = None
-    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    # Stop strings are recorded verbatim in the receipt's manifest (replay needs them): each
+    # is bounded, so a request cannot make an append-only receipt of megabytes.
+    stop: StopString | Annotated[list[StopString], Meta(max_length=4)] | None = None
     n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

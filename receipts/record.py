@@ -154,6 +154,19 @@ def check_validation(validation: object) -> None:
         raise _fail("validation.errors", "a list of strings")
 
 
+# What the ledger's link column takes: any client's call id (not only call_<24 hex>), but
+# bounded and printable. Checked on drafts (receipts already sealed verify as they were).
+LINKED_CALL_ID = re.compile(r"[\x20-\x7e]{1,64}")
+
+
+def _check_linked_call_ids(links: list[dict[str, Any]]) -> None:
+    """A draft whose link the database would refuse is refused alone, here: in the group
+    commit it failed every receipt of the batch, other tenants' too."""
+    for i, link in enumerate(links):
+        if not LINKED_CALL_ID.fullmatch(link["tool_call_id"]):
+            raise _fail(f"links[{i}].tool_call_id", "1-64 printable ASCII characters")
+
+
 def check_links(links: object) -> None:
     if not isinstance(links, list):
         raise _fail("links", "a list")
@@ -203,6 +216,7 @@ class ReceiptDraft:
         check_validation(self.validation)
         _str(self.fallback, "fallback", nullable=True)
         check_links(self.links)
+        _check_linked_call_ids(self.links)
 
 
 @dataclass(frozen=True)

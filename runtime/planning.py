@@ -55,6 +55,8 @@ from runtime.tools import (
 )
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
+# A call id a tool message may answer: any client's (the receipt links it), within bounds.
+ANSWERED_CALL_ID = re.compile(r"[\x20-\x7e]{1,64}")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 _THINK = re.compile(rf"\s*{THINK_OPEN}(?P<reasoning>.*?)(?:{THINK_CLOSE}|\Z)", re.DOTALL)
 
@@ -404,6 +406,13 @@ def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
                 raise RuntimeInputError(
                     f"'{at}.tool_call_id' is required for role 'tool'", param=f"{at}.tool_call_id"
                 )
+            if not ANSWERED_CALL_ID.fullmatch(call_id):
+                raise RuntimeInputError(
+                    f"'{at}.tool_call_id' must be 1-64 printable ASCII characters (the id of"
+                    " the call it answers), got one of "
+                    f"{len(call_id)} characters",
+                    param=f"{at}.tool_call_id",
+                )
             legacy_name = msg.get("name") if isinstance(msg.get("name"), str) else None
             name = names.get(call_id, legacy_name)
             out.append(HistoryMessage("tool", content, tool_call_id=call_id, name=name))
@@ -454,7 +463,7 @@ def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
             )
         try:
             arguments = json.loads(raw) if isinstance(raw, str) else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested thousands deep
             arguments = None
         if not isinstance(arguments, dict):
             raise RuntimeInputError(

@@ -324,6 +324,15 @@ class EmbeddedEngine:
                 logits = out.logits[:, -1, :].float()
                 if processor is not None:  # it reads the last token of step_input to advance
                     logits = processor(step_input, logits)
+                if processor is not None and not torch.isfinite(logits[0, : self._vocab]).any():
+                    raise RuntimeInputError(
+                        f"the {grammar.constraint.kind} constraint allows no token after"  # type: ignore[union-attr]
+                        f" {len(tokens)} of output: it admits no output this model can write (a"
+                        " schema or grammar with no way to finish, or one asking for a special"
+                        " token such as an end-of-turn marker)",
+                        param=grammar.constraint.param,  # type: ignore[union-attr]
+                        code="constraint_unsatisfiable",
+                    )
                 token = _pick(logits[0, : self._vocab], sampling, generator)
                 if token in self._eos_ids:
                     finish = "stop"
@@ -398,16 +407,23 @@ def _generator(sampling: Sampling) -> Any:
     return generator
 
 
+# Below this a temperature is greedy (as vLLM's _SAMPLING_EPS): dividing the logits by
+# 1e-300 made them infinite and the probabilities NaN.
+_SAMPLING_EPS = 1e-5
+
+
 def _pick(logits: Any, sampling: Sampling, generator: Any) -> int:
-    """Greedy at temperature 0, else nucleus sampling from the request's own generator."""
+    """Greedy at temperature 0, else nucleus sampling from the request's own generator. The
+    nucleus always holds the likeliest token (a top_p of 1e-300 is 0 in float32)."""
     import torch
 
-    if sampling.temperature == 0:
+    if sampling.temperature < _SAMPLING_EPS:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits / sampling.temperature, dim=-1)
     if sampling.top_p < 1:
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.cumsum(sorted_probs, dim=-1) - sorted_probs < sampling.top_p
+        keep[0] = True
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
 

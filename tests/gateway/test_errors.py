@@ -204,6 +204,95 @@ def test_a_huge_schema_is_refused_by_size_before_it_is_checked(gateway: Any) -> 
     assert err["param"] == "tools[0].function.parameters"
 
 
+@pytest.mark.parametrize(
+    ("fields", "status", "code", "param"),
+    [
+        ({"temperature": 1e-300, "max_tokens": 2}, 200, None, None),  # greedy, as vLLM
+        ({"top_p": 1e-300, "max_tokens": 2}, 200, None, None),  # the likeliest token
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "loop",
+                        "schema": {
+                            "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+                            "$ref": "#/$defs/a",
+                        },
+                    },
+                }
+            },
+            400,
+            "constraint_unsatisfiable",
+            "response_format",
+        ),
+        ({"grammar": 'start: <|im_end|> "a"'}, 400, "constraint_unsatisfiable", "grammar"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "call_1",
+                                "type": "function",
+                                "function": {
+                                    "name": "f",
+                                    "arguments": "[" * 100_000 + "]" * 100_000,
+                                },
+                            }
+                        ],
+                    }
+                ]
+            },
+            400,
+            "invalid_value",
+            "messages[0].tool_calls[0].function.arguments",
+        ),
+        (
+            {"messages": [*HELLO, {"role": "tool", "tool_call_id": "x" * 65, "content": "ok"}]},
+            400,
+            "invalid_value",
+            "messages[1].tool_call_id",
+        ),
+        ({"stop": ["a" * 257]}, 400, "invalid_value", "stop[0]"),
+    ],
+    ids=[
+        "tiny-temperature",
+        "tiny-top-p",
+        "ref-loop",
+        "special-token",
+        "deep-args",
+        "long-call-id",
+        "long-stop",
+    ],
+)
+def test_inputs_that_were_internal_errors(
+    gateway: Any, fields: dict[str, Any], status: int, code: str | None, param: str | None
+) -> None:
+    """Each of these was a 500 (NaN probabilities, a RecursionError) or, for the call id, a
+    failed commit of the whole batch on Postgres; nothing is recorded for a refusal."""
+    before = gateway.ledger.last_seq(gateway.tenant)
+    response = post_chat(gateway, **fields)
+    if status == 200:
+        assert response.status_code == 200, response.text
+        return
+    err = error_of(response, status)
+    assert (err["code"], err["param"]) == (code, param), err
+    assert gateway.ledger.last_seq(gateway.tenant) == before
+
+
+def test_a_time_bound_past_year_9999_in_utc_is_400(gateway: Any) -> None:
+    with gateway.http("auditor") as client:
+        for params in (
+            {"since": "9999-12-31T23:59:59-23:59"},
+            {"until": "0001-01-01T00:00:00+23:59"},
+        ):
+            for path in ("/audit/receipts", "/audit/export"):
+                err = error_of(client.get(path, params=params), 400)
+                assert err["param"] == next(iter(params)) and "years 1-9999" in err["message"]
+
+
 @pytest.mark.parametrize("regex", ["(a+)+b", "a{,100000}", "(a{100}b){100}"])
 def test_regex_too_complex(gateway: Any, regex: str) -> None:
     """``a{,100000}`` once passed the repeat limit, and its pure-Python automaton held a

@@ -302,6 +302,11 @@ def test_bad_drafts_fail_fast() -> None:
         type(good)(**{**good.__dict__, "schema": {"type": "object"}})
     with pytest.raises(ReceiptFormatError, match="genesis"):
         seal(good, seq=1, prev_hash=digest("x"), signer=Signer.generate())
+    # A link id the database column cannot hold is refused with its draft, not in the batch.
+    for odd in ("x" * 65, "a\x00b", ""):
+        with pytest.raises(ReceiptFormatError, match="links\\[0\\].tool_call_id"):
+            type(good)(**{**good.__dict__, "links": [{"tool_call_id": odd, "receipt_id": None}]})
+    type(good)(**{**good.__dict__, "links": [{"tool_call_id": "x" * 64, "receipt_id": None}]})
 
 
 def test_worked_example_in_the_spec_verifies() -> None:
