@@ -116,7 +116,7 @@ def prepare(
         request_record=digests,
         plan=plan,
         sampling=sampling or _sampling(request, settings),
-        stream=request.stream,
+        stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
     )
 

@@ -142,7 +142,7 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     # is bounded, so a request cannot make an append-only receipt of megabytes.
     stop: StopString | Annotated[list[StopString], Meta(max_length=4)] | None = None
     n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] | None = None
-    stream: bool = False
+    stream: bool | None = None  # null as the SDK sends it: not streamed, as OpenAI takes it
     stream_options: StreamOptions | None = None
     user: str | None = None
     # Accepted only at their neutral value (OpenAI clients such as LangChain send them by

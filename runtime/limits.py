@@ -8,13 +8,14 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import re._constants as re_constants
 import re._parser as re_parser
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex
@@ -44,7 +45,7 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
     remembered (one that fails raises, which the cache does not keep)."""
     param = constraint.param
     if constraint.is_json:
-        _check_schema(constraint.schema(), len(constraint.source.encode()), limits, param)
+        _check_schema(constraint.source.encode(), limits, param)
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
     else:
@@ -64,8 +65,8 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
         lark = _lark_or_none(constraint.source)
         if lark is None:
             return  # not a grammar at all: validation says why
-        for schema, size in embedded_schemas(lark):
-            _check_schema(schema, size, limits, param, what="%json schema in the grammar")
+        for text in embedded_schemas(lark):
+            _check_schema(text, limits, param, what="%json schema in the grammar")
         depth = grammar_depth(lark)
         if depth > limits.max_grammar_depth:
             raise ConstraintTooComplex(
@@ -76,31 +77,44 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
             )
 
 
-def check_schema_bounds(schema: Any, size: int, limits: Limits, param: str) -> None:
-    """The size and depth limits alone: cheap, so they run before a schema is checked
-    against its metaschema or cached (a 1 MB schema took 27 s to check, and was kept)."""
-    if size > limits.max_schema_bytes:
+def check_schema_bounds(text: bytes, limits: Limits, param: str) -> None:
+    """The size and depth limits alone, on a schema's JSON text: cheap, so they run before a
+    schema is checked against its metaschema or cached (a 1 MB schema took 27 s to check,
+    and was kept). The depth of a text is remembered: agents resend the same tools."""
+    if len(text) > limits.max_schema_bytes:
         raise ConstraintTooComplex(
-            f"'{param}' is {size} bytes; max_schema_bytes is {limits.max_schema_bytes}",
+            f"'{param}' is {len(text)} bytes; max_schema_bytes is {limits.max_schema_bytes}",
             param=param,
         )
-    depth = schema_depth(schema)
+    depth = _depth_of_text(text)
     if depth > limits.max_schema_depth:
+        deep = "too deep to read" if depth == _TOO_DEEP else f"{depth} levels deep"
         raise ConstraintTooComplex(
-            f"'{param}' nests {depth} levels deep with its $refs followed; max_schema_depth"
-            f" is {limits.max_schema_depth}",
+            f"'{param}' nests {deep} with its $refs followed; max_schema_depth is"
+            f" {limits.max_schema_depth}",
             param=param,
         )
 
 
-def _check_schema(schema: Any, size: int, limits: Limits, param: str, what: str = "schema") -> None:
+_TOO_DEEP = 10**9
+
+
+@functools.lru_cache(maxsize=1024)  # texts within max_schema_bytes only
+def _depth_of_text(text: bytes) -> int:
     try:
-        check_schema_bounds(schema, size, limits, param)
+        return schema_depth(msgspec.json.decode(text))
+    except RecursionError:
+        return _TOO_DEEP
+
+
+def _check_schema(text: bytes, limits: Limits, param: str, what: str = "schema") -> None:
+    try:
+        check_schema_bounds(text, limits, param)
     except ConstraintTooComplex as exc:
         raise ConstraintTooComplex(
             exc.message.replace(f"'{param}'", what, 1), param=param
         ) from None
-    for pattern in schema_patterns(schema):
+    for pattern in schema_patterns(msgspec.json.decode(text)):
         check_regex(pattern, limits, param)
 
 
@@ -160,28 +174,48 @@ def _lark_or_none(grammar: str) -> str | None:
 _JSON_DIRECTIVE = re.compile(r"%json\s*(?=\{)")
 
 
-def embedded_schemas(lark: str) -> Iterator[tuple[Any, int]]:
-    """The JSON schemas a Lark grammar embeds (``%json { ... }``), with their sizes: the
-    same compilers build them as a ``response_format`` schema, so the same limits apply."""
-    decoder = json.JSONDecoder()
+def embedded_schemas(lark: str) -> Iterator[bytes]:
+    """The JSON texts of the schemas a Lark grammar embeds (``%json { ... }``): the same
+    compilers build them as a ``response_format`` schema, so the same limits apply."""
     for match in _JSON_DIRECTIVE.finditer(lark):
-        try:
-            schema, end = decoder.raw_decode(lark, match.end())
-        except ValueError:
-            continue  # validation says why
-        yield schema, end - match.end()
+        end = _json_end(lark, match.end())
+        if end is not None:
+            yield lark[match.end() : end].encode()
+
+
+def _json_end(text: str, start: int) -> int | None:
+    """Where the JSON value at ``start`` ends; None when there is none (validation says
+    why). Found without building it: one nested thousands deep would overflow the parser."""
+    depth, at, in_string = 0, start, False
+    while at < len(text):
+        char = text[at]
+        if in_string:
+            if char == "\\":
+                at += 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return at + 1
+        at += 1
+    return None
 
 
 def _without_json(lark: str) -> str:
     """``lark`` with each embedded schema replaced by ``{}``: its braces, brackets and
     strings are JSON, not grammar."""
-    decoder, parts, at = json.JSONDecoder(), [], 0
+    parts: list[str] = []
+    at = 0
     for match in _JSON_DIRECTIVE.finditer(lark):
         if match.start() < at:
             continue  # inside the schema just skipped
-        try:
-            _, end = decoder.raw_decode(lark, match.end())
-        except ValueError:
+        end = _json_end(lark, match.end())
+        if end is None:
             continue
         parts += [lark[at : match.end()], "{}"]
         at = end
@@ -282,7 +316,7 @@ def schema_depth(schema: Any) -> int:
                 break
             if child in done:
                 frame[2] = max(frame[2], done[child])
-            elif child not in on_path and (target := _resolve(schema, child)) is not None:
+            elif child not in on_path and (target := resolve_ref(schema, child)) is not None:
                 on_path.add(child)
                 stack.append([target, _below(target), 0, child])
                 break
@@ -305,7 +339,7 @@ def _below(node: Any) -> Iterator[Any]:
         yield ref
 
 
-def _resolve(schema: Any, ref: str) -> Any:
+def resolve_ref(schema: Any, ref: str) -> Any:
     """The container a local JSON-pointer ``$ref`` (``#``, ``#/$defs/x``) names, or None."""
     node = schema
     if ref in ("#", "#/"):

@@ -46,7 +46,7 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnknownTool,
 )
-from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds
+from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds, resolve_ref
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
 CALL_ID_RE = re.compile(r"call_[0-9a-f]{24}")  # fullmatch, as TOOL_NAME_RE
@@ -105,7 +105,7 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
         canonical = _canonical(schema)  # the key of both caches below
     except (TypeError, ValueError) as exc:  # a Python caller's non-JSON value
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
-    check_schema_bounds(schema, len(canonical), limits, param)
+    check_schema_bounds(canonical, limits, param)
     try:
         _check_metaschema(canonical)
     except RecursionError:  # jsonschema recurses per level: ~100 levels of properties do it
@@ -125,6 +125,12 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
         if not ref.startswith("#"):
             raise InvalidSchema(
                 f"'{param}' uses $ref {ref!r}: only local references ('#...') are supported",
+                param=param,
+            )
+        if _loops(schema, ref):
+            raise InvalidSchema(
+                f"'{param}' has $ref {ref!r} leading back to itself through $refs alone: it"
+                " stands for no schema (give the loop a schema with content)",
                 param=param,
             )
     try:
@@ -202,7 +208,9 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     copied from the schema in its prompt ("type", "minLength"...). Objects that say how to
     treat other keys keep their rule, bare ``{"type": "object"}`` stays free-form, and
     ``allOf`` members stay open (closing each would make their intersection unsatisfiable).
-    Anything valid against the result is valid against ``schema``.
+    A key that ``required`` names and ``properties`` does not is listed, taking any value
+    (as the open object let it), or the closed object could never be valid. Anything valid
+    against the result is valid against ``schema``.
     """
     out = copy.deepcopy(schema)
 
@@ -211,6 +219,11 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
             return
         if "properties" in node and not any(k in node for k in _OPEN_KEYWORDS):
             node["additionalProperties"] = False
+            properties, required = node["properties"], node.get("required")
+            if isinstance(properties, dict) and isinstance(required, list):
+                for key in required:
+                    if isinstance(key, str) and key not in properties:
+                        properties[key] = {}
         for sub in _subschemas(node, skip="allOf"):
             close(sub)
 
@@ -438,6 +451,26 @@ def _subschemas(node: dict[str, Any], skip: str = "") -> Iterable[Any]:
         sub = node.get(key)
         if isinstance(sub, dict):
             yield sub
+
+
+# Keywords that say nothing about the value: a node holding only these and a $ref is an alias.
+_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "examples", "default"})
+
+
+def _loops(schema: dict[str, Any], ref: str) -> bool:
+    """Whether following ``ref`` through nodes that are nothing but a $ref comes back to a
+    ref already followed: a loop with no schema in it, which compilers turn into an empty
+    token mask mid-output (a 500) or a crash of the vLLM server's request."""
+    followed = set()
+    while ref not in followed:
+        followed.add(ref)
+        node = resolve_ref(schema, ref)
+        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+            return False
+        if not _ANNOTATIONS.issuperset(node):
+            return False
+        ref = node["$ref"]
+    return True
 
 
 def _refs(node: Any) -> Iterable[str]:

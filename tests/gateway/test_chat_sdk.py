@@ -463,3 +463,12 @@ def test_parse_of_a_cut_off_answer_raises_the_sdks_length_error(gateway: Any) ->
             max_tokens=3,
             messages=[{"role": "user", "content": "Which country is Tokyo in?"}],
         )
+
+
+def test_stream_null_is_not_streamed(gateway: Any) -> None:
+    """The SDK's own type is `stream: Optional[Literal[False]]`; OpenAI takes null as false."""
+    completion = create(
+        gateway, stream=None, max_tokens=4, extra_body={"regex": "(yes|no)"}, messages=ASK_WEATHER
+    )
+    assert completion.choices[0].message.content in ("yes", "no")
+    receipt_of(completion)

@@ -163,6 +163,21 @@ def test_closed_schema_closes_objects_that_list_properties() -> None:
     assert accepts(closed, {"free": {"x": 1}, "tags": {"k": "v"}, "both": {"a": 1, "b": 2}})
 
 
+def test_closing_keeps_a_required_key_that_properties_does_not_list() -> None:
+    """Closed to its properties alone, this object could never hold "country": every call
+    failed with a 422 blaming the model."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city", "country"],
+    }
+    closed = closed_schema(schema)
+    assert closed["properties"] == {"city": {"type": "string"}, "country": {}}
+    assert accepts(closed, {"city": "Lima", "country": ["any", "value"]})
+    assert not accepts(closed, {"city": "Lima", "country": "Peru", "extra": 1})
+    assert schema["properties"] == {"city": {"type": "string"}}  # the caller's is untouched
+
+
 # --------------------------------------------------------------------------- union schema
 
 
