@@ -27,6 +27,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from test_ops import call_tool
 
 from gateway.app import create_app
 
@@ -48,14 +49,7 @@ def fuzz_url(gateway: Any, server_loop: Any) -> Iterator[str]:
 
 def existing_values(gateway: Any) -> dict[str, Any]:
     """Values that name things the ledger and the gateway hold, by parameter name."""
-    completion = gateway.openai().chat.completions.create(
-        model=gateway.model,
-        temperature=0,
-        tools=[TOOL],
-        tool_choice="required",
-        parallel_tool_calls=False,
-        messages=[{"role": "user", "content": "Ping alpha."}],
-    )
+    completion = call_tool(gateway)
     receipt = gateway.ledger.get(gateway.tenant, completion.model_extra["receipt"]["id"])
     return {
         "receipt_id": receipt.id,
@@ -70,18 +64,6 @@ def existing_values(gateway: Any) -> dict[str, Any]:
 
 
 HELLO = {"role": "user", "content": "Say hi."}
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "ping_host",
-        "parameters": {
-            "type": "object",
-            "properties": {"host": {"type": "string", "enum": ["alpha", "beta"]}},
-            "required": ["host"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 def test_no_server_errors_and_responses_match_the_schema(gateway: Any, fuzz_url: str) -> None:
