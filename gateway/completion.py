@@ -105,6 +105,9 @@ def prepare(
     )
     if plan.constraint is not None:
         check_constraint(plan.constraint, limits)
+    # Before the record: a max_tokens over the limit is named as such, not as a number the
+    # receipt cannot hold exactly.
+    sampling = sampling or _sampling(request, settings)
     try:
         digests = request_record(
             body if sent is None else sent, retain_payload=settings.retain_payloads
@@ -115,7 +118,7 @@ def prepare(
         body=body,
         request_record=digests,
         plan=plan,
-        sampling=sampling or _sampling(request, settings),
+        sampling=sampling,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
     )

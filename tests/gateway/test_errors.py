@@ -353,9 +353,10 @@ def test_stream_options_without_stream(gateway: Any) -> None:
     )
 
 
-def test_max_tokens_over_the_limit(gateway: Any) -> None:
-    err = error_of(post_chat(gateway, max_tokens=gateway.settings.max_tokens_limit + 1), 400)
-    assert err["param"] == "max_tokens"
+@pytest.mark.parametrize("over", [1, 2**60])  # 2**60: also more than a receipt holds exactly
+def test_max_tokens_over_the_limit(gateway: Any, over: int) -> None:
+    err = error_of(post_chat(gateway, max_tokens=gateway.settings.max_tokens_limit + over), 400)
+    assert (err["param"], err["code"]) == ("max_tokens", "max_tokens_too_large")
 
 
 def test_a_prompt_over_the_context_window_is_400_naming_messages(gateway: Any) -> None:
