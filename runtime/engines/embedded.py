@@ -165,7 +165,8 @@ class EmbeddedEngine:
         """Text deltas as tokens are decoded, then one final Generation."""
         if self._closed:
             raise EngineUnavailable("the embedded engine is closed")
-        prompt = self.encode(messages)
+        # Off the event loop: a 1 MB message takes the tokenizer over a second.
+        prompt = await asyncio.to_thread(self.encode, messages)
         self._check_length(prompt, sampling)
         try:
             grammar = await self.grammars.aget(constraint) if constraint is not None else None

@@ -314,6 +314,24 @@ def test_a_time_bound_past_year_9999_in_utc_is_400(gateway: Any) -> None:
                 assert err["param"] == next(iter(params)) and "years 1-9999" in err["message"]
 
 
+def test_many_large_tool_schemas_are_refused_by_their_total_first(gateway: Any) -> None:
+    """Each under max_schema_bytes, together over it (the union holds them all): refused at
+    the second, where every one was checked against its metaschema first (0.7 s each, on
+    the event loop)."""
+    import time
+
+    def tool(n: int) -> dict[str, Any]:
+        properties = {f"p{i}": {} for i in range(4000)}
+        parameters = {"type": "object", "properties": properties}
+        return {"type": "function", "function": {"name": f"t{n}", "parameters": parameters}}
+
+    started = time.perf_counter()
+    err = error_of(post_chat(gateway, tools=[tool(n) for n in range(10)]), 400)
+    assert time.perf_counter() - started < 2.0
+    assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
+    assert err["param"] == "tools[1].function.parameters"
+
+
 @pytest.mark.parametrize("regex", ["(a+)+b", "a{,100000}", "(a{100}b){100}"])
 def test_regex_too_complex(gateway: Any, regex: str) -> None:
     """``a{,100000}`` once passed the repeat limit, and its pure-Python automaton held a
