@@ -105,6 +105,8 @@ def _depth_of_text(text: bytes) -> int:
         return schema_depth(msgspec.json.decode(text))
     except RecursionError:
         return _TOO_DEEP
+    except msgspec.DecodeError:
+        return 0  # a %json block that is not JSON: validation says why
 
 
 def _check_schema(text: bytes, limits: Limits, param: str, what: str = "schema") -> None:
@@ -114,15 +116,54 @@ def _check_schema(text: bytes, limits: Limits, param: str, what: str = "schema")
         raise ConstraintTooComplex(
             exc.message.replace(f"'{param}'", what, 1), param=param
         ) from None
-    for pattern in schema_patterns(msgspec.json.decode(text)):
+    try:
+        schema = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return  # a %json block that is not JSON: validation says why
+    for pattern in schema_patterns(schema):
         check_regex(pattern, limits, param)
 
 
-# Lark syntax the repetition scan must not read into: string and regex literals, comments.
-_GRAMMAR_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')
-_GRAMMAR_COMMENT = re.compile(r"//[^\n]*")
-_GRAMMAR_REGEX = re.compile(r"/(?:[^/\\\n]|\\.)+/[a-z]*")
-# item ~ n, item ~ m..n, item{n}, item{m,n}: the upper bound (or the lower, when open)
+# What a Lark grammar holds that is not grammar syntax, found left to right in one pass (a
+# quote inside a regex literal, or a "//" or "%json {" inside a string, is not one):
+# comments, string literals, regex literals, and the JSON schema after a %json directive.
+_LARK_LITERAL = re.compile(
+    r'(?P<comment>//[^\n]*)|(?P<string>"(?:[^"\\\n]|\\.)*")'
+    r"|(?P<regex>/(?:[^/\\\n]|\\.)+/[a-z]*)|(?P<json>%json\s*(?=\{))"
+)
+
+
+@dataclass(frozen=True)
+class _Lexed:
+    bare: str  # the grammar with comments dropped and each literal or schema emptied
+    regexes: tuple[str, ...]  # the patterns of its regex literals
+    schemas: tuple[bytes, ...]  # the JSON texts of its %json schemas
+
+
+def _lex(lark: str) -> _Lexed:
+    parts: list[str] = []
+    regexes: list[str] = []
+    schemas: list[bytes] = []
+    at = 0
+    while (match := _LARK_LITERAL.search(lark, at)) is not None:
+        parts.append(lark[at : match.start()])
+        at = match.end()
+        if match.lastgroup == "string":
+            parts.append('""')
+        elif match.lastgroup == "regex":
+            regexes.append(match.group()[1 : match.group().rindex("/")])
+            parts.append("/x/")
+        elif match.lastgroup == "json":
+            end = _json_end(lark, at)
+            if end is None:  # it never closes: not a grammar (validation says why)
+                return _Lexed("".join(parts), tuple(regexes), tuple(schemas))
+            schemas.append(lark[at:end].encode())
+            parts.append("%json {}")
+            at = end
+    parts.append(lark[at:])
+    return _Lexed("".join(parts), tuple(regexes), tuple(schemas))
+
+
 _GRAMMAR_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _HUGE = 10**9  # a bound written with more digits counts as this (int() of 5,000 digits fails)
 _GRAMMAR_PAREN = re.compile(r"[()]")
@@ -135,12 +176,9 @@ def grammar_repeat_copies(grammar: str) -> int:
     into that many items (and gives up past 50,000 while decoding); the counted repetitions
     inside /regex/ terminals add up as in a regex. GBNF is read in its Lark form.
     Repetitions of a rule by another rule are not multiplied."""
-    grammar = _lark_or_none(grammar) or grammar
-    bare = _GRAMMAR_COMMENT.sub("", _GRAMMAR_STRING.sub('""', _without_json(grammar)))
-    regex_copies = sum(
-        repeated_copies(m.group()[1 : m.group().rindex("/")]) for m in _GRAMMAR_REGEX.finditer(bare)
-    )
-    bare = _GRAMMAR_REGEX.sub("/x/", bare)
+    lexed = _lex(_lark_or_none(grammar) or grammar)
+    bare = lexed.bare
+    regex_copies = sum(repeated_copies(pattern) for pattern in lexed.regexes)
     bound_at = {m.start(): _repeat_bound(m) for m in _GRAMMAR_REPEAT.finditer(bare)}
     parens = [(m.start(), m.group()) for m in _GRAMMAR_PAREN.finditer(bare)]
     group_bound: dict[int, int] = {}  # where a group opens -> the bound repeating it
@@ -174,13 +212,10 @@ def _lark_or_none(grammar: str) -> str | None:
 _JSON_DIRECTIVE = re.compile(r"%json\s*(?=\{)")
 
 
-def embedded_schemas(lark: str) -> Iterator[bytes]:
+def embedded_schemas(lark: str) -> tuple[bytes, ...]:
     """The JSON texts of the schemas a Lark grammar embeds (``%json { ... }``): the same
     compilers build them as a ``response_format`` schema, so the same limits apply."""
-    for match in _JSON_DIRECTIVE.finditer(lark):
-        end = _json_end(lark, match.end())
-        if end is not None:
-            yield lark[match.end() : end].encode()
+    return _lex(lark).schemas
 
 
 def _json_end(text: str, start: int) -> int | None:
@@ -206,22 +241,6 @@ def _json_end(text: str, start: int) -> int | None:
     return None
 
 
-def _without_json(lark: str) -> str:
-    """``lark`` with each embedded schema replaced by ``{}``: its braces, brackets and
-    strings are JSON, not grammar."""
-    parts: list[str] = []
-    at = 0
-    for match in _JSON_DIRECTIVE.finditer(lark):
-        if match.start() < at:
-            continue  # inside the schema just skipped
-        end = _json_end(lark, match.end())
-        if end is None:
-            continue
-        parts += [lark[at : match.end()], "{}"]
-        at = end
-    return "".join(parts) + lark[at:]
-
-
 # A rule or terminal definition at the start of a line: name, optional template parameters
 # or priority, then the colon.
 _GRAMMAR_RULE = re.compile(
@@ -235,10 +254,9 @@ def grammar_depth(lark: str) -> int:
     """How deep a Lark grammar nests: the longest chain of rule references from ``start``
     (from every rule when there is none), each reference weighted 1 plus the groups
     (``(...)``, ``[...]``) around it in its rule. A recursive rule counts once. Read without
-    strings, regexes, comments and embedded schemas; iterative, as deep input must not blow
+    strings, regexes, comments and embedded schemas (:func:`_lex`); iterative, as deep input must not blow
     this process's stack either."""
-    bare = _GRAMMAR_COMMENT.sub("", _GRAMMAR_STRING.sub('""', _without_json(lark)))
-    bare = _GRAMMAR_REGEX.sub("/x/", bare)
+    bare = _lex(lark).bare
     definitions = list(_GRAMMAR_RULE.finditer(bare))
     bodies: dict[str, str] = {}
     for i, match in enumerate(definitions):
@@ -301,31 +319,32 @@ def check_tool_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:
 def schema_depth(schema: Any) -> int:
     """Nesting depth of a JSON schema with its local ``$ref``s followed (a target counts as a
     level below its $ref): a chain of ``$defs`` nests as deep as the schema written out, and
-    the compilers recurse through it (1,500 linked $defs crash llguidance). A recursive
-    schema counts its cycle once. Iterative: a deep schema must not blow this stack either."""
-    done: dict[str, int] = {}  # ref -> depth of its target
-    on_path: set[str] = set()
-    # frames: the node, its children left, the deepest child so far, the ref that led here
-    stack: list[list[Any]] = [[schema, _below(schema), 0, None]]
+    the compilers recurse through it (1,500 linked $defs crash llguidance). A cycle (a
+    recursive schema) is cut where it comes back to a node being measured, and every node
+    is measured once however many pointers name it. Iterative: a deep schema must not blow
+    this stack either."""
+    done: dict[int, int] = {}  # id of a container -> its depth
+    on_path: set[int] = {id(schema)}
+    # frames: the node, its children left (containers, then its $ref), the deepest so far
+    stack: list[list[Any]] = [[schema, _below(schema), 0]]
     depth = 0
     while stack:
         frame = stack[-1]
         for child in frame[1]:
-            if not isinstance(child, str):
-                stack.append([child, _below(child), 0, None])
-                break
-            if child in done:
-                frame[2] = max(frame[2], done[child])
-            elif child not in on_path and (target := resolve_ref(schema, child)) is not None:
-                on_path.add(child)
-                stack.append([target, _below(target), 0, child])
-                break
+            node = resolve_ref(schema, child) if isinstance(child, str) else child
+            if node is None or id(node) in on_path:
+                continue
+            if id(node) in done:
+                frame[2] = max(frame[2], done[id(node)])
+                continue
+            on_path.add(id(node))
+            stack.append([node, _below(node), 0])
+            break
         else:
             stack.pop()
             depth = frame[2] + 1
-            if frame[3] is not None:
-                on_path.discard(frame[3])
-                done[frame[3]] = depth
+            on_path.discard(id(frame[0]))
+            done[id(frame[0])] = depth
             if stack:
                 stack[-1][2] = max(stack[-1][2], depth)
     return depth
@@ -339,6 +358,9 @@ def _below(node: Any) -> Iterator[Any]:
         yield ref
 
 
+_INDEX = re.compile(r"0|[1-9][0-9]{0,8}")  # an array index in a JSON pointer (RFC 6901)
+
+
 def resolve_ref(schema: Any, ref: str) -> Any:
     """The container a local JSON-pointer ``$ref`` (``#``, ``#/$defs/x``) names, or None."""
     node = schema
@@ -350,7 +372,7 @@ def resolve_ref(schema: Any, ref: str) -> Any:
         key = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and key in node:
             node = node[key]
-        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+        elif isinstance(node, list) and _INDEX.fullmatch(key) and int(key) < len(node):
             node = node[int(key)]
         else:
             return None

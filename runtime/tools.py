@@ -46,7 +46,13 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnknownTool,
 )
-from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds, resolve_ref
+from runtime.limits import (
+    DEFAULT_LIMITS,
+    Limits,
+    check_schema_bounds,
+    resolve_ref,
+    schema_patterns,
+)
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
 CALL_ID_RE = re.compile(r"call_[0-9a-f]{24}")  # fullmatch, as TOOL_NAME_RE
@@ -148,7 +154,6 @@ def parse_tools_field(tools: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[Tool
         raise InvalidTools("'tools' must not be empty (omit it instead)", param="tools")
     specs: list[ToolSpec] = []
     seen: set[str] = set()
-    total = 0  # bytes of parameters so far
     for i, item in enumerate(tools):
         at = f"tools[{i}]"
         if not isinstance(item, dict):
@@ -185,13 +190,6 @@ def parse_tools_field(tools: Any, limits: Limits = DEFAULT_LIMITS) -> tuple[Tool
                 f"'{at}.function.strict' must be a boolean", param=f"{at}.function.strict"
             )
         params = _tool_parameters(fn.get("parameters"), f"{at}.function.parameters", limits)
-        total += len(_canonical(params))
-        if total > limits.max_schema_bytes:  # the union holds them all: it would fail anyway
-            raise ConstraintTooComplex(
-                f"the tools' parameters come to {total} bytes by '{at}'; their union is held to"
-                f" max_schema_bytes ({limits.max_schema_bytes})",
-                param=f"{at}.function.parameters",
-            )
         specs.append(ToolSpec(name, description, params, bool(strict)))
     return tuple(specs)
 
@@ -227,16 +225,26 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
             return
         if "properties" in node and not any(k in node for k in _OPEN_KEYWORDS):
             node["additionalProperties"] = False
-            properties, required = node["properties"], node.get("required")
-            if isinstance(properties, dict) and isinstance(required, list):
-                for key in required:
-                    if isinstance(key, str) and key not in properties:
-                        properties[key] = {}
+            properties = node["properties"]
+            if isinstance(properties, dict):
+                for key in _required_keys(node):
+                    properties.setdefault(key, {})
         for sub in _subschemas(node, skip="allOf"):
             close(sub)
 
     close(out)
     return out
+
+
+def _required_keys(node: dict[str, Any]) -> list[str]:
+    """Keys ``node`` or its ``anyOf``/``oneOf``/``allOf`` members require (a member's
+    ``required`` reads the keys of the object it sits on)."""
+    lists = [node.get("required")]
+    for combinator in ("anyOf", "oneOf", "allOf"):
+        members = node.get(combinator)
+        if isinstance(members, list):
+            lists += [m.get("required") for m in members if isinstance(m, dict)]
+    return [k for keys in lists if isinstance(keys, list) for k in keys if isinstance(k, str)]
 
 
 # --------------------------------------------------------------------------- response_format
@@ -461,23 +469,40 @@ def _subschemas(node: dict[str, Any], skip: str = "") -> Iterable[Any]:
             yield sub
 
 
-# Keywords that say nothing about the value: a node holding only these and a $ref is an alias.
-_ANNOTATIONS = frozenset({"$ref", "title", "description", "$comment", "examples", "default"})
+# Keywords that do not constrain the value: a node holding only these besides a $ref (or a
+# one-member allOf of one) stands for its target alone.
+_NOT_CONSTRAINING = frozenset(
+    {
+        "title", "description", "$comment", "examples", "default", "deprecated",
+        "readOnly", "writeOnly", "$anchor", "$id", "$schema", "$defs", "definitions",
+    }
+)  # fmt: skip
 
 
 def _loops(schema: dict[str, Any], ref: str) -> bool:
-    """Whether following ``ref`` through nodes that are nothing but a $ref comes back to a
-    ref already followed: a loop with no schema in it, which compilers turn into an empty
-    token mask mid-output (a 500) or a crash of the vLLM server's request."""
+    """Whether following ``ref`` through nodes that stand for their target alone comes back
+    to a ref already followed: a loop with no schema in it, which compilers turn into an
+    empty token mask mid-output (a 500) or a crash of the vLLM server's request."""
     followed = set()
     while ref not in followed:
         followed.add(ref)
         node = resolve_ref(schema, ref)
-        if not (isinstance(node, dict) and isinstance(node.get("$ref"), str)):
+        if not isinstance(node, dict):
             return False
-        if not _ANNOTATIONS.issuperset(node):
+        rest = node.keys() - _NOT_CONSTRAINING
+        if rest == {"$ref"} and isinstance(node["$ref"], str):
+            ref = node["$ref"]
+        elif (
+            rest == {"allOf"}
+            and isinstance(node["allOf"], list)
+            and len(node["allOf"]) == 1
+            and isinstance(node["allOf"][0], dict)
+            and node["allOf"][0].keys() - _NOT_CONSTRAINING == {"$ref"}
+            and isinstance(node["allOf"][0]["$ref"], str)
+        ):
+            ref = node["allOf"][0]["$ref"]
+        else:
             return False
-        ref = node["$ref"]
     return True
 
 
@@ -740,10 +765,23 @@ def _canonical(schema: dict[str, Any]) -> bytes:
 def _check_metaschema(canonical: bytes) -> None:
     """jsonschema-rs decides (1 ms for a 60 KB schema where python-jsonschema took 0.76 s,
     on the event loop); python-jsonschema runs only on a schema it refuses, for the message
-    naming where."""
+    naming where. Always Draft 2020-12's metaschema, from jsonschema-rs's own copy: the
+    schema's ``$schema`` must not choose it (that made it fetch any URL or file)."""
     schema = _load_exact(canonical)
-    if not jsonschema_rs.meta.is_valid(schema):
+    if not _metaschema().is_valid(schema):
         jsonschema.Draft202012Validator.check_schema(schema)
+    for pattern in schema_patterns(schema):  # the limits read patterns with Python's parser
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise jsonschema.SchemaError(f"{pattern!r} is not a valid regex: {exc}") from None
+
+
+@functools.cache
+def _metaschema() -> jsonschema_rs.Validator:
+    return jsonschema_rs.Draft202012Validator(
+        {"$ref": "https://json-schema.org/draft/2020-12/schema"}, offline=True
+    )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -16,12 +16,11 @@ import torch
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, GrammarMatcher
 from runtime.constraint import Constraint, to_lark
-from runtime.errors import BackendCannotCompile, InvalidSchema
+from runtime.errors import BackendCannotCompile
 
 # Strict JSON: no whitespace between tokens (a weak model otherwise loops on whitespace) and
 # only the properties a schema lists, as OpenAI's strict mode does.
 _JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False}
-_UNSATISFIABLE = "Unsatisfiable schema:"
 _RESOURCE_LIMIT = re.compile(r"too many|\blimit\b", re.IGNORECASE)
 
 
@@ -68,15 +67,7 @@ class LLGuidanceBackend(GrammarBackend):
             grammar, self._lltok
         )
         if is_error:
-            reason = messages[0].strip()
-            if constraint.is_json and reason.startswith(_UNSATISFIABLE):
-                # No backend can help: no value fits (the post-hoc path decoded for 15 s to
-                # report the same). llguidance proves it, naming the keyword.
-                raise InvalidSchema(
-                    f"the schema admits no value ({reason[len(_UNSATISFIABLE) :].strip()})",
-                    param=constraint.param,
-                )
-            raise BackendCannotCompile(f"llguidance: {reason}")
+            raise BackendCannotCompile(f"llguidance: {messages[0].strip()}")
         if messages:  # warnings name ignored schema keywords: output could break the schema
             raise BackendCannotCompile("llguidance: " + "; ".join(m.strip() for m in messages))
         template = llguidance.LLMatcher(self._lltok, grammar, log_level=0)

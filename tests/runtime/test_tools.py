@@ -534,3 +534,67 @@ def test_a_failure_at_the_root_is_named_so() -> None:
     with pytest.raises(StructuredOutputInvalid) as info:
         validate({"a/b": 1}, {"properties": {"a/b": {"type": "string"}}}, "{}")
     assert "fails its schema at '/a~1b':" in info.value.message
+
+
+def test_a_schemas_own_metaschema_url_is_never_fetched() -> None:
+    """`$schema` chose the metaschema jsonschema-rs checked against, so a request made the
+    gateway fetch any URL (a socket that never answers held the event loop 30 s) or file."""
+    import socket
+    import time
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/internal?x=1"
+        for metaschema in (url, "file:///etc/passwd"):
+            started = time.perf_counter()
+            check_schema({"$schema": metaschema, "type": "object"}, "p")
+            assert time.perf_counter() - started < 1.0
+        with pytest.raises(InvalidSchema, match="Invalid URI"):
+            check_schema({"$schema": "not a uri", "type": "object"}, "p")
+        listener.settimeout(0.1)
+        with pytest.raises(TimeoutError):  # nobody connected
+            listener.accept()
+    with pytest.raises(InvalidSchema):  # still Draft 2020-12's metaschema
+        check_schema({"$schema": "http://json-schema.org/draft-07/schema#", "type": 5}, "p")
+
+
+def test_a_pattern_python_cannot_read_is_refused() -> None:
+    """The limits read patterns with Python's parser; one it cannot parse would count as no
+    repetition and no lookaround."""
+    with pytest.raises(InvalidSchema, match="not a valid regex"):
+        check_schema({"type": "string", "pattern": "(?:a{999}){30}\\p{L}"}, "p")
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+        {"type": "object", "properties": {"a": {"$ref": "#/properties/a", "deprecated": True}}},
+        {"$defs": {"a": {"allOf": [{"$ref": "#/$defs/a"}]}}, "$ref": "#/$defs/a"},
+        {"$ref": "#", "$defs": {"x": {"type": "string"}}},
+    ],
+    ids=["two-aliases", "annotated-self", "through-allOf", "root"],
+)
+def test_a_ref_loop_with_no_schema_in_it_is_refused(schema: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSchema, match="leading back to itself"):
+        check_schema(schema, "p")
+
+
+def test_a_recursive_schema_with_content_is_not_a_loop() -> None:
+    tree = {
+        "type": "object",
+        "properties": {"children": {"type": "array", "items": {"$ref": "#"}}},
+    }
+    check_schema(tree, "p")
+
+
+def test_closing_keeps_keys_that_combinator_members_require() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"kind": {"enum": ["x", "y"]}},
+        "anyOf": [{"required": ["x"]}, {"required": ["y"]}],
+    }
+    closed = closed_schema(schema)
+    assert set(closed["properties"]) == {"kind", "x", "y"}
+    assert accepts(closed, {"kind": "x", "x": 1}) and not accepts(closed, {"kind": "x"})
