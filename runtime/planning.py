@@ -407,10 +407,10 @@ def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
                     f"'{at}.tool_call_id' is required for role 'tool'", param=f"{at}.tool_call_id"
                 )
             if not ANSWERED_CALL_ID.fullmatch(call_id):
+                why = f"{len(call_id)} characters" if len(call_id) > 64 else "other characters"
                 raise RuntimeInputError(
                     f"'{at}.tool_call_id' must be 1-64 printable ASCII characters (the id of"
-                    " the call it answers), got one of "
-                    f"{len(call_id)} characters",
+                    f" the call it answers), got {why}",
                     param=f"{at}.tool_call_id",
                 )
             legacy_name = msg.get("name") if isinstance(msg.get("name"), str) else None

@@ -9,8 +9,8 @@ schema that is not valid JSON Schema, a regex that does not compile, conflicting
 A second app on the same engine and ledger serves the fuzzing with a 4-token budget, so the
 generated requests that are valid still run the real model but finish fast. Half the cases
 are grounded: path parameters, the proof sizes and the chat model are replaced by ones that
-exist (a receipt made for the test, its call, schema and seq; the served model and a plain
-user message), so the
+exist (a receipt made for the test, its call, schema and seq; for a chat completion only
+the served model, a plain message and a 2-token budget), so the
 documented 200 bodies are checked too, not only the 4xx of random ids; every operation must
 have answered at least one 2xx.
 """
@@ -78,7 +78,7 @@ def test_no_server_errors_and_responses_match_the_schema(gateway: Any, fuzz_url:
             if values:
                 setattr(case, where, {k: existing.get(k, v) for k, v in values.items()})
         if isinstance(case.body, dict) and "model" in case.body:  # a chat completion
-            case.body = {**case.body, "model": gateway.model, "messages": [HELLO]}
+            case.body = {"model": gateway.model, "messages": [HELLO], "max_tokens": 2}
         return case
 
     statuses: dict[str, set[int]] = defaultdict(set)
@@ -92,6 +92,7 @@ def test_no_server_errors_and_responses_match_the_schema(gateway: Any, fuzz_url:
             max_examples=EXAMPLES,
             deadline=None,
             database=None,
+            derandomize=True,  # the same cases every run: the 2xx check below cannot flake
             suppress_health_check=list(HealthCheck),
         )
         def fuzz(case: Any) -> None:
