@@ -22,12 +22,13 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass
 
 from runtime.backends.base import CompiledGrammar
 from runtime.backends.registry import BackendChain
 from runtime.constraint import Constraint
+from runtime.deep_stack import DeepStackExecutor
 from runtime.errors import RuntimeInputError
 
 CacheKey = tuple[str, str, tuple[str, ...], str]
@@ -55,7 +56,7 @@ class GrammarCache:
             raise ValueError("max_entries must be at least 1")
         self.chain = chain
         self.max_entries = max_entries
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grammar")
+        self._pool = DeepStackExecutor(max_workers=workers, thread_name_prefix="grammar")
         self._lock = threading.Lock()
         self._entries: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
         self._stats: dict[str, KindStats] = {}

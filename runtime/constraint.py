@@ -126,7 +126,7 @@ def _validate_regex(pattern: str) -> None:
 
     try:
         re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
         raise InvalidRegex(f"invalid regex: {exc}", param="regex") from None
 
 

@@ -124,13 +124,18 @@ def _check_schema(text: bytes, limits: Limits, param: str, what: str = "schema")
         check_regex(pattern, limits, param)
 
 
-# What a Lark grammar holds that is not grammar syntax, found left to right in one pass (a
-# quote inside a regex literal, or a "//" or "%json {" inside a string, is not one):
-# comments, string literals, regex literals, and the JSON schema after a %json directive.
-_LARK_LITERAL = re.compile(
-    r'(?P<comment>//[^\n]*)|(?P<string>"(?:[^"\\\n]|\\.)*")'
-    r"|(?P<regex>/(?:[^/\\\n]|\\.)+/[a-z]*)|(?P<json>%json\s*(?=\{))"
-)
+# What a Lark grammar holds that is not grammar syntax, read left to right in one pass as
+# llguidance's lexer reads it (a quote inside a regex literal, or a "//" or "%json {" inside
+# a string, is not one): comments (// and #), strings ("..." with an i flag), regex literals
+# (/.../ with llguidance's flags; they may span lines), special tokens (<...>), and the
+# JSON schema after a %json directive. A string or regex that never closes ends the scan:
+# the grammar is invalid (validation says why), and scanning on from every quote in it
+# would take quadratic time.
+_LARK_START = re.compile(r'//|[#"/<]|%json\s*(?=\{)')
+_LARK_COMMENT = re.compile(r"(?://|#)[^\n]*")
+_LARK_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"i?')
+_LARK_REGEX = re.compile(r"/(?:[^/\\]|\\.)+/[imslux]*")
+_LARK_SPECIAL = re.compile(r"<[^<>\n]*>")
 
 
 @dataclass(frozen=True)
@@ -145,25 +150,36 @@ def _lex(lark: str) -> _Lexed:
     regexes: list[str] = []
     schemas: list[bytes] = []
     at = 0
-    while (match := _LARK_LITERAL.search(lark, at)) is not None:
-        parts.append(lark[at : match.start()])
-        at = match.end()
-        if match.lastgroup == "string":
-            parts.append('""')
-        elif match.lastgroup == "regex":
-            regexes.append(match.group()[1 : match.group().rindex("/")])
-            parts.append("/x/")
-        elif match.lastgroup == "json":
-            end = _json_end(lark, at)
-            if end is None:  # it never closes: not a grammar (validation says why)
-                return _Lexed("".join(parts), tuple(regexes), tuple(schemas))
-            schemas.append(lark[at:end].encode())
+    while (start := _LARK_START.search(lark, at)) is not None:
+        parts.append(lark[at : start.start()])
+        token, at = start.group(), start.start()
+        if token in ("//", "#"):
+            at = _LARK_COMMENT.match(lark, at).end()  # type: ignore[union-attr]
+        elif token == "<":
+            special = _LARK_SPECIAL.match(lark, at)
+            parts.append("<>" if special else "<")
+            at = special.end() if special else at + 1
+        elif token in ('"', "/"):
+            literal = (_LARK_STRING if token == '"' else _LARK_REGEX).match(lark, at)
+            if literal is None:
+                break  # never closes
+            if token == "/":
+                regexes.append(literal.group()[1 : literal.group().rindex("/")])
+            parts.append('""' if token == '"' else "/x/")
+            at = literal.end()
+        else:  # %json
+            end = _json_end(lark, start.end())
+            if end is None:
+                break  # never closes
+            schemas.append(lark[start.end() : end].encode())
             parts.append("%json {}")
             at = end
-    parts.append(lark[at:])
+    else:
+        parts.append(lark[at:])
     return _Lexed("".join(parts), tuple(regexes), tuple(schemas))
 
 
+# item ~ n, item ~ m..n, item{n}, item{m,n}: the upper bound (or the lower, when open)
 _GRAMMAR_REPEAT = re.compile(r"~\s*(\d+)(?:\s*\.\.\s*(\d+))?|\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 _HUGE = 10**9  # a bound written with more digits counts as this (int() of 5,000 digits fails)
 _GRAMMAR_PAREN = re.compile(r"[()]")
@@ -244,10 +260,10 @@ def _json_end(text: str, start: int) -> int | None:
 # A rule or terminal definition at the start of a line: name, optional template parameters
 # or priority, then the colon.
 _GRAMMAR_RULE = re.compile(
-    r"^[ \t]*[?!]?([A-Za-z_][A-Za-z0-9_]*)[ \t]*(?:\{[^}\n]*\})?[ \t]*(?:\.[ \t]*-?\d+)?[ \t]*:",
+    r"^[ \t]*[?!]*([A-Za-z_][A-Za-z0-9_-]*)[ \t]*(?:\{[^}\n]*\})?[ \t]*(?:\.[ \t]*[+-]?\d+)?[ \t]*:",
     re.MULTILINE,
 )
-_GRAMMAR_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[()\[\]]")
+_GRAMMAR_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*|[()\[\]]")  # names may hold "-"
 
 
 def grammar_depth(lark: str) -> int:
@@ -274,13 +290,15 @@ def grammar_depth(lark: str) -> int:
                 refs.append((token, 1 + nesting))
         edges[name] = refs
     roots = ["start"] if "start" in bodies else list(bodies)
-    return max((_longest_path(root, edges) for root in roots), default=0)
+    done: dict[str, int] = {}  # shared: each rule is measured once whichever root reaches it
+    return max((_longest_path(root, edges, done) for root in roots), default=0)
 
 
-def _longest_path(root: str, edges: dict[str, list[tuple[str, int]]]) -> int:
+def _longest_path(root: str, edges: dict[str, list[tuple[str, int]]], done: dict[str, int]) -> int:
     """The heaviest path from ``root`` along weighted edges, cycles cut (memoised, iterative
     post-order: frames of node, edges left, heaviest path below, weight of the edge in)."""
-    done: dict[str, int] = {}
+    if root in done:
+        return done[root]
     on_path = {root}
     stack: list[list[Any]] = [[root, iter(edges[root]), 0, 0]]
     while stack:
@@ -406,6 +424,14 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
             param=param,
         )
+    try:
+        re_parser.parse(pattern)
+    except OverflowError:
+        raise ConstraintTooComplex(
+            f"regex {pattern[:80]!r} has a repetition bound past 2**32", param=param
+        ) from None
+    except re.error:
+        pass  # validation says why
     copies = repeated_copies(pattern)
     if copies > limits.max_regex_repeat:
         raise ConstraintTooComplex(
@@ -457,7 +483,7 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
     Python cannot parse the pattern."""
     try:
         parsed = re_parser.parse(pattern)
-    except re.error:
+    except (re.error, OverflowError):  # check_regex refuses the latter first
         return
     pending: list[tuple[Any, int]] = [(parsed, 1)]
     while pending:

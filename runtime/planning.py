@@ -352,7 +352,7 @@ def _regex(pattern: Any) -> Constraint:
         raise InvalidRegex("'regex' must be a non-empty string", param="regex")
     try:
         re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
         raise InvalidRegex(f"'regex' does not compile: {exc}", param="regex") from None
     return Constraint.regex(pattern)
 

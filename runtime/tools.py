@@ -773,7 +773,7 @@ def _check_metaschema(canonical: bytes) -> None:
     for pattern in schema_patterns(schema):  # the limits read patterns with Python's parser
         try:
             re.compile(pattern)
-        except re.error as exc:
+        except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
             raise jsonschema.SchemaError(f"{pattern!r} is not a valid regex: {exc}") from None
 
 

@@ -17,7 +17,6 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
 from runtime.constrained import post_hoc_retry_json, processor_of
 from runtime.constraint import Constraint
+from runtime.deep_stack import DeepStackExecutor
 from runtime.engines.base import (
     NO_BACKEND,
     ChatMessage,
@@ -100,7 +100,7 @@ class EmbeddedEngine:
         self.grammars = grammars
         self._eos_ids = _eos_ids(model, tokenizer)
         self._vocab = len(tokenizer)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
+        self._worker = DeepStackExecutor(max_workers=1, thread_name_prefix="decode")
         self._closed = False
 
     @classmethod

@@ -120,3 +120,36 @@ def test_the_key_binds_backend_order_and_tokenizer(cache, chain):
         assert other.get(constraint).backend == "xgrammar"
     finally:
         other.close()
+
+
+def test_a_grammar_nested_past_a_default_thread_stack_compiles_on_the_pool() -> None:
+    """3,000 rules each naming the next overflowed an 8 MB thread stack inside llguidance
+    (SIGSEGV: the process died). With the depth limit lifted, the pool's deep stacks hold it.
+    Run in a child process, so a regression fails this test instead of killing the suite."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = """
+import sys
+sys.path.insert(0, "tests/runtime")
+from grammar_testkit import smol_tokenizer
+from runtime.backends import BackendChain
+from runtime.cache import GrammarCache
+from runtime.constraint import Constraint
+from runtime.limits import Limits
+chain = BackendChain(smol_tokenizer(), "llguidance", Limits(max_grammar_depth=10**6))
+grammar = "start: r0\\n" + "\\n".join(f"r{i}: r{i + 1}" for i in range(3000)) + '\\nr3000: "a"'
+GrammarCache(chain).submit(Constraint.ebnf(grammar)).result()
+print("compiled")
+"""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 and "compiled" in done.stdout, (done.returncode, done.stderr[-500:])

@@ -128,6 +128,70 @@ def test_typed_error_fast(chain, constraint, error, words):
     )
 
 
+def _chain(rule: str, count: int = 300) -> str:
+    """``count`` rules each naming the next, written as ``rule`` ({i} and {j} the names)."""
+    rules = "\n".join(rule.format(i=i, j=i + 1) for i in range(count))
+    return "start: r0\n" + rules + f'\nr{count}: "a"'
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        _chain("r{i}: r{j}"),
+        _chain('r{i}: /"/ r{j} /"/'),  # a quote in a regex literal
+        _chain("r{i}: /x\\// r{j}"),  # an escaped slash
+        _chain('r{i}: "%json {{" r{j} "}}"'),  # %json inside a string
+        _chain("r{i}: r{j}").replace("start: r0", "start: r0\n# %json {"),  # in a # comment
+        _chain("r{i}: /x/r{j}"),  # a regex's flags end at its last flag letter
+        _chain('r{i}: <"> r{j} <">'),  # a special token holding a quote
+        _chain("r{i}: /a\n/ r{j}"),  # a regex literal across a line break
+        _chain("!?r{i}: r{j}"),
+        _chain("r{i}.+1: r{j}"),
+        _chain('r{i}: r-{i} "b"\nr-{i}: r{j}'),  # names with a hyphen
+    ],
+    ids=[
+        "plain",
+        "quote-in-regex",
+        "escaped-slash",
+        "json-in-string",
+        "hash-comment",
+        "regex-flags",
+        "special-token",
+        "multiline-regex",
+        "prefixes",
+        "priority",
+        "hyphens",
+    ],
+)
+def test_a_rule_chain_is_measured_however_it_is_written(grammar: str) -> None:
+    """Each spelling hid the chain from the depth check in a first version; llguidance reads
+    them all, and a chain of 3,000 overflows an 8 MB stack."""
+    with pytest.raises(ConstraintTooComplex, match="max_grammar_depth"):
+        check_constraint(Constraint.ebnf(grammar))
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    ['start: "' + '\\"' * 30000, "start: /" + "\\/" * 30000, "start: a\n" + "%json{" * 9000],
+    ids=["unclosed-string", "unclosed-regex", "unclosed-json"],
+)
+def test_reading_a_grammar_that_never_closes_is_linear(grammar: str) -> None:
+    """Scanning on from every quote of an unclosed string took a minute for 64 KB."""
+    started = time.perf_counter()
+    try:
+        check_constraint(Constraint.ebnf(grammar))
+    except ConstraintTooComplex:
+        pass
+    assert time.perf_counter() - started < 1.0
+
+
+def test_a_repetition_bound_past_python_s_maximum_is_too_complex() -> None:
+    with pytest.raises(ConstraintTooComplex, match="past 2\\*\\*32"):
+        check_constraint(Constraint.regex("a{4294967296}"))
+    with pytest.raises(ConstraintTooComplex, match="past 2\\*\\*32"):
+        check_constraint(Constraint.json_schema({"type": "string", "pattern": "a{4294967296}"}))
+
+
 @pytest.mark.parametrize(
     "constraint",
     [
