@@ -55,19 +55,20 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
                 f"grammar is {size} bytes; max_grammar_bytes is {limits.max_grammar_bytes}",
                 param=param,
             )
-        copies = grammar_repeat_copies(constraint.source)
+        lark = _lark_or_none(constraint.source)
+        lexed = _lex(lark or constraint.source)  # read once for the three checks below
+        copies = grammar_repeat_copies(lexed)
         if copies > limits.max_regex_repeat:
             raise ConstraintTooComplex(
                 f"grammar asks for {copies} copies of items (its ~ repetitions, summed);"
                 f" max_regex_repeat is {limits.max_regex_repeat}",
                 param=param,
             )
-        lark = _lark_or_none(constraint.source)
         if lark is None:
             return  # not a grammar at all: validation says why
-        for text in embedded_schemas(lark):
+        for text in lexed.schemas:
             _check_schema(text, limits, param, what="%json schema in the grammar")
-        depth = grammar_depth(lark)
+        depth = grammar_depth(lexed)
         if depth > limits.max_grammar_depth:
             raise ConstraintTooComplex(
                 f"grammar nests {depth} levels deep (rule references followed from its start"
@@ -77,20 +78,22 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
             )
 
 
-def check_schema_bounds(text: bytes, limits: Limits, param: str) -> None:
+def check_schema_bounds(text: bytes, limits: Limits, param: str, what: str | None = None) -> None:
     """The size and depth limits alone, on a schema's JSON text: cheap, so they run before a
     schema is checked against its metaschema or cached (a 1 MB schema took 27 s to check,
-    and was kept). The depth of a text is remembered: agents resend the same tools."""
+    and was kept). The depth of a text is remembered: agents resend the same tools.
+    ``what`` names the schema in the error (default: ``param``, quoted)."""
+    what = what or f"'{param}'"
     if len(text) > limits.max_schema_bytes:
         raise ConstraintTooComplex(
-            f"'{param}' is {len(text)} bytes; max_schema_bytes is {limits.max_schema_bytes}",
+            f"{what} is {len(text)} bytes; max_schema_bytes is {limits.max_schema_bytes}",
             param=param,
         )
     depth = _depth_of_text(text)
     if depth > limits.max_schema_depth:
         deep = "too deep to read" if depth == _TOO_DEEP else f"{depth} levels deep"
         raise ConstraintTooComplex(
-            f"'{param}' nests {deep} with its $refs followed; max_schema_depth is"
+            f"{what} nests {deep} with its $refs followed; max_schema_depth is"
             f" {limits.max_schema_depth}",
             param=param,
         )
@@ -110,12 +113,7 @@ def _depth_of_text(text: bytes) -> int:
 
 
 def _check_schema(text: bytes, limits: Limits, param: str, what: str = "schema") -> None:
-    try:
-        check_schema_bounds(text, limits, param)
-    except ConstraintTooComplex as exc:
-        raise ConstraintTooComplex(
-            exc.message.replace(f"'{param}'", what, 1), param=param
-        ) from None
+    check_schema_bounds(text, limits, param, what)
     try:
         schema = msgspec.json.decode(text)
     except msgspec.DecodeError:
@@ -186,13 +184,12 @@ _GRAMMAR_PAREN = re.compile(r"[()]")
 _SPACES = re.compile(r"\s*")
 
 
-def grammar_repeat_copies(grammar: str) -> int:
+def grammar_repeat_copies(lexed: _Lexed) -> int:
     """Items a Lark grammar's counted repetitions ask for: each bound times the bounds of the
     groups around it, summed (``("a"~40)~40`` is 40 x 40 + 40). llguidance expands each
     into that many items (and gives up past 50,000 while decoding); the counted repetitions
     inside /regex/ terminals add up as in a regex. GBNF is read in its Lark form.
     Repetitions of a rule by another rule are not multiplied."""
-    lexed = _lex(_lark_or_none(grammar) or grammar)
     bare = lexed.bare
     regex_copies = sum(repeated_copies(pattern) for pattern in lexed.regexes)
     bound_at = {m.start(): _repeat_bound(m) for m in _GRAMMAR_REPEAT.finditer(bare)}
@@ -223,15 +220,6 @@ def _lark_or_none(grammar: str) -> str | None:
         return to_lark(grammar)
     except ValueError:
         return None
-
-
-_JSON_DIRECTIVE = re.compile(r"%json\s*(?=\{)")
-
-
-def embedded_schemas(lark: str) -> tuple[bytes, ...]:
-    """The JSON texts of the schemas a Lark grammar embeds (``%json { ... }``): the same
-    compilers build them as a ``response_format`` schema, so the same limits apply."""
-    return _lex(lark).schemas
 
 
 def _json_end(text: str, start: int) -> int | None:
@@ -266,13 +254,13 @@ _GRAMMAR_RULE = re.compile(
 _GRAMMAR_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*|[()\[\]]")  # names may hold "-"
 
 
-def grammar_depth(lark: str) -> int:
+def grammar_depth(lexed: _Lexed) -> int:
     """How deep a Lark grammar nests: the longest chain of rule references from ``start``
     (from every rule when there is none), each reference weighted 1 plus the groups
     (``(...)``, ``[...]``) around it in its rule. A recursive rule counts once. Read without
-    strings, regexes, comments and embedded schemas (:func:`_lex`); iterative, as deep input must not blow
-    this process's stack either."""
-    bare = _lex(lark).bare
+    strings, regexes, comments and embedded schemas (:func:`_lex`); iterative, as deep
+    input must not blow this process's stack either."""
+    bare = lexed.bare
     definitions = list(_GRAMMAR_RULE.finditer(bare))
     bodies: dict[str, str] = {}
     for i, match in enumerate(definitions):
