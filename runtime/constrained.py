@@ -30,7 +30,12 @@ from runtime.backends.base import (
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
-from runtime.errors import ConstraintTooComplex, EngineFault, StructuredOutputInvalid
+from runtime.errors import (
+    ConstraintTooComplex,
+    EngineFault,
+    RuntimeInputError,
+    StructuredOutputInvalid,
+)
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
 from runtime.tools import EXACT_JSON, validate
 
@@ -135,6 +140,14 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
                 for eos in self.eos_token_ids:
                     set_token_bit(row, eos, True)
         allowed = bitmask_to_bool(row, self.vocab_size)
+        if not allowed.any():  # sampling from nothing: NaN probabilities, or token 0 picked
+            raise RuntimeInputError(
+                "the constraint allows no next token: it admits no output this model can write"
+                " (a schema or grammar with no way to finish, or one asking for a special token"
+                " such as an end-of-turn marker)",
+                param=self._param,
+                code="constraint_unsatisfiable",
+            )
         scores[:, : self.vocab_size].masked_fill_(~allowed, float("-inf"))
         scores[:, self.vocab_size :] = float("-inf")  # padding rows of the embedding
         return scores

@@ -325,15 +325,6 @@ class EmbeddedEngine:
                 logits = out.logits[:, -1, :].float()
                 if processor is not None:  # it reads the last token of step_input to advance
                     logits = processor(step_input, logits)
-                if processor is not None and not torch.isfinite(logits[0, : self._vocab]).any():
-                    raise RuntimeInputError(
-                        f"the {grammar.constraint.kind} constraint allows no token after"  # type: ignore[union-attr]
-                        f" {len(tokens)} of output: it admits no output this model can write (a"
-                        " schema or grammar with no way to finish, or one asking for a special"
-                        " token such as an end-of-turn marker)",
-                        param=grammar.constraint.param,  # type: ignore[union-attr]
-                        code="constraint_unsatisfiable",
-                    )
                 token = _pick(logits[0, : self._vocab], sampling, generator)
                 if token in self._eos_ids:
                     finish = "stop"
