@@ -483,27 +483,29 @@ def _loops(schema: dict[str, Any], ref: str) -> bool:
     """Whether following ``ref`` through nodes that stand for their target alone comes back
     to a ref already followed: a loop with no schema in it, which compilers turn into an
     empty token mask mid-output (a 500) or a crash of the vLLM server's request."""
-    followed = set()
+    followed: set[str] = set()
     while ref not in followed:
         followed.add(ref)
-        node = resolve_ref(schema, ref)
-        if not isinstance(node, dict):
+        target = _alias_of(resolve_ref(schema, ref))
+        if target is None:
             return False
-        rest = node.keys() - _NOT_CONSTRAINING
-        if rest == {"$ref"} and isinstance(node["$ref"], str):
-            ref = node["$ref"]
-        elif (
-            rest == {"allOf"}
-            and isinstance(node["allOf"], list)
-            and len(node["allOf"]) == 1
-            and isinstance(node["allOf"][0], dict)
-            and node["allOf"][0].keys() - _NOT_CONSTRAINING == {"$ref"}
-            and isinstance(node["allOf"][0]["$ref"], str)
-        ):
-            ref = node["allOf"][0]["$ref"]
-        else:
-            return False
+        ref = target
     return True
+
+
+def _alias_of(node: Any) -> str | None:
+    """The $ref a node stands for alone (beside keywords that do not constrain, or as the one
+    member of an allOf), or None."""
+    if not isinstance(node, dict):
+        return None
+    rest = node.keys() - _NOT_CONSTRAINING
+    if rest == {"$ref"}:
+        return node["$ref"] if isinstance(node["$ref"], str) else None
+    if rest == {"allOf"} and isinstance(node["allOf"], list) and len(node["allOf"]) == 1:
+        member = node["allOf"][0]
+        if isinstance(member, dict) and member.keys() - _NOT_CONSTRAINING == {"$ref"}:
+            return member["$ref"] if isinstance(member["$ref"], str) else None
+    return None
 
 
 def _refs(node: Any) -> Iterable[str]:
