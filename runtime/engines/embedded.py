@@ -17,7 +17,7 @@ import json
 import os
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -167,7 +167,7 @@ class EmbeddedEngine:
             raise EngineUnavailable("the embedded engine is closed")
         # Off the event loop: a 1 MB message takes the tokenizer over a second.
         prompt = await asyncio.to_thread(self.encode, messages)
-        self._check_length(prompt, sampling)
+        fitted = self._fit(prompt, sampling)
         try:
             grammar = await self.grammars.aget(constraint) if constraint is not None else None
         except BackendCannotCompile:
@@ -177,7 +177,7 @@ class EmbeddedEngine:
             yield TextDelta(generation.text)
             yield generation
             return
-        async for event in self._run(prompt, grammar, sampling, enforcement):
+        async for event in self._run(prompt, grammar, fitted, enforcement):
             yield event
 
     async def ready(self) -> bool:
@@ -201,18 +201,21 @@ class EmbeddedEngine:
         )
         return list(encoded["input_ids"])
 
-    def _check_length(self, prompt: list[int], sampling: Sampling) -> None:
+    def _fit(self, prompt: list[int], sampling: Sampling) -> Sampling:
+        """``sampling`` with ``max_tokens`` lowered to the room the prompt leaves in the
+        context window, as vLLM does, so both engines answer a long conversation alike (the
+        receipt keeps the requested figure; a replay lowers it the same way)."""
         limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit and len(prompt) + sampling.max_tokens > limit:
-            # Name what the caller should shorten: the messages when they alone leave no room.
+        if not limit or len(prompt) + sampling.max_tokens <= limit:
+            return sampling
+        if len(prompt) >= limit:
             raise RuntimeInputError(
-                f"this model's maximum context length is {limit} tokens; the request asks for "
-                f"{len(prompt) + sampling.max_tokens} ({len(prompt)} in the messages, "
-                f"{sampling.max_tokens} in the completion): shorten the messages or lower "
-                "max_tokens",
-                param="messages" if len(prompt) >= limit else "max_tokens",
+                f"this model's maximum context length is {limit} tokens; the messages alone "
+                f"are {len(prompt)}: shorten the messages",
+                param="messages",
                 code="context_length_exceeded",
             )
+        return replace(sampling, max_tokens=limit - len(prompt))
 
     async def _post_hoc(
         self, messages: Sequence[ChatMessage], schema: dict[str, Any], sampling: Sampling
@@ -230,8 +233,8 @@ class EmbeddedEngine:
             if cancelled.is_set():
                 raise asyncio.CancelledError  # no retry for a caller who left
             prompt = self.encode([*history, ChatMessage("user", prompt_text)])
-            self._check_length(prompt, sampling)
-            attempts.append(self._decode(prompt, None, sampling, None, lambda _: None, cancelled))
+            fitted = self._fit(prompt, sampling)
+            attempts.append(self._decode(prompt, None, fitted, None, lambda _: None, cancelled))
             return attempts[-1].text
 
         loop = asyncio.get_running_loop()

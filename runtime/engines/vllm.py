@@ -325,7 +325,8 @@ def _status_error(
 ) -> RuntimeInputError | EngineRejected | EngineUnavailable:
     message = _error_message(raw)
     if status in CLIENT_FAULT_STATUSES and _CONTEXT_WINDOW_WORDS in message:
-        # vLLM lowers max_tokens to the room left, so only the prompt itself can be too long.
+        # vLLM lowers max_tokens to the room left (the embedded engine does the same), so only
+        # the prompt itself can be too long.
         return RuntimeInputError(message, param="messages", code="context_length_exceeded")
     if status in CLIENT_FAULT_STATUSES:
         return EngineRejected(status, message)

@@ -398,16 +398,35 @@ def test_a_prompt_over_the_context_window_is_400_naming_messages(gateway: Any) -
     assert "maximum context length is" in err.body["message"]
 
 
-def test_max_tokens_past_the_context_window_is_400_naming_max_tokens(gateway: Any) -> None:
+def test_max_tokens_past_the_context_window_is_lowered_to_the_room_left(
+    gateway: Any, request: pytest.FixtureRequest
+) -> None:
+    """Both engines do as vLLM does: a completion that would not fit gets the room the prompt
+    leaves (so a long conversation with the default max_tokens still gets an answer)."""
     if gateway.engine.identity.engine == "vllm":
-        pytest.skip("vLLM lowers max_tokens to the room the prompt leaves")
-    err = sdk_error(
-        gateway,
-        messages=[{"role": "user", "content": "hello " * 8_000}],
-        max_tokens=gateway.settings.max_tokens_limit,
-    )
-    assert (err.body["code"], err.body["param"]) == ("context_length_exceeded", "max_tokens")
-    assert f"{gateway.settings.max_tokens_limit} in the completion" in err.body["message"]
+        window = request.getfixturevalue("vllm_server").config.max_model_len
+    else:
+        window = gateway.engine.model.config.max_position_embeddings
+    client = gateway.openai()
+
+    def ask(words: int, max_tokens: int) -> Any:
+        return client.chat.completions.create(
+            model=gateway.model,
+            messages=[{"role": "user", "content": "hello " * words}],
+            max_tokens=max_tokens,
+            temperature=0,
+        )
+
+    framing = ask(100, 1).usage.prompt_tokens - 100  # the chat template's own tokens
+    words = window - framing - 3
+    completion = ask(words, gateway.settings.max_tokens_limit)
+    usage = completion.usage
+    assert usage.prompt_tokens == words + framing
+    assert usage.completion_tokens <= 3
+    assert usage.prompt_tokens + usage.completion_tokens <= window
+    if usage.completion_tokens == 3:
+        assert completion.choices[0].finish_reason == "length"
+    assert completion.model_extra["receipt"]["seq"] >= 1
 
 
 def test_malformed_body_names_the_field(gateway: Any) -> None:
