@@ -29,7 +29,7 @@ import functools
 import json
 import re
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -214,37 +214,65 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     copied from the schema in its prompt ("type", "minLength"...). Objects that say how to
     treat other keys keep their rule, bare ``{"type": "object"}`` stays free-form, and
     ``allOf`` members stay open (closing each would make their intersection unsatisfiable).
-    A key that ``required`` names and ``properties`` does not is listed, taking any value
-    (as the open object let it), or the closed object could never be valid. Anything valid
-    against the result is valid against ``schema``.
+    ``anyOf``/``oneOf`` members are closed when they are the object's whole description (a
+    union of variants); under an object that lists properties or an open rule they read the
+    same keys, so they stay open and the object lists the keys they name. A key that
+    ``required`` names and ``properties`` does not is listed, taking any value (as the open
+    object let it), or the closed object could never be valid. Anything valid against the
+    result is valid against ``schema`` (but for ``oneOf``, whose exclusivity no grammar
+    backend enforces anyway: outputs are validated against the tool's own schema).
     """
     out = copy.deepcopy(schema)
 
-    def close(node: Any) -> None:
+    def close(node: Any, *, keys_ruled: bool = False) -> None:
+        """``keys_ruled``: an object this node applies to in place already rules its keys."""
         if not isinstance(node, dict):
             return
-        if "properties" in node and not any(k in node for k in _OPEN_KEYWORDS):
+        described = "properties" in node or any(k in node for k in _OPEN_KEYWORDS)
+        if "properties" in node and not keys_ruled and not any(k in node for k in _OPEN_KEYWORDS):
             node["additionalProperties"] = False
             properties = node["properties"]
             if isinstance(properties, dict):
-                for key in _required_keys(node):
+                for key in _keys_named_in_place(node):
                     properties.setdefault(key, {})
-        for sub in _subschemas(node, skip="allOf"):
+        for sub in _subschemas(node, skip=_IN_PLACE):
             close(sub)
+        for member in _in_place_members(node):
+            close(member, keys_ruled=keys_ruled or described)
 
     close(out)
     return out
 
 
-def _required_keys(node: dict[str, Any]) -> list[str]:
-    """Keys ``node`` or its ``anyOf``/``oneOf``/``allOf`` members require (a member's
-    ``required`` reads the keys of the object it sits on)."""
-    lists = [node.get("required")]
-    for combinator in ("anyOf", "oneOf", "allOf"):
-        members = node.get(combinator)
-        if isinstance(members, list):
-            lists += [m.get("required") for m in members if isinstance(m, dict)]
-    return [k for keys in lists if isinstance(keys, list) for k in keys if isinstance(k, str)]
+# Subschemas that read the same object as the node holding them. Inside ``not`` and ``if``
+# closing would widen what the whole accepts (the negation of a narrower schema), so nothing
+# there is touched; ``allOf`` members stay open (see closed_schema).
+_IN_PLACE = frozenset({"anyOf", "oneOf", "allOf", "not", "if", "then", "else", "dependentSchemas"})
+
+
+def _in_place_members(node: dict[str, Any]) -> Iterable[Any]:
+    """The subschemas closed_schema closes as parts of ``node``'s own object."""
+    for key in ("anyOf", "oneOf"):
+        members = node.get(key)
+        yield from members if isinstance(members, list) else ()
+    yield from (node[key] for key in ("then", "else") if isinstance(node.get(key), dict))
+    dependent = node.get("dependentSchemas")
+    yield from dependent.values() if isinstance(dependent, dict) else ()
+
+
+def _keys_named_in_place(node: dict[str, Any]) -> list[str]:
+    """Keys ``node`` requires, and those its in-place parts (``allOf``, ``anyOf``, ``oneOf``,
+    ``then``, ``else``, ``dependentSchemas``: they read the same object) list or require, at
+    any depth; in the schema's order, so the closed schema's text is stable."""
+    required = node.get("required")
+    keys = [k for k in required if isinstance(k, str)] if isinstance(required, list) else []
+    conjuncts = node.get("allOf")
+    for part in [*(conjuncts if isinstance(conjuncts, list) else ()), *_in_place_members(node)]:
+        if isinstance(part, dict):
+            listed = part.get("properties")
+            keys += list(listed) if isinstance(listed, dict) else []
+            keys += _keys_named_in_place(part)
+    return keys
 
 
 # --------------------------------------------------------------------------- response_format
@@ -454,18 +482,18 @@ def _rewrite_refs(node: Any, base: str) -> Any:
     return node
 
 
-def _subschemas(node: dict[str, Any], skip: str = "") -> Iterable[Any]:
+def _subschemas(node: dict[str, Any], skip: Container[str] = ()) -> Iterable[Any]:
     for key in _SCHEMA_MAPS:
         sub = node.get(key)
-        if isinstance(sub, dict):
+        if isinstance(sub, dict) and key not in skip:
             yield from sub.values()
     for key in _SCHEMA_LISTS:
         sub = node.get(key)
-        if isinstance(sub, list) and key != skip:
+        if isinstance(sub, list) and key not in skip:
             yield from sub
     for key in _SCHEMA_SINGLES:
         sub = node.get(key)
-        if isinstance(sub, dict):
+        if isinstance(sub, dict) and key not in skip:
             yield sub
 
 

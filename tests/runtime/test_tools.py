@@ -598,3 +598,41 @@ def test_closing_keeps_keys_that_combinator_members_require() -> None:
     closed = closed_schema(schema)
     assert set(closed["properties"]) == {"kind", "x", "y"}
     assert accepts(closed, {"kind": "x", "x": 1}) and not accepts(closed, {"kind": "x"})
+
+
+def test_closing_leaves_members_that_read_a_described_object_open() -> None:
+    """Closed to their own keys, these members could never hold "name", which the object
+    requires: every call was a 400 constraint_unsupported or a 422."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "required": ["name"],
+        "anyOf": [
+            {"properties": {"email": {"type": "string"}}, "required": ["email"]},
+            {"allOf": [{"required": ["phone"]}]},  # a key required two levels down
+        ],
+    }
+    closed = closed_schema(schema)
+    assert list(closed["properties"]) == ["name", "email", "phone"]
+    assert "additionalProperties" not in closed["anyOf"][0]
+    assert accepts(closed, {"name": "Ann", "email": "a@b.c"})
+    assert accepts(closed, {"name": "Ann", "phone": "12"})
+    assert not accepts(closed, {"name": "Ann"})
+    assert not accepts(closed, {"name": "Ann", "email": "a@b.c", "extra": 1})
+
+
+def test_closing_never_reaches_into_not_or_if() -> None:
+    """Closing the schema under ``not`` would make the whole accept more than the tool's
+    own schema: here an "a" of 1 next to a "b"."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "not": {"properties": {"a": {"const": 1}}, "required": ["a"]},
+        "if": {"properties": {"a": {"const": 2}}, "required": ["a"]},
+        "then": {"required": ["b"]},
+    }
+    closed = closed_schema(schema)
+    assert closed["not"] == schema["not"] and closed["if"] == schema["if"]
+    for value in ({"a": 1, "b": 2}, {"a": 2}, {"a": 3, "c": 1}):
+        assert not accepts(closed, value), value
+    assert accepts(closed, {"a": 2, "b": 0}) and accepts(closed, {"a": 3})
