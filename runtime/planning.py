@@ -212,7 +212,9 @@ def plan_chat(
     if chat.tools is not None:
         tools = parse_tools_field(chat.tools, limits)
         choice = parse_tool_choice(chat.tool_choice, tools)
-        parallel = _parallel_flag(chat.parallel_tool_calls)
+        # A named tool_choice is one call of that tool (OpenAI's "forced function", and
+        # what vLLM's own named tool choice decodes), whatever parallel_tool_calls says.
+        parallel = _parallel_flag(chat.parallel_tool_calls) and choice.mode != "named"
         answer_rf = response_format if response_format and response_format.constrains else None
         enforcement = _enforcement(thinking, renderer.name, choice, free_answer=answer_rf is None)
         if enforcement is not None and enforcement.mode == "triggered":

@@ -124,16 +124,23 @@ def test_required_tool_choice_calls_a_tool_even_when_asked_to_chat(gateway: Any)
 
 
 def test_named_tool_choice_calls_exactly_that_tool(gateway: Any) -> None:
-    """The question asks for the weather; the named tool is the clock, and the clock it is."""
+    """The question asks for the weather; the named tool is the clock, and the clock it is,
+    once: with parallel calls on (the default) the constraint the decoder was held to admits
+    one call of the clock and no list of calls."""
     completion = create(
-        gateway,
-        tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
-        parallel_tool_calls=False,
+        gateway, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_time"}}
     )
     calls = completion.choices[0].message.tool_calls
     check_calls(calls)
     assert [c.function.name for c in calls] == ["get_time"]
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    with gateway.http("auditor") as auditor:
+        constraint = auditor.get(f"/audit/schemas/{stored.manifest['schema_hash']}").json()
+    validator = jsonschema.Draft202012Validator(constraint)
+    clock = TWO_CALLS["tool_calls"][1]
+    assert validator.is_valid(clock)
+    assert not validator.is_valid({"tool_calls": [clock, clock]})
+    assert not validator.is_valid(TWO_CALLS["tool_calls"][0])
 
 
 def test_tool_choice_none_answers_without_calls(gateway: Any) -> None:

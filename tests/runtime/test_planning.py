@@ -100,6 +100,7 @@ def test_text_mode_has_no_constraint() -> None:
 def test_tool_choice_is_normalised() -> None:
     named = plan(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "list_rooms"}})
     assert named.tool_choice == ToolChoice("named", "list_rooms")
+    assert not named.parallel_tool_calls  # one call of the named tool, as OpenAI's forced function
     none = plan(tools=TOOLS, tool_choice="none", parallel_tool_calls=False)
     assert none.tool_choice == ToolChoice("none") and not none.parallel_tool_calls
     assert none.schema == {
