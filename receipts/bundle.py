@@ -465,6 +465,7 @@ def verify_bundle(
     workers: int | None = None,
     allow_range: bool = False,
     saved: Sequence[Mapping[str, Any]] = (),
+    chain: str | None = None,
 ) -> VerificationReport:
     """Verify a bundle offline: file hashes, every signature (by a trusted key), every chain
     link, the Merkle root against the signed checkpoint and the schema binding. Reports the
@@ -482,6 +483,9 @@ def verify_bundle(
     `saved`: checkpoints the verifier kept from earlier exports; the bundle's receipts must
     pass through each one's root (the chain only grew since).
 
+    `chain`: the chain the verifier expects; a bundle of any other (a look-alike name
+    included) fails.
+
     Raises BundleError when `path` is not a file or `pinned` holds no usable key (and
     SigningKeyError for a PEM block that is not an Ed25519 public key); everything wrong with
     the bundle itself is a failed report.
@@ -494,7 +498,7 @@ def verify_bundle(
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason)
     try:
-        report = _verify_contents(contents, pinned, progress, workers, saved)
+        report = _verify_contents(contents, pinned, progress, workers, saved, chain)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
     finally:
@@ -517,10 +521,15 @@ def _verify_contents(
     progress: Progress | None,
     workers: int | None,
     saved: Sequence[Mapping[str, Any]],
+    expected_chain: str | None,
 ) -> VerificationReport:
     manifest = _json(contents, MANIFEST)
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise VerificationError(f"{MANIFEST} does not describe a {BUNDLE_FORMAT}")
+    if expected_chain is not None and manifest.get("chain") != expected_chain:
+        raise VerificationError(
+            f"the bundle is of chain {manifest.get('chain')!a}, not {expected_chain!a}"
+        )
     if type(manifest.get("v")) is not int or manifest["v"] != BUNDLE_VERSION:  # true == 1
         raise VerificationError(
             f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
@@ -538,6 +547,8 @@ def _verify_contents(
     schemas = _schemas(contents)
     proofs = _proofs(_json(contents, "proofs.json"))
     checkpoint = _json(contents, "checkpoint.json")
+    if checkpoint is None:  # None would mean "no checkpoint" to the linker: no root checked
+        raise VerificationError("checkpoint.json must hold the signed checkpoint, not null")
     total = manifest.get("receipts") if isinstance(manifest.get("receipts"), int) else 0
     linker = ChainLinker(
         keyring,
@@ -564,6 +575,11 @@ def _verify_contents(
         seq = None
         span = (linker.start_seq, linker.next_seq - 1)
         problem = file_problem
+        if not problem and span[1] > checkpoint["tree_size"]:
+            problem = (
+                f"seq {checkpoint['tree_size'] + 1}..{span[1]} lie past the signed checkpoint's"
+                f" tree size {checkpoint['tree_size']}: no signed root covers them"
+            )
         if not problem and linker.checked != total:
             problem = f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
         if not problem and (manifest.get("first_seq"), manifest.get("last_seq")) != span:

@@ -101,7 +101,8 @@ class ReceiptChecker:
             return f"signed by unknown key {receipt.key_id}"
         if not keyring.allows(receipt.key_id, receipt.chain, receipt.seq):
             return (
-                f"key {receipt.key_id} did not sign seq {receipt.seq} of this chain (out of range)"
+                f"key {receipt.key_id} did not sign seq {receipt.seq} of chain"
+                f" {receipt.chain!a} (out of range)"
             )
         signature = decode_signature(receipt.signature)
         if signature is None:

@@ -83,7 +83,8 @@ def check_checkpoint(cp: object) -> None:
 
 
 def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
-    """Why `cp` cannot be trusted (malformed, unknown key, bad signature), or None."""
+    """Why `cp` cannot be trusted (malformed, unknown key, bad signature, a key outside its
+    recorded ranges), or None."""
     try:
         check_checkpoint(cp)
     except ReceiptFormatError as exc:
@@ -97,6 +98,11 @@ def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
     unsigned = {k: cp[k] for k in CHECKPOINT_FIELDS if k != "signature"}
     if not keyring.verify(cp["key_id"], canonical_json(unsigned), signature):
         return "checkpoint signature does not verify"
+    if not keyring.allows_checkpoint(cp["key_id"], cp["chain"], cp["tree_size"]):
+        return (
+            f"checkpoint of tree size {cp['tree_size']} signed by key {cp['key_id']}, whose"
+            f" recorded turns on chain {cp['chain']!a} all end before that size (a retired key)"
+        )
     return None
 
 

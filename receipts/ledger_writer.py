@@ -281,17 +281,7 @@ class LedgerWriter:
         for pending in batch:
             by_chain.setdefault(pending.draft.tenant, []).append(pending)
         if not self._key_registered:
-            _insert_ignore(
-                conn,
-                SigningKeyRow,
-                [
-                    {
-                        "key_id": self.signer.key_id,
-                        "public_key_pem": self.signer.public_key_pem(),
-                        "created_at": utc_now(),
-                    }
-                ],
-            )
+            self._register_key(conn)
         rows: dict[type, list[dict[str, Any]]] = {
             SchemaRow: [],
             ReceiptRow: [],
@@ -385,7 +375,18 @@ class LedgerWriter:
             row["checkpoint_at"],
         )
 
+    def _register_key(self, conn: sa.Connection) -> None:
+        """List this writer's key among the ledger's signing keys (if not yet there)."""
+        row = {
+            "key_id": self.signer.key_id,
+            "public_key_pem": self.signer.public_key_pem(),
+            "created_at": utc_now(),
+        }
+        _insert_ignore(conn, SigningKeyRow, [row])
+
     def _save_checkpoint_and_commit(self, conn: sa.Connection, head: ChainHead) -> dict[str, Any]:
+        if head.key_id != self.signer.key_id:  # a key rotated in signs before its first receipt
+            self._register_key(conn)
         checkpoint = self._sign_checkpoint(head)
         with closing(_cursor(conn)) as cursor:
             self._sql.write_and_commit(
@@ -433,6 +434,11 @@ class LedgerWriter:
                 conn = self._connection()
                 with conn.begin():
                     head = self._lock_head(conn, chain)
+                    if head.key_id != self.signer.key_id:
+                        # Another replica's key signed the head (a rolling restart): its
+                        # checkpoints are that replica's; ours would pass our key's range.
+                        self._uncheckpointed.pop(chain, None)
+                        continue
                     if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
                         self._save_checkpoint_and_commit(conn, head)
                 self._note_committed(head)

@@ -196,7 +196,11 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
     """Every registered key with the seq ranges it signed per chain (KeyRing shape).
 
     A range ends where the chain's next range starts, or is open (last_seq None) at the head.
-    With ``tenant``, only that chain's ranges are listed (and only keys that signed it).
+    A key that signed a checkpoint past its last turn (rotated in, or back, and asked for a
+    checkpoint or an export before its first receipt) also gets the empty turn it took then,
+    ``first_seq`` = size + 1 and ``last_seq`` = size: it signed no receipt there, but that
+    checkpoint verifies. With ``tenant``, only that chain's ranges are listed (and only keys
+    that signed it).
     """
     keys = {
         row.key_id: {
@@ -218,6 +222,17 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
         keys[row.key_id]["ranges"].append(
             {"chain": row.chain, "first_seq": row.first_seq, "last_seq": last}
         )
+    c = CheckpointRow.__table__.c
+    signers = sa.select(c.chain, c.key_id, sa.func.max(c.tree_size)).group_by(c.chain, c.key_id)
+    if tenant is not None:
+        signers = signers.where(c.chain == tenant)
+    for chain, key_id, size in conn.execute(signers):
+        ranges = keys[key_id]["ranges"] if key_id in keys else []
+        reached = any(
+            r["chain"] == chain and (r["last_seq"] is None or r["last_seq"] >= size) for r in ranges
+        )
+        if key_id in keys and not reached:
+            ranges.append({"chain": chain, "first_seq": size + 1, "last_seq": size})
     if tenant is not None:
         return [key for key in keys.values() if key["ranges"]]
     return list(keys.values())

@@ -222,8 +222,9 @@ class KeyRing:
     """The public keys a verifier trusts, by key id.
 
     A key with recorded ranges for a chain may only sign seqs inside them: a retired key that
-    leaks cannot extend the chain. A key with no range for a chain is trusted for all of it
-    (the ranges are the ledger's bookkeeping; pinning a key is the verifier's choice).
+    leaks cannot extend the chain. A key pinned with no ranges at all is trusted for any chain
+    (pinning a bare key is the verifier's choice); a key whose ranges all name other chains
+    signs nothing of this one (a leaked key cannot start a look-alike chain).
     """
 
     def __init__(self) -> None:
@@ -282,11 +283,27 @@ class KeyRing:
 
     def allows(self, key_id: str, chain: str, seq: int) -> bool:
         """Known key, and seq inside its recorded ranges for the chain (if it has any)."""
+        own = self._ranges_on(key_id, chain)
+        return own is not None and (not own or any(r.covers(chain, seq) for r in own))
+
+    def allows_checkpoint(self, key_id: str, chain: str, tree_size: int) -> bool:
+        """Whether the key may sign the chain's checkpoint at ``tree_size``: unless all its
+        turns on the chain ended before that size. A retired key that leaks cannot sign a
+        later size, which would cut the chain's tail off; a key whose turn came later (one
+        rotated in signs the head it took over) may sign an earlier size."""
+        own = self._ranges_on(key_id, chain)
+        return own is not None and (
+            not own or any(r.last_seq is None or r.last_seq >= tree_size for r in own)
+        )
+
+    def _ranges_on(self, key_id: str, chain: str) -> list[KeyRange] | None:
+        """The key's ranges on ``chain`` ([] for a key pinned with none at all), or None when
+        it may sign nothing there (unknown, or ranged on other chains only)."""
         entry = self._keys.get(key_id)
         if entry is None:
-            return False
+            return None
         own = [r for r in entry.ranges if r.chain == chain]
-        return not own or any(r.covers(chain, seq) for r in own)
+        return own if own or not entry.ranges else None
 
     def verify(self, key_id: str, data: bytes, signature: bytes) -> bool:
         """True when `signature` is a valid Ed25519 signature of `data` by a trusted key."""

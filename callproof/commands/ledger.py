@@ -47,6 +47,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         " over HTTP); without it"
         " the bundle must hold every receipt its checkpoint signs",
     )
+    verify.add_argument(
+        "--chain",
+        metavar="TENANT",
+        help="the chain the bundle must be of (a bundle of any other fails, look-alike names"
+        " included)",
+    )
     _add_report_options(verify)
     verify.set_defaults(handler=_verify_bundle)
 
@@ -168,7 +174,9 @@ def _verify_bundle(args: argparse.Namespace) -> int:
         pem = args.public_key.read_bytes() if args.public_key else None
         saved = _saved_checkpoints(args)
         with _progress(args.json) as progress:
-            report = verify_bundle(args.bundle, pem, progress, allow_range=args.range, saved=saved)
+            report = verify_bundle(
+                args.bundle, pem, progress, allow_range=args.range, saved=saved, chain=args.chain
+            )
     except (ReceiptsError, OSError, ValueError) as exc:
         return _fail(BAD_INPUT, exc)
     return _report([report.to_json_obj()], args.json)
@@ -242,10 +250,10 @@ def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
                 and not VerificationReport(**r).whole_chain
             ):
                 span = f" (seq {r['first_seq']}..{r['last_seq']} of tree size {r['tree_size']})"
-            print(f"OK: chain {chain!r}, {r['checked']} receipts verified{span}{size}")
+            print(f"OK: chain {chain!a}, {r['checked']} receipts verified{span}{size}")
         else:
-            where = f"seq {r['first_failure_seq']}" if r["first_failure_seq"] else "bundle"
-            print(f"FAILED: chain {chain!r} at {where}: {r['reason']}")
+            where = f" at seq {r['first_failure_seq']}" if r["first_failure_seq"] else ""
+            print(f"FAILED: chain {chain!a}{where}: {r['reason']}")
         for note in r.get("notes") or ():
             print(f"note: {note}")
     if not reports:

@@ -90,7 +90,10 @@ def test_rotation_ranges_bound_what_a_key_may_sign() -> None:
     assert not ring.allows(old.key_id, "acme", 101)  # a leaked retired key cannot extend
     assert ring.allows(new.key_id, "acme", 10_000)
     assert not ring.allows(new.key_id, "acme", 100)
-    assert ring.allows(old.key_id, "globex", 5)  # no range recorded for that chain
+    assert not ring.allows(old.key_id, "globex", 5)  # ranged on acme only: not globex's key
+    bare = KeyRing()
+    bare.add(old.public_key)  # pinned with no ranges: the verifier's choice, for any chain
+    assert bare.allows(old.key_id, "globex", 5)
 
 
 def test_keyring_round_trips_through_public_key_dicts() -> None:
