@@ -463,6 +463,22 @@ def uses_lookaround(constraint: Constraint) -> bool:
 
 
 _LOOKAROUNDS = (re_constants.ASSERT, re_constants.ASSERT_NOT)
+_BACKREFERENCES = (re_constants.GROUPREF, re_constants.GROUPREF_EXISTS)
+_WORD_BOUNDARIES = (re_constants.AT_BOUNDARY, re_constants.AT_NON_BOUNDARY)
+
+
+def unenforceable_regex_feature(pattern: str) -> str | None:
+    """The first thing in ``pattern`` that no grammar backend can enforce (each needs to
+    look at text around the current position, which an automaton cannot), or None. Checked
+    before any engine sees the regex, so the vLLM path refuses what the embedded one does."""
+    for op, argument, _ in _regex_nodes(pattern):
+        if op in _LOOKAROUNDS:
+            return "a lookahead or lookbehind"
+        if op in _BACKREFERENCES:
+            return "a backreference"
+        if op is re_constants.AT and argument in _WORD_BOUNDARIES:
+            return "a word boundary (\\b or \\B)"
+    return None
 
 
 def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:

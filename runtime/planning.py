@@ -19,6 +19,7 @@ import regex as regex_engine
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
 from runtime.errors import (
+    BackendCannotCompile,
     ConflictingConstraints,
     InvalidGrammar,
     InvalidRegex,
@@ -26,7 +27,7 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnsupportedParameter,
 )
-from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.limits import DEFAULT_LIMITS, Limits, unenforceable_regex_feature
 from runtime.renderers import (
     HistoryMessage,
     ToolPrompt,
@@ -356,6 +357,12 @@ def _regex(pattern: Any) -> Constraint:
         re.compile(pattern)
     except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
         raise InvalidRegex(f"'regex' does not compile: {exc}", param="regex") from None
+    feature = unenforceable_regex_feature(pattern)
+    if feature is not None:
+        raise BackendCannotCompile(
+            f"'regex' uses {feature}, which no grammar backend can enforce: rewrite it without",
+            param="regex",
+        )
     return Constraint.regex(pattern)
 
 

@@ -429,6 +429,19 @@ def test_max_tokens_past_the_context_window_is_lowered_to_the_room_left(
     assert completion.model_extra["receipt"]["seq"] >= 1
 
 
+@pytest.mark.parametrize(
+    ("pattern", "feature"),
+    [("(?=a)a", "lookahead"), ("(a)\\1", "backreference"), ("\\bfoo", "word boundary")],
+)
+def test_a_regex_no_backend_can_enforce_is_refused_on_every_engine(
+    gateway: Any, pattern: str, feature: str
+) -> None:
+    """The vLLM path used to send these on to the server; each engine now refuses them alike."""
+    err = error_of(post_chat(gateway, regex=pattern), 400)
+    assert (err["code"], err["param"]) == ("constraint_unsupported", "regex")
+    assert feature in err["message"]
+
+
 def test_malformed_body_names_the_field(gateway: Any) -> None:
     err = error_of(post_chat(gateway, messages=[]), 400)
     assert err["param"] == "messages"
