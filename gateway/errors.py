@@ -18,7 +18,13 @@ from litestar.openapi.datastructures import ResponseSpec
 from gateway.apikeys import KeyStoreUnavailable
 from gateway.schemas import ErrorBody
 from receipts.errors import ChainDamaged, LedgerUnavailable
-from runtime.errors import EngineError, EngineFault, RuntimeInputError, StructuredOutputInvalid
+from runtime.errors import (
+    EngineError,
+    EngineFault,
+    EngineUnavailable,
+    RuntimeInputError,
+    StructuredOutputInvalid,
+)
 
 log = logging.getLogger("callproof.gateway")
 
@@ -112,7 +118,12 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
     if isinstance(exc, EngineError):
         if isinstance(exc, EngineFault):  # a bug: the operator needs where, to report it
             log.error("engine fault", exc_info=exc, extra={"event": "engine_fault"})
-        else:
+        elif isinstance(exc, EngineUnavailable):  # the operator's URL, timeout or server
+            log.warning(
+                "engine unavailable",
+                extra={"event": "engine_error", "code": exc.code, "detail": str(exc)},
+            )
+        else:  # the engine's words about a request may quote it: not logged
             log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
         return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
     if isinstance(exc, LedgerUnavailable | KeyStoreUnavailable):

@@ -10,6 +10,7 @@ over ASGI on the test's event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,9 @@ def receipt_count(ledger: Ledger) -> int:
 
 
 def test_vllm_down_means_503_and_no_receipt_then_recovery(
-    vllm_server: VllmServer, tmp_path: Path
+    vllm_server: VllmServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="callproof.gateway")
     db_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     upgrade(db_url)
     ledger = Ledger.open(db_url, Signer.generate(), retain_payloads=True)
@@ -72,6 +74,9 @@ def test_vllm_down_means_503_and_no_receipt_then_recovery(
     finally:
         ledger.close()
         keys.close()
+    # The operator's log says why, not only the client: the URL it could not reach.
+    outage = [r for r in caplog.records if getattr(r, "event", None) == "engine_error"]
+    assert outage and all("unreachable" in r.detail for r in outage)
 
 
 async def _outage_and_recovery(
