@@ -180,9 +180,9 @@ class LedgerWriter:
 
     def _commit(self, batch: list[_Pending]) -> None:
         chains = {pending.draft.tenant for pending in batch}
-        kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
         try:
-            conn = self._connection()
+            conn = self._connection()  # first: a replaced connection drops the kept heads
+            kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
             try:
                 with conn.begin():
                     outcomes, heads, schemas = self._append_batch(conn, batch, kept=kept)
@@ -234,7 +234,6 @@ class LedgerWriter:
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the
         connection broke during COMMIT), so the kept heads and the connection go too."""
-        self._heads.clear()
         self._drop_connection()
         for pending in batch:
             pending.future.set_exception(error)
@@ -259,6 +258,10 @@ class LedgerWriter:
         return self._conn
 
     def _drop_connection(self) -> None:
+        """Drop the connection and the heads kept on it: whatever made the connection go (a
+        restart, a failover, a restore from backup) may have moved the chains back, and a
+        kept head would seal past a gap that no primary key notices."""
+        self._heads.clear()
         conn, self._conn = self._conn, None
         if conn is not None:
             try:

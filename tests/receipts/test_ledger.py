@@ -430,6 +430,35 @@ def test_writer_reconnects_after_an_idle_disconnect(fresh_postgres_url: str) -> 
         assert led.verify("acme").ok
 
 
+def test_a_database_restored_from_backup_is_extended_from_its_own_head(
+    fresh_postgres_url: str,
+) -> None:
+    """The database goes back to a backup of seq 10 (a restore, a failover to a lagging
+    standby) under a writer that kept its head at 20: reconnecting, it must not seal 21 onto
+    the chain that ends at 10 (a gap no primary key notices, and a chain that never verifies
+    again)."""
+    url = migrated(fresh_postgres_url)
+    with ledger(url) as led:
+        fill(led, 10)
+        with attacker(url) as conn:
+            backup = conn.exec_driver_sql("SELECT * FROM chains").mappings().one()
+        fill(led, 10)
+        with attacker(url) as conn:  # what the restore brings back: the tables as at seq 10
+            for table, column in (("receipt_calls", "seq"), ("receipt_links", "seq"),
+                                  ("receipts", "seq"), ("key_ranges", "first_seq"),
+                                  ("checkpoints", "tree_size")):  # fmt: skip
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE {column} > 10")
+            conn.exec_driver_sql("DELETE FROM merkle_nodes WHERE (idx + 1) * power(2, level) > 10")
+            columns = ", ".join(f"{name} = %({name})s" for name in backup)
+            conn.exec_driver_sql(f"UPDATE chains SET {columns}", dict(backup))
+        assert on_server(url, TERMINATE_BACKENDS) >= 1  # the restart the restore took
+        deadline = time.monotonic() + 10
+        while on_server(url, COUNT_BACKENDS) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r.seq for r in fill(led, 3)] == [11, 12, 13]
+        assert led.verify("acme").ok
+
+
 @pytest.mark.parametrize("has_poll", [True, False], ids=["poll", "select-as-on-windows"])
 def test_writer_notices_at_once_that_the_server_closed_its_connection(
     fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch, has_poll: bool
