@@ -58,7 +58,7 @@ class Ledger:
         self.url = url
         self.signer = signer
         self.retain_payloads = retain_payloads
-        self._reader = create_engine(url)
+        self._reader = create_engine(url, snapshots=True)
         self._writer = (
             None
             if signer is None

@@ -209,23 +209,30 @@ def connect_args(url: str) -> dict[str, object]:
     return {k: v for k, v in _POSTGRES_CONNECT_ARGS.items() if k not in parsed.query}
 
 
-def create_engine(url: str, *, writer: bool = False) -> sa.Engine:
+def create_engine(url: str, *, writer: bool = False, snapshots: bool = False) -> sa.Engine:
     """An engine tuned for the ledger.
 
     Postgres: pre-ping so a restarted server is noticed on checkout instead of failing the
-    first append after it. SQLite: WAL (readers never block the writer), FULL sync (a commit
-    is on disk when it returns), a busy timeout, and transactions that start with
+    first append after it. With ``snapshots`` (the ledger's reader), transactions are
+    REPEATABLE READ READ ONLY: a verification, export or proof reads the head, the receipts
+    and the index rows in several statements, and at READ COMMITTED it saw appends committed
+    in between (a verify under load named a receipt "beyond the chain head"). SQLite: WAL
+    (readers never block the writer, and a read transaction is one snapshot), FULL sync (a
+    commit is on disk when it returns), a busy timeout, and transactions that start with
     ``BEGIN IMMEDIATE`` on the writer engine, which takes the database write lock up front:
     that lock is what serialises appends across processes on SQLite.
     """
     if not url.startswith("sqlite"):
-        return sa.create_engine(
+        engine = sa.create_engine(
             url,
             pool_pre_ping=True,
             pool_size=4,
             max_overflow=8,
             connect_args=connect_args(url),
         )
+        if not snapshots:
+            return engine
+        return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
     engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
     begin = "BEGIN IMMEDIATE" if writer else "BEGIN"
 

@@ -459,6 +459,30 @@ def test_a_database_restored_from_backup_is_extended_from_its_own_head(
         assert led.verify("acme").ok
 
 
+def test_verify_while_receipts_are_appended_reads_one_snapshot(fresh_postgres_url: str) -> None:
+    """Verification reads the head, the receipts and the index rows in several statements;
+    at Postgres's default READ COMMITTED, appends committed in between made about one run in
+    four under load report tampering ("stored beyond the chain head")."""
+    url = migrated(fresh_postgres_url)
+    with ledger(url) as led:
+        fill(led, 20)
+        stop = threading.Event()
+
+        def append() -> None:
+            while not stop.is_set():
+                fill(led, 8)
+
+        appender = threading.Thread(target=append)
+        appender.start()
+        try:
+            reports = [led.verify("acme") for _ in range(40)]
+        finally:
+            stop.set()
+            appender.join()
+        assert [r.reason for r in reports if not r.ok] == []
+        assert reports[-1].checked > reports[0].checked  # the chain did grow meanwhile
+
+
 @pytest.mark.parametrize("has_poll", [True, False], ids=["poll", "select-as-on-windows"])
 def test_writer_notices_at_once_that_the_server_closed_its_connection(
     fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch, has_poll: bool
