@@ -230,6 +230,8 @@ def create_engine(url: str, *, writer: bool = False, snapshots: bool = False) ->
             max_overflow=8,
             connect_args=connect_args(url),
         )
+        if writer:
+            _bound_writer_waits(engine)
         if not snapshots:
             return engine
         return engine.execution_options(isolation_level="REPEATABLE READ", postgresql_readonly=True)
@@ -254,6 +256,28 @@ def create_engine(url: str, *, writer: bool = False, snapshots: bool = False) ->
         conn.exec_driver_sql(begin)
 
     return engine
+
+
+# A writer holds a chain's row lock for milliseconds (lock, seal, write, commit). One that
+# stalls inside (SIGSTOP, a paused VM) keeps its TCP session alive, so the server would hold
+# the lock for as long as the stall lasts and every other replica's appends would wait.
+WRITER_IDLE_IN_TRANSACTION_S = 5
+WRITER_LOCK_TIMEOUT_S = 5
+
+
+def _bound_writer_waits(engine: sa.Engine) -> None:
+    """The server ends a writer session idle inside a transaction (its lock goes with it,
+    and the stalled writer's commit fails closed), and a writer waits for a lock only so
+    long before it fails its batch (a 503) instead of holding every append behind it."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn, _record) -> None:
+        with dbapi_conn.cursor() as cursor:
+            cursor.execute(
+                f"SET idle_in_transaction_session_timeout = '{WRITER_IDLE_IN_TRANSACTION_S}s';"
+                f" SET lock_timeout = '{WRITER_LOCK_TIMEOUT_S}s'"
+            )
+        dbapi_conn.commit()
 
 
 def receipt_text(receipt: Receipt) -> str:

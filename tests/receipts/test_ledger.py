@@ -10,6 +10,7 @@ import sqlite3
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -29,6 +30,7 @@ from ledger_kit import (
     tool_union,
 )
 
+from receipts import ledger_writer, store
 from receipts.canonical import hash_json
 from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
 from receipts.ledger import Ledger, ReceiptQuery
@@ -481,6 +483,36 @@ def test_verify_while_receipts_are_appended_reads_one_snapshot(fresh_postgres_ur
             appender.join()
         assert [r.reason for r in reports if not r.ok] == []
         assert reports[-1].checked > reports[0].checked  # the chain did grow meanwhile
+
+
+def test_a_writer_stalled_inside_its_transaction_does_not_hold_the_other_replicas(
+    fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replica A stalls for 12 s between locking the chain's head and writing (a SIGSTOP, a
+    paused VM: its session stays alive). The server ends A's session after
+    idle_in_transaction_session_timeout, so replica B appends within seconds, A's batch fails
+    closed, and the chain stays whole."""
+    url = migrated(fresh_postgres_url)
+    stalled = threading.Event()
+    real_seal = ledger_writer.seal
+
+    def seal_once_slowly(*args: Any, **kwargs: Any) -> Any:
+        if not stalled.is_set():
+            stalled.set()
+            time.sleep(12)
+        return real_seal(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_writer, "seal", seal_once_slowly)
+    with ledger(url) as a, ledger(url) as b:
+        held = a.submit(draft())
+        assert stalled.wait(10)
+        started = time.monotonic()
+        assert b.append(draft()).seq == 1
+        assert time.monotonic() - started < store.WRITER_IDLE_IN_TRANSACTION_S + 4
+        with pytest.raises(LedgerUnavailable):
+            held.result(timeout=30)
+        assert a.append(draft()).seq == 2  # A carries on once it runs again
+        assert b.verify("acme").ok
 
 
 @pytest.mark.parametrize("has_poll", [True, False], ids=["poll", "select-as-on-windows"])
