@@ -10,7 +10,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.util import CommandError
 
-from receipts.store import connect_args
+from receipts.store import connect_args, create_engine
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,8 +33,7 @@ class MigrationError(Exception):
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at ``url`` up to ``revision`` (idempotent; on Postgres one process
-    at a time)."""
+    """Bring the database at ``url`` up to ``revision`` (idempotent; one process at a time)."""
     cfg = alembic_config()
     engine = _engine(url)
     try:
@@ -67,5 +66,10 @@ def current(url: str) -> str | None:
 
 def _engine(url: str) -> sa.Engine:
     """One connection, with the ledger's connect timeout and keepalives: a Postgres that does
-    not answer stops `serve` at startup with an error instead of hanging it."""
+    not answer stops `serve` at startup with an error instead of hanging it. On SQLite the
+    ledger writer's engine, whose transactions begin IMMEDIATE: the write lock held from
+    the version check on is what makes gateways started together on a new data dir take
+    turns (the others saw "table chains already exists")."""
+    if sa.make_url(url).get_backend_name() == "sqlite":
+        return create_engine(url, writer=True)
     return sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args(url))
