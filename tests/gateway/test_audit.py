@@ -622,6 +622,8 @@ def test_an_identifier_with_a_trailing_newline_is_malformed_not_looked_up(
             assert response.status_code == 400, (path, response.text)
         listed = client.get("/audit/receipts", params={"call_id": call_id + "\n"})
         assert listed.status_code == 400, listed.text
+        not_a_seq = client.get("/audit/proofs/inclusion/abc")  # a route segment: no such route
+        assert (not_a_seq.status_code, not_a_seq.json()["error"]["code"]) == (404, "not_found")
     with gateway.http("admin") as client:
         assert client.delete("/admin/keys/key_0123456789abcdef%0A").status_code == 400
         created = client.post("/admin/keys", json={"role": "agent", "tenant": "acme\n"})
