@@ -107,6 +107,14 @@ def verify_stored(
                 " and a tail cut off would not show; keep the latest checkpoint and verify"
                 " against it later"
             )
+        elif (
+            report.tree_size is not None and report.last_seq and report.last_seq > report.tree_size
+        ):
+            notes.append(
+                f"seq {report.tree_size + 1}..{report.last_seq} are past the latest signed"
+                f" checkpoint (tree size {report.tree_size}): their Merkle root is not signed yet"
+                " (POST /audit/checkpoints signs one now)"
+            )
         return dataclasses.replace(report, notes=tuple(notes))
     seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
     return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)

@@ -709,3 +709,18 @@ def test_a_verification_no_checkpoint_anchors_says_so(fresh_sqlite_url: str) -> 
         report = led.verify("acme")
     assert report.ok and report.tree_size is None
     assert "Merkle root was not checked" in report.notes[-1]
+
+
+def test_a_verification_says_which_receipts_no_signed_checkpoint_covers_yet(
+    fresh_sqlite_url: str,
+) -> None:
+    """The chain's newest receipts wait for the next checkpoint: the report said "5 receipts
+    verified (seq 1..5 of tree size 3)" and nothing about 4..5."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        led.append(draft())  # a chain's first batch is checkpointed at once
+        assert led.latest_checkpoint("acme")["tree_size"] == 1
+        fill(led, 2)
+        report = led.verify("acme")
+        assert report.ok and (report.tree_size, report.last_seq) == (1, 3)
+        assert "seq 2..3 are past the latest signed checkpoint (tree size 1)" in report.notes[-1]
