@@ -40,6 +40,7 @@ from receipts.chain import (
     ReceiptChecker,
     VerificationReport,
     link_problem,
+    saved_checkpoints_note,
 )
 from receipts.checkpoint import check_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
@@ -591,7 +592,7 @@ def _verify_contents(
         return VerificationReport.failed(
             problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)
         )
-    return replace(linker.report(), notes=(trust,))
+    return replace(linker.report(), notes=(trust, *saved_checkpoints_note(saved)))
 
 
 def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:

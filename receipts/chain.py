@@ -304,6 +304,16 @@ class ChainLinker:
         )
 
 
+def saved_checkpoints_note(saved: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """What a passing report says of the checkpoints the verifier kept (none: nothing):
+    that the chain still passes through each one's root, so it was neither rewritten nor cut
+    back since."""
+    if not saved:
+        return ()
+    sizes = ", ".join(str(cp["tree_size"]) for cp in saved)
+    return (f"the receipts pass through the root of each saved checkpoint (tree size {sizes})",)
+
+
 def verify_receipts(
     receipts: Iterable[Receipt | Mapping[str, Any]],
     keyring: KeyRing,

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar
 import sqlalchemy as sa
 
 from receipts import queries
-from receipts.chain import VerificationReport, verify_receipts
+from receipts.chain import VerificationReport, saved_checkpoints_note, verify_receipts
 from receipts.checkpoint import checkpoint_problem
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import CompactRange, compact_range, leaf_hash
@@ -100,7 +100,7 @@ def verify_stored(
         missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
         problems.append((start + rows.seen, missing))
     if not problems:
-        notes = [_trust_note(keyring, pinned)]
+        notes = [_trust_note(keyring, pinned), *saved_checkpoints_note(saved)]
         if report.tree_size is None and not saved:
             notes.append(
                 "no signed checkpoint covers these receipts: their Merkle root was not checked"

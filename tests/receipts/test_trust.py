@@ -203,3 +203,18 @@ def test_keys_taking_turns_back_and_forth_keep_every_checkpoint_verifiable(
         assert led.verify("acme").ok
         led.export("acme", tmp_path / "b.tar.gz")
         assert verify_bundle(tmp_path / "b.tar.gz", json.dumps(led.public_keys("acme"))).ok
+
+
+def test_a_passing_report_says_the_saved_checkpoints_were_passed_through(tmp_path: Path) -> None:
+    receipts = turns("acme", 12, retire_at=12)
+    keys = json.dumps(
+        [{"key_id": OLD.key_id, "public_key_pem": OLD.public_key_pem(), "ranges": []}]
+    )
+    path = bundle(tmp_path / "b.tar.gz", receipts, signed_checkpoint(receipts, OLD), keys)
+    saved = [signed_checkpoint(receipts, OLD, 4), signed_checkpoint(receipts, OLD, 9)]
+    report = verify_bundle(path, OLD.public_key_pem(), saved=saved)
+    assert report.ok
+    assert report.notes[1] == (
+        "the receipts pass through the root of each saved checkpoint (tree size 4, 9)"
+    )
+    assert len(verify_bundle(path, OLD.public_key_pem()).notes) == 1
