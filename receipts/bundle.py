@@ -28,7 +28,7 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -59,6 +59,9 @@ MEMBER = re.compile(
 )
 DIRECTORIES = frozenset({"", ".", "keys", "schemas"})
 MAX_SMALL_FILE = 64 << 20  # metadata, schemas and receipt lines are small: refuse a bomb
+MAX_SMALL_TOTAL = 256 << 20  # every member but receipts.jsonl together, tar headers included
+MAX_MEMBERS = 100_000  # a few files and one schema per distinct tool set
+MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is announced
 BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker process
 PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
 
@@ -206,54 +209,137 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int = 0
 
 @dataclass
 class _Contents:
-    """Everything but receipts.jsonl in memory; receipts.jsonl spooled to a temp file."""
+    """Everything but receipts.jsonl in memory; receipts.jsonl streamed from the archive."""
 
     small: dict[str, bytes]
     digests: dict[str, str]
     receipts: IO[bytes] | None
 
 
+class _Budget:
+    """The archive's uncompressed bytes, counted: reading past `limit` fails. tarfile reads a
+    PAX header whole into memory, so this is what bounds headers as well as files."""
+
+    def __init__(self, raw: IO[bytes], limit: int) -> None:
+        self.raw = raw
+        self.limit = limit  # grows by receipts.jsonl's size once that size is accepted
+        self.count = 0
+        self.where = "the first tar header"
+
+    def read(self, size: int = -1) -> bytes:
+        room = self.limit - self.count + 1  # one byte more than allowed shows the overrun
+        data = self.raw.read(room if size < 0 else min(size, room))
+        self.count += len(data)
+        if self.count > self.limit:
+            raise VerificationError(
+                f"{self.where} runs past the bundle's limit: the members other than {RECEIPTS},"
+                f" tar headers included, may total {MAX_SMALL_TOTAL >> 20} MiB"
+            )
+        return data
+
+
+@contextmanager
+def _archive(path: Path) -> Iterator[tuple[tarfile.TarFile, _Budget]]:
+    """The bundle as a tar stream read through a _Budget; an unreadable one fails verification."""
+    try:
+        with gzip.open(path, "rb") as gz:
+            budget = _Budget(gz, MAX_SMALL_TOTAL)
+            with tarfile.open(fileobj=budget, mode="r|") as tar:
+                yield tar, budget
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
+
+
+def _members(
+    tar: tarfile.TarFile, budget: _Budget, small: Mapping[str, bytes]
+) -> Iterator[tuple[str, IO[bytes]]]:
+    """The bundle's files in archive order, each refused before it is read unless its name,
+    type and size are a bundle's (directories are skipped). `small`, the files read so far,
+    sets receipts.jsonl's limit when the manifest came first (as the writer puts it)."""
+    names: set[str] = set()
+    small_total = 0
+    for count, member in enumerate(tar, 1):
+        if count > MAX_MEMBERS:
+            raise VerificationError(f"the bundle has more than {MAX_MEMBERS} members")
+        name = member.name.removeprefix("./")  # as `tar -C dir .` writes names
+        if member.isdir() and name.rstrip("/") in DIRECTORIES:
+            continue  # a bundle unpacked and packed again carries its directories
+        if not member.isfile() or not MEMBER.fullmatch(name):
+            raise VerificationError(f"unexpected bundle member {name!r}")
+        if member.issparse():  # its holes read as zeros without costing the archive a byte
+            raise VerificationError(f"bundle member {name!r} is a sparse file; none is")
+        if name in names:
+            raise VerificationError(f"bundle member {name!r} appears twice")
+        names.add(name)
+        if name == RECEIPTS:
+            cap = _receipts_cap(small)
+            if member.size > cap:
+                raise VerificationError(
+                    f"bundle member {name!r} declares {member.size} bytes, past its limit of"
+                    f" {cap} ({MAX_SMALL_FILE >> 20} MiB per receipt the manifest announces,"
+                    f" {MAX_RECEIPTS_BYTES >> 30} GiB at most)"
+                )
+            budget.limit += member.size
+        elif member.size > MAX_SMALL_FILE:
+            raise VerificationError(
+                f"bundle member {name!r} is implausibly large (limit {MAX_SMALL_FILE >> 20} MiB)"
+            )
+        else:
+            small_total += member.size
+            if small_total > MAX_SMALL_TOTAL:
+                raise VerificationError(
+                    f"bundle member {name!r} takes the members other than {RECEIPTS} past"
+                    f" their limit of {MAX_SMALL_TOTAL >> 20} MiB"
+                )
+        source = tar.extractfile(member)
+        assert source is not None
+        budget.where = f"bundle member {name!r}"
+        yield name, source
+        budget.where = f"the tar header after {name!r}"
+
+
+def _receipts_cap(small: Mapping[str, bytes]) -> int:
+    """The most bytes receipts.jsonl may hold: MAX_SMALL_FILE (the longest receipt line) per
+    receipt the manifest announces, when it is known; never more than MAX_RECEIPTS_BYTES."""
+    try:
+        announced = _announced(json.loads(small[MANIFEST]), "receipts")
+    except (KeyError, ValueError, RecursionError):
+        announced = None
+    if announced is None or announced < 1:
+        return MAX_RECEIPTS_BYTES
+    return min(announced * MAX_SMALL_FILE, MAX_RECEIPTS_BYTES)
+
+
 def _read_archive(path: Path) -> _Contents:
+    """Every member checked and every small file read; receipts.jsonl only hashed, to be
+    streamed again by _receipts_stream, so verifying writes nothing to disk."""
     small: dict[str, bytes] = {}
     digests: dict[str, str] = {}
-    receipts: IO[bytes] | None = None
-    try:
-        with tarfile.open(path, mode="r|gz") as tar:
-            for member in tar:
-                name = member.name.removeprefix("./")  # as `tar -C dir .` writes names
-                if member.isdir() and name.rstrip("/") in DIRECTORIES:
-                    continue  # a bundle unpacked and packed again carries its directories
-                if not member.isfile() or not MEMBER.fullmatch(name):
-                    raise VerificationError(f"unexpected bundle member {name!r}")
-                if name in digests:
-                    raise VerificationError(f"bundle member {name!r} appears twice")
-                source = tar.extractfile(member)
-                assert source is not None
-                if name == RECEIPTS:
-                    receipts = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller
-                    digests[name] = _copy_hashing(source, receipts)
-                    receipts.seek(0)
-                elif member.size > MAX_SMALL_FILE:
-                    raise VerificationError(f"bundle member {name!r} is implausibly large")
-                else:
-                    small[name] = source.read()
-                    digests[name] = hashlib.sha256(small[name]).hexdigest()
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        if receipts is not None:
-            receipts.close()
-        raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
-    except VerificationError:
-        if receipts is not None:
-            receipts.close()
-        raise
-    return _Contents(small, digests, receipts)
+    with _archive(path) as (tar, budget):
+        for name, source in _members(tar, budget, small):
+            if name == RECEIPTS:
+                digests[name] = _sha256(source)
+            else:
+                small[name] = source.read()
+                digests[name] = hashlib.sha256(small[name]).hexdigest()
+    return _Contents(small, digests, None)
 
 
-def _copy_hashing(source: IO[bytes], sink: IO[bytes]) -> str:
+@contextmanager
+def _receipts_stream(path: Path, small: Mapping[str, bytes]) -> Iterator[IO[bytes]]:
+    """receipts.jsonl of a bundle _read_archive accepted, read from the archive again."""
+    with _archive(path) as (tar, budget):
+        for name, source in _members(tar, budget, small):
+            if name == RECEIPTS:
+                yield source
+                return
+    raise VerificationError(f"the bundle changed while it was read: {RECEIPTS} is gone")
+
+
+def _sha256(source: IO[bytes]) -> str:
     digest = hashlib.sha256()
-    while block := source.read(1 << 20):
+    while block := source.read(BLOCK):
         digest.update(block)
-        sink.write(block)
     return digest.hexdigest()
 
 
@@ -266,6 +352,12 @@ def _json(contents: _Contents, name: str) -> Any:
         raise VerificationError(f"{name} is not JSON: {exc}") from exc
     except RecursionError:
         raise VerificationError(f"{name} nests deeper than any file of a bundle") from None
+
+
+def _announced(manifest: object, field: str) -> int | None:
+    """An integer the bundle manifest announces; true is not 1 here, whatever Python says."""
+    value = manifest.get(field) if isinstance(manifest, dict) else None
+    return value if type(value) is int else None
 
 
 class _Proofs(NamedTuple):
@@ -490,16 +582,9 @@ def verify_bundle(
     if not path.is_file():
         raise BundleError(f"no bundle at {path}")
     try:
-        contents = _read_archive(path)
-    except VerificationError as exc:
-        return VerificationReport.failed(exc.reason)
-    try:
-        report = _verify_contents(contents, pinned, progress, workers, saved)
+        report = _verify_file(path, pinned, progress, workers, saved)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
-    finally:
-        if contents.receipts is not None:
-            contents.receipts.close()
     if report.ok and not allow_range and not report.whole_chain:
         return replace(
             report,
@@ -509,6 +594,25 @@ def verify_bundle(
             " export verifies only when asked for: --range)",
         )
     return report
+
+
+def _verify_file(
+    path: Path,
+    pinned: str | bytes | None,
+    progress: Progress | None,
+    workers: int | None,
+    saved: Sequence[Mapping[str, Any]],
+) -> VerificationReport:
+    """Read the archive once to check its members, then verify streaming receipts.jsonl."""
+    contents = _read_archive(path)
+    with (
+        _receipts_stream(path, contents.small)
+        if RECEIPTS in contents.digests
+        else nullcontext(None)
+    ) as receipts:
+        return _verify_contents(
+            replace(contents, receipts=receipts), pinned, progress, workers, saved
+        )
 
 
 def _verify_contents(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
+import receipts.bundle
 from receipts.bundle import (
     MANIFEST,
     MAX_SMALL_FILE,
@@ -86,8 +87,15 @@ def read(path: Path) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
 
 
-def rewrite(path: Path, files: dict[str, bytes], *, fix_manifest: bool = True) -> Path:
-    """Repack a bundle, as an attacker would: by default with file hashes brought up to date."""
+def rewrite(
+    path: Path,
+    files: dict[str, bytes],
+    *,
+    fix_manifest: bool = True,
+    pax: dict[str, dict[str, str]] | None = None,
+) -> Path:
+    """Repack a bundle, as an attacker would: by default with file hashes brought up to date;
+    `pax` gives members PAX header records (by member name)."""
     files = dict(files)
     if fix_manifest:
         manifest = json.loads(files[MANIFEST])
@@ -101,6 +109,7 @@ def rewrite(path: Path, files: dict[str, bytes], *, fix_manifest: bool = True) -
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
+            info.pax_headers = (pax or {}).get(name, {})
             tar.addfile(info, io.BytesIO(data))
     return out
 
@@ -458,3 +467,94 @@ def test_a_key_file_that_is_not_its_key_id_names_the_chain(bundle: Path, signer:
     report = verify_bundle(rewrite(bundle, files))
     assert not report.ok and "does not match" in report.reason
     assert report.chain == json.loads(files[MANIFEST])["chain"]
+
+
+def test_verifying_writes_nothing_to_disk(
+    bundle: Path, signer: Signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """receipts.jsonl is streamed from the archive, never spooled: a gzip bomb cannot fill the
+    disk (it had every byte of receipts.jsonl copied to a temp file, with no limit)."""
+    import tempfile
+
+    def no_temp_files(*args: object, **kwargs: object) -> None:
+        raise AssertionError("verification wrote a temp file")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_temp_files)
+    monkeypatch.setattr(tempfile, "SpooledTemporaryFile", no_temp_files)
+    assert verify_bundle(bundle, signer.public_key_pem()).ok
+
+
+def read_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The most uncompressed bytes any archive read has taken so far (one item, updated)."""
+    most = [0]
+    read = receipts.bundle._Budget.read
+
+    def counted(self: Any, size: int = -1) -> bytes:
+        data = read(self, size)
+        most[0] = max(most[0], self.count)
+        return data
+
+    monkeypatch.setattr(receipts.bundle._Budget, "read", counted)
+    return most
+
+
+@pytest.mark.parametrize(
+    ("announced", "cap"),
+    [(N, "MAX_SMALL_FILE"), (10**12, "MAX_RECEIPTS_BYTES")],
+    ids=["per-announced-receipt", "hard-ceiling"],
+)
+def test_receipts_past_their_limit_are_refused_before_they_are_read(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, announced: int, cap: str
+) -> None:
+    """A gzip bomb as receipts.jsonl: its declared size is refused before a byte of it is
+    decompressed, against MAX_SMALL_FILE per receipt the manifest announces or the ceiling."""
+    monkeypatch.setattr(receipts.bundle, cap, 1 << 16)  # 64 KiB: the bomb is 4 MiB of zeros
+    most = read_counter(monkeypatch)
+    files = read(bundle)
+    files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), "receipts": announced})
+    files[RECEIPTS] += bytes(4 << 20)
+    report = verify_bundle(rewrite(bundle, files, fix_manifest=False))
+    assert not report.ok and "'receipts.jsonl' declares 4" in report.reason, report
+    assert "past its limit" in report.reason
+    assert most[0] < 1 << 20, most  # the small files and headers, none of the bomb
+
+
+def test_a_sparse_member_is_refused(bundle: Path) -> None:
+    """A GNU sparse member reads as zeros its archive never stored (1 TiB from a few bytes)."""
+    files = read(bundle)
+    sparse = {"GNU.sparse.map": f"0,{len(files[RECEIPTS])}", "GNU.sparse.realsize": str(1 << 20)}
+    report = verify_bundle(rewrite(bundle, files, pax={RECEIPTS: sparse}))
+    assert (
+        not report.ok
+        and report.reason == "bundle member 'receipts.jsonl' is a sparse file; none is"
+    )
+
+
+def test_small_members_are_limited_in_total_and_number(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each small file may be up to 64 MiB, so their sum and their number are bounded too
+    (32 schema files of 64 MiB each made 2 GB of memory from a 2 MB bundle)."""
+    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 1 << 20)
+    blob = b" " * (300 << 10)
+    junk = {f"schemas/{i:064x}.json": blob for i in range(8)}
+    report = verify_bundle(rewrite(bundle, {**read(bundle), **junk}))
+    assert not report.ok, report
+    assert "takes the members other than receipts.jsonl past their limit of 1 MiB" in report.reason
+    monkeypatch.setattr(receipts.bundle, "MAX_MEMBERS", 12)
+    empty = {f"schemas/{i:064x}.json": b"" for i in range(8)}
+    report = verify_bundle(rewrite(bundle, {**read(bundle), **empty}))
+    assert not report.ok and report.reason == "the bundle has more than 12 members", report
+
+
+def test_a_huge_pax_header_is_refused_while_it_is_read(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tarfile reads a PAX header whole into memory before any member check (a 2 GiB comment
+    took 6 GB): the count of uncompressed bytes stops it at the limit."""
+    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 1 << 20)
+    most = read_counter(monkeypatch)
+    files = read(bundle)
+    report = verify_bundle(rewrite(bundle, files, pax={MANIFEST: {"comment": "a" * (4 << 20)}}))
+    assert not report.ok and report.reason.startswith("the first tar header runs past"), report
+    assert most[0] <= (1 << 20) + 1, most
