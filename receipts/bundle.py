@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -42,7 +43,13 @@ from receipts.chain import (
     link_problem,
 )
 from receipts.checkpoint import check_checkpoint
-from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
+from receipts.errors import (
+    BundleError,
+    ReceiptFormatError,
+    ReceiptsError,
+    SigningKeyError,
+    VerificationError,
+)
 from receipts.manifest import is_hex64
 from receipts.merkle import leaf_hash
 from receipts.record import GENESIS_PREV_HASH, KEY_ID, Receipt
@@ -66,6 +73,10 @@ BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker p
 PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
 
 Progress = Callable[[int, int], None]
+# verify_bundle turns an exception no check expected into a failed report (a traceback is no
+# verdict); the test suite sets this False so that such an exception fails the test instead.
+CONTAIN_UNEXPECTED = True
+log = logging.getLogger(__name__)
 
 
 def key_file(key_id: str) -> str:
@@ -383,17 +394,20 @@ def _bundle_keys(contents: _Contents) -> list[dict[str, Any]]:
     """keys.json joined with the PEM files, in KeyRing.from_public_keys' shape."""
     listing = _json(contents, "keys.json")
     try:
-        entries = listing["keys"]
-        return [
-            {
-                "key_id": e["key_id"],
-                "public_key_pem": contents.small[key_file(e["key_id"])].decode("ascii"),
-                "ranges": e["ranges"],
-            }
-            for e in entries
-        ]
+        return [_bundle_key(contents, entry) for entry in listing["keys"]]
     except (KeyError, TypeError, UnicodeDecodeError) as exc:
         raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
+
+
+def _bundle_key(contents: _Contents, entry: Mapping[str, Any]) -> dict[str, Any]:
+    key_id = entry["key_id"]
+    if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
+        raise VerificationError(f"keys.json: {key_id!r} is not a key id (ed25519: + 32 hex)")
+    return {
+        "key_id": key_id,
+        "public_key_pem": contents.small[key_file(key_id)].decode("ascii"),
+        "ranges": entry["ranges"],
+    }
 
 
 def pinned_keys(pinned: str | bytes) -> tuple[KeyRing, bool]:
@@ -585,6 +599,12 @@ def verify_bundle(
         report = _verify_file(path, pinned, progress, workers, saved)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
+    except (BundleError, SigningKeyError):
+        raise  # the caller's pinned keys, not the bundle
+    except Exception as exc:  # a hostile bundle reached a check that does not expect it
+        if not CONTAIN_UNEXPECTED:
+            raise
+        return _unexpected(exc)
     if report.ok and not allow_range and not report.whole_chain:
         return replace(
             report,
@@ -594,6 +614,16 @@ def verify_bundle(
             " export verifies only when asked for: --range)",
         )
     return report
+
+
+def _unexpected(exc: Exception) -> VerificationReport:
+    """A failed report for an error no check anticipated: the bundle is not verified, and
+    the traceback goes to the log (stderr for the CLI) so the bug can be reported and fixed."""
+    log.error("verifying a bundle failed unexpectedly", exc_info=exc)
+    return VerificationReport.failed(
+        f"the verifier cannot process this bundle ({type(exc).__name__}: {exc}); it is not"
+        " verified. This is a bug in callproof: please report it with the log's traceback"
+    )
 
 
 def _verify_file(
@@ -699,14 +729,12 @@ def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> st
 
 
 def _schemas(contents: _Contents) -> dict[str, Any]:
-    schemas = {}
-    for name, data in contents.small.items():
-        if name.startswith("schemas/"):
-            try:
-                schemas[name[len("schemas/") : -len(".json")]] = json.loads(data)
-            except ValueError:
-                continue  # an unreadable schema is reported as missing where it is bound
-    return schemas
+    """Every schemas/<hash>.json by its hash; one that is not JSON fails the bundle, named."""
+    return {
+        name[len("schemas/") : -len(".json")]: _json(contents, name)
+        for name in contents.small
+        if name.startswith("schemas/")
+    }
 
 
 def _checked(

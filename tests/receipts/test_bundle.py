@@ -418,11 +418,13 @@ def test_pinned_ranges_hold_a_leaked_retired_key_to_the_receipts_it_signed(
     assert with_pems.ok and "pins no seq ranges" in with_pems.notes[0]
 
 
-@pytest.mark.parametrize("name", [RECEIPTS, "checkpoint.json"])
+@pytest.mark.parametrize("name", [RECEIPTS, "checkpoint.json", f"schemas/{'ab' * 32}.json"])
 def test_a_file_nested_past_the_json_readers_depth_fails_cleanly(bundle: Path, name: str) -> None:
+    """A schema file no receipt binds included: its RecursionError crashed the verifier."""
     deep = rewrite(bundle, {**read(bundle), name: b"[" * 200_000 + b"]" * 200_000 + b"\n"})
     report = verify_bundle(deep)
     assert not report.ok and "nests deeper" in report.reason
+    assert name == RECEIPTS or report.reason.startswith(name), report
 
 
 def test_a_receipt_line_past_any_plausible_size_fails_without_reading_it_whole(
@@ -558,3 +560,29 @@ def test_a_huge_pax_header_is_refused_while_it_is_read(
     report = verify_bundle(rewrite(bundle, files, pax={MANIFEST: {"comment": "a" * (4 << 20)}}))
     assert not report.ok and report.reason.startswith("the first tar header runs past"), report
     assert most[0] <= (1 << 20) + 1, most
+
+
+def test_a_key_id_that_is_not_a_string_fails_cleanly(bundle: Path, signer: Signer) -> None:
+    """It crashed key_file() with an AttributeError, and `verify --json` printed nothing."""
+    files = read(bundle)
+    listing = json.loads(files["keys.json"])
+    listing["keys"][0]["key_id"] = ["x"]
+    files["keys.json"] = canonical_json(listing)
+    report = verify_bundle(rewrite(bundle, files), signer.public_key_pem())
+    assert not report.ok and report.reason == "keys.json: ['x'] is not a key id (ed25519: + 32 hex)"
+
+
+def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(contents: object) -> None:
+        raise KeyError("a check that hostile input surprised")
+
+    monkeypatch.setattr(receipts.bundle, "_schemas", broken)
+    with pytest.raises(KeyError):  # the suite's setting (tests/conftest.py): bugs stay visible
+        verify_bundle(bundle)
+    monkeypatch.setattr(receipts.bundle, "CONTAIN_UNEXPECTED", True)  # what users run
+    report = verify_bundle(bundle)
+    assert not report.ok and report.reason.startswith("the verifier cannot process this bundle")
+    assert "KeyError" in report.reason and "bug in callproof" in report.reason
+    assert "Traceback" in caplog.text  # the bug is logged, not hidden
