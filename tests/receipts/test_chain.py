@@ -458,3 +458,21 @@ def test_the_manifest_memo_keeps_digests_and_forgets_the_least_recently_used() -
         tracemalloc.stop()
     assert retained < 1 << 20, retained  # the texts were ~100 MB
     assert checker._manifest_hash(manifests[0]) == manifest_hash(manifests[0])  # evicted, redone
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "2026-99-99T99:99:99.000000Z",  # every field out of range
+        "\u0662\u0660\u0662\u0666-11-21T23:15:00.123456Z",  # Arabic-Indic digits match \d
+        "2026-02-30T00:00:00.000000Z",  # a day February lacks
+    ],
+)
+def test_a_timestamp_is_ascii_digits_naming_a_real_moment(chain, stamp: str) -> None:
+    obj = chain[0].to_json_obj()
+    obj["created_at"] = stamp
+    with pytest.raises(ReceiptFormatError, match="created_at"):
+        Receipt.from_json_obj(obj)
+    if stamp != "2026-02-30T00:00:00.000000Z":  # the pattern alone, which checkpoints use
+        with pytest.raises(ReceiptFormatError, match="timestamp"):
+            make_checkpoint("acme", 1, "00" * 32, Signer.generate(), timestamp=stamp)
