@@ -313,7 +313,7 @@ def _receipts_cap(small: Mapping[str, bytes]) -> int:
     """The most bytes receipts.jsonl may hold: MAX_SMALL_FILE (the longest receipt line) per
     receipt the manifest announces, when it is known; never more than MAX_RECEIPTS_BYTES."""
     try:
-        announced = _announced(json.loads(small[MANIFEST]), "receipts")
+        announced = _announced(_loads(small[MANIFEST]), "receipts")
     except (KeyError, ValueError, RecursionError):
         announced = None
     if announced is None or announced < 1:
@@ -354,11 +354,32 @@ def _sha256(source: IO[bytes]) -> str:
     return digest.hexdigest()
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object repeats a key: readers disagree on which value counts."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(f"the key {key!r} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
+def _loads(data: bytes) -> Any:
+    """JSON with every object's keys distinct: some readers keep a repeated key's first
+    value, some its last, and two verifiers must never read two different files."""
+    return json.loads(data, object_pairs_hook=_unique_keys)
+
+
 def _json(contents: _Contents, name: str) -> Any:
     if name not in contents.small:
         raise VerificationError(f"bundle lacks {name}")
     try:
-        return json.loads(contents.small[name])
+        return _loads(contents.small[name])
+    except _DuplicateKey as exc:
+        raise VerificationError(f"{name}: {exc} (JSON readers disagree on which counts)") from exc
     except ValueError as exc:
         raise VerificationError(f"{name} is not JSON: {exc}") from exc
     except RecursionError:
@@ -672,7 +693,7 @@ def _verify_contents(
     schemas = _schemas(contents)
     proofs = _proofs(_json(contents, "proofs.json"))
     checkpoint = _json(contents, "checkpoint.json")
-    total = manifest.get("receipts") if isinstance(manifest.get("receipts"), int) else 0
+    total = _announced(manifest, "receipts") or 0
     linker = ChainLinker(
         keyring,
         chain=manifest.get("chain"),
@@ -698,9 +719,15 @@ def _verify_contents(
         seq = None
         span = (linker.start_seq, linker.next_seq - 1)
         problem = file_problem
-        if not problem and linker.checked != total:
-            problem = f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
-        if not problem and (manifest.get("first_seq"), manifest.get("last_seq")) != span:
+        if not problem and _announced(manifest, "receipts") != linker.checked:
+            problem = (
+                f"{MANIFEST} announces {manifest.get('receipts')!r} receipts,"
+                f" {RECEIPTS} holds {linker.checked}"
+            )
+        if (
+            not problem
+            and (_announced(manifest, "first_seq"), _announced(manifest, "last_seq")) != span
+        ):
             problem = (
                 f"{MANIFEST} announces seq {manifest.get('first_seq')}..{manifest.get('last_seq')},"
                 f" {RECEIPTS} holds seq {span[0]}..{span[1]}"

@@ -586,3 +586,31 @@ def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
     assert not report.ok and report.reason.startswith("the verifier cannot process this bundle")
     assert "KeyError" in report.reason and "bug in callproof" in report.reason
     assert "Traceback" in caplog.text  # the bug is logged, not hidden
+
+
+@pytest.mark.parametrize(
+    "name",
+    [MANIFEST, "checkpoint.json", "keys.json", "proofs.json", f"schemas/{UNION_HASH}.json"],
+)
+def test_a_json_file_that_repeats_a_key_fails(bundle: Path, signer: Signer, name: str) -> None:
+    """Python keeps a repeated key's last value, other readers its first: two verifiers could
+    read two checkpoints from one file. Even a repeat with the same value is refused."""
+    files = read(bundle)
+    files[name] = files[name][:-1] + b"," + files[name][1:]  # {"a":1} -> {"a":1,"a":1}
+    report = verify_bundle(
+        rewrite(bundle, files, fix_manifest=name != MANIFEST), signer.public_key_pem()
+    )
+    assert not report.ok and report.reason.startswith(f"{name}: the key "), report
+    assert "appears twice in one object" in report.reason
+
+
+@pytest.mark.parametrize("field", ["receipts", "first_seq", "last_seq"])
+def test_a_manifest_count_of_true_is_not_one(
+    tmp_path: Path, chain: list[Receipt], signer: Signer, field: str
+) -> None:
+    one = export(tmp_path / "one.tar.gz", chain[:1], signer)
+    assert verify_bundle(one, signer.public_key_pem()).ok
+    files = read(one)
+    files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), field: True})
+    report = verify_bundle(rewrite(one, files, fix_manifest=False), signer.public_key_pem())
+    assert not report.ok and "announces" in report.reason and "True" in report.reason, report
