@@ -29,7 +29,7 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -224,7 +224,7 @@ class _Contents:
 
     small: dict[str, bytes]
     digests: dict[str, str]
-    receipts: IO[bytes] | None
+    receipts: _ReceiptsStream | None
 
 
 class _Budget:
@@ -249,15 +249,20 @@ class _Budget:
         return data
 
 
+# what gzip and tarfile raise on a damaged archive (ValueError: a malformed GNU sparse map)
+_UNREADABLE = (tarfile.TarError, EOFError, OSError, zlib.error, ValueError)
+
+
 @contextmanager
 def _archive(path: Path) -> Iterator[tuple[tarfile.TarFile, _Budget]]:
-    """The bundle as a tar stream read through a _Budget; an unreadable one fails verification."""
+    """The bundle as a tar stream read through a _Budget; an unreadable one fails verification
+    (the body must only read the archive, or its own errors would be blamed on the file)."""
     try:
         with gzip.open(path, "rb") as gz:
             budget = _Budget(gz, MAX_SMALL_TOTAL)
             with tarfile.open(fileobj=budget, mode="r|") as tar:
                 yield tar, budget
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+    except _UNREADABLE as exc:
         raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
 
 
@@ -323,7 +328,7 @@ def _receipts_cap(small: Mapping[str, bytes]) -> int:
 
 def _read_archive(path: Path) -> _Contents:
     """Every member checked and every small file read; receipts.jsonl only hashed, to be
-    streamed again by _receipts_stream, so verifying writes nothing to disk."""
+    streamed again when verified (_ReceiptsStream), so verifying writes nothing to disk."""
     small: dict[str, bytes] = {}
     digests: dict[str, str] = {}
     with _archive(path) as (tar, budget):
@@ -333,7 +338,29 @@ def _read_archive(path: Path) -> _Contents:
             else:
                 small[name] = source.read()
                 digests[name] = hashlib.sha256(small[name]).hexdigest()
-    return _Contents(small, digests, None)
+    return _Contents(small, digests, _ReceiptsStream(path, small) if RECEIPTS in digests else None)
+
+
+class _ReceiptsStream:
+    """receipts.jsonl of a bundle _read_archive accepted, read from the archive again on the
+    first read; close() ends that read."""
+
+    def __init__(self, path: Path, small: Mapping[str, bytes]) -> None:
+        self._path = path
+        self._small = small
+        self._open = ExitStack()
+        self._source: IO[bytes] | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        if self._source is None:
+            self._source = self._open.enter_context(_receipts_stream(self._path, self._small))
+        try:
+            return self._source.read(size)
+        except _UNREADABLE as exc:  # read outside _archive's body: the file changed since
+            raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
+
+    def close(self) -> None:
+        self._open.close()
 
 
 @contextmanager
@@ -617,15 +644,18 @@ def verify_bundle(
     if not path.is_file():
         raise BundleError(f"no bundle at {path}")
     try:
-        report = _verify_file(path, pinned, progress, workers, saved)
+        contents = _read_archive(path)
+    except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
+        return _failed(exc)
+    try:
+        report = _verify_contents(contents, pinned, progress, workers, saved)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
-    except (BundleError, SigningKeyError):
-        raise  # the caller's pinned keys, not the bundle
-    except Exception as exc:  # a hostile bundle reached a check that does not expect it
-        if not CONTAIN_UNEXPECTED:
-            raise
-        return _unexpected(exc)
+    except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
+        return _failed(exc)
+    finally:
+        if contents.receipts is not None:
+            contents.receipts.close()
     if report.ok and not allow_range and not report.whole_chain:
         return replace(
             report,
@@ -637,33 +667,19 @@ def verify_bundle(
     return report
 
 
-def _unexpected(exc: Exception) -> VerificationReport:
-    """A failed report for an error no check anticipated: the bundle is not verified, and
-    the traceback goes to the log (stderr for the CLI) so the bug can be reported and fixed."""
+def _failed(exc: Exception) -> VerificationReport:
+    """The report for an exception out of reading or verifying a bundle. The caller's own
+    input (the pinned keys) raises. An exception no check expected fails the bundle too (a
+    traceback is no verdict), as a bug of callproof, with the traceback in the log."""
+    if isinstance(exc, VerificationError):
+        return VerificationReport.failed(exc.reason, seq=exc.seq)
+    if isinstance(exc, (BundleError, SigningKeyError)) or not CONTAIN_UNEXPECTED:
+        raise exc
     log.error("verifying a bundle failed unexpectedly", exc_info=exc)
     return VerificationReport.failed(
         f"the verifier cannot process this bundle ({type(exc).__name__}: {exc}); it is not"
         " verified. This is a bug in callproof: please report it with the log's traceback"
     )
-
-
-def _verify_file(
-    path: Path,
-    pinned: str | bytes | None,
-    progress: Progress | None,
-    workers: int | None,
-    saved: Sequence[Mapping[str, Any]],
-) -> VerificationReport:
-    """Read the archive once to check its members, then verify streaming receipts.jsonl."""
-    contents = _read_archive(path)
-    with (
-        _receipts_stream(path, contents.small)
-        if RECEIPTS in contents.digests
-        else nullcontext(None)
-    ) as receipts:
-        return _verify_contents(
-            replace(contents, receipts=receipts), pinned, progress, workers, saved
-        )
 
 
 def _verify_contents(
@@ -680,7 +696,7 @@ def _verify_contents(
         raise VerificationError(
             f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
         )
-    file_problem = _file_problem(manifest, contents.digests)
+    file_problem = _manifest_problem(manifest, contents.digests)
     for name in SMALL_FILES:
         _json(contents, name)
     if contents.receipts is None:
@@ -693,7 +709,7 @@ def _verify_contents(
     schemas = _schemas(contents)
     proofs = _proofs(_json(contents, "proofs.json"))
     checkpoint = _json(contents, "checkpoint.json")
-    total = _announced(manifest, "receipts") or 0
+    total = manifest.get("receipts") if isinstance(manifest.get("receipts"), int) else 0
     linker = ChainLinker(
         keyring,
         chain=manifest.get("chain"),
@@ -719,15 +735,9 @@ def _verify_contents(
         seq = None
         span = (linker.start_seq, linker.next_seq - 1)
         problem = file_problem
-        if not problem and _announced(manifest, "receipts") != linker.checked:
-            problem = (
-                f"{MANIFEST} announces {manifest.get('receipts')!r} receipts,"
-                f" {RECEIPTS} holds {linker.checked}"
-            )
-        if (
-            not problem
-            and (_announced(manifest, "first_seq"), _announced(manifest, "last_seq")) != span
-        ):
+        if not problem and linker.checked != total:
+            problem = f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
+        if not problem and (manifest.get("first_seq"), manifest.get("last_seq")) != span:
             problem = (
                 f"{MANIFEST} announces seq {manifest.get('first_seq')}..{manifest.get('last_seq')},"
                 f" {RECEIPTS} holds seq {span[0]}..{span[1]}"
@@ -737,6 +747,15 @@ def _verify_contents(
             problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)
         )
     return replace(linker.report(), notes=(trust,))
+
+
+def _manifest_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """What the manifest misstates, if anything, besides the receipts' seqs: a count that is
+    not an integer (true is 1 to Python, not to the format), or the files and their hashes."""
+    for field in ("receipts", "first_seq", "last_seq"):
+        if _announced(manifest, field) is None:
+            return f"{MANIFEST}: {field} must be an integer, not {manifest.get(field)!r}"
+    return _file_problem(manifest, digests)
 
 
 def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:

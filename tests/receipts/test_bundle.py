@@ -613,4 +613,11 @@ def test_a_manifest_count_of_true_is_not_one(
     files = read(one)
     files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), field: True})
     report = verify_bundle(rewrite(one, files, fix_manifest=False), signer.public_key_pem())
-    assert not report.ok and "announces" in report.reason and "True" in report.reason, report
+    assert not report.ok and report.reason == f"{MANIFEST}: {field} must be an integer, not True"
+
+
+def test_a_tar_header_tarfile_cannot_parse_is_an_unreadable_bundle(bundle: Path) -> None:
+    """tarfile raises ValueError, not a TarError, on a GNU sparse map that is not numbers."""
+    files = read(bundle)
+    report = verify_bundle(rewrite(bundle, files, pax={RECEIPTS: {"GNU.sparse.map": "a,b"}}))
+    assert not report.ok and report.reason.startswith("not a readable .tar.gz bundle"), report
