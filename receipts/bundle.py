@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import multiprocessing
 import os
 import re
@@ -28,7 +29,7 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any, NamedTuple
@@ -43,7 +44,13 @@ from receipts.chain import (
     saved_checkpoints_note,
 )
 from receipts.checkpoint import check_checkpoint
-from receipts.errors import BundleError, ReceiptFormatError, ReceiptsError, VerificationError
+from receipts.errors import (
+    BundleError,
+    ReceiptFormatError,
+    ReceiptsError,
+    SigningKeyError,
+    VerificationError,
+)
 from receipts.manifest import is_hex64
 from receipts.merkle import leaf_hash
 from receipts.record import GENESIS_PREV_HASH, KEY_ID, Receipt
@@ -60,10 +67,17 @@ MEMBER = re.compile(
 )
 DIRECTORIES = frozenset({"", ".", "keys", "schemas"})
 MAX_SMALL_FILE = 64 << 20  # metadata, schemas and receipt lines are small: refuse a bomb
+MAX_SMALL_TOTAL = 256 << 20  # every member but receipts.jsonl together, tar headers included
+MAX_MEMBERS = 100_000  # a few files and one schema per distinct tool set
+MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is announced
 BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker process
 PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
 
 Progress = Callable[[int, int], None]
+# verify_bundle turns an exception no check expected into a failed report (a traceback is no
+# verdict); the test suite sets this False so that such an exception fails the test instead.
+CONTAIN_UNEXPECTED = True
+log = logging.getLogger(__name__)
 
 
 def key_file(key_id: str) -> str:
@@ -207,66 +221,203 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int = 0
 
 @dataclass
 class _Contents:
-    """Everything but receipts.jsonl in memory; receipts.jsonl spooled to a temp file."""
+    """Everything but receipts.jsonl in memory; receipts.jsonl streamed from the archive."""
 
     small: dict[str, bytes]
     digests: dict[str, str]
-    receipts: IO[bytes] | None
+    receipts: _ReceiptsStream | None
+
+
+class _Budget:
+    """The archive's uncompressed bytes, counted: reading past `limit` fails. tarfile reads a
+    PAX header whole into memory, so this is what bounds headers as well as files."""
+
+    def __init__(self, raw: IO[bytes], limit: int) -> None:
+        self.raw = raw
+        self.limit = limit  # grows by receipts.jsonl's size once that size is accepted
+        self.count = 0
+        self.where = "the first tar header"
+
+    def read(self, size: int = -1) -> bytes:
+        room = self.limit - self.count + 1  # one byte more than allowed shows the overrun
+        data = self.raw.read(room if size < 0 else min(size, room))
+        self.count += len(data)
+        if self.count > self.limit:
+            raise VerificationError(
+                f"{self.where} runs past the bundle's limit: the members other than {RECEIPTS},"
+                f" tar headers included, may total {MAX_SMALL_TOTAL >> 20} MiB"
+            )
+        return data
+
+
+# what gzip and tarfile raise on a damaged archive (ValueError: a malformed GNU sparse map)
+_UNREADABLE = (tarfile.TarError, EOFError, OSError, zlib.error, ValueError)
+
+
+@contextmanager
+def _archive(path: Path) -> Iterator[tuple[tarfile.TarFile, _Budget]]:
+    """The bundle as a tar stream read through a _Budget; an unreadable one fails verification
+    (the body must only read the archive, or its own errors would be blamed on the file)."""
+    try:
+        with gzip.open(path, "rb") as gz:
+            budget = _Budget(gz, MAX_SMALL_TOTAL)
+            with tarfile.open(fileobj=budget, mode="r|") as tar:
+                yield tar, budget
+    except _UNREADABLE as exc:
+        raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
+
+
+def _members(
+    tar: tarfile.TarFile, budget: _Budget, small: Mapping[str, bytes]
+) -> Iterator[tuple[str, IO[bytes]]]:
+    """The bundle's files in archive order, each refused before it is read unless its name,
+    type and size are a bundle's (directories are skipped). `small`, the files read so far,
+    sets receipts.jsonl's limit when the manifest came first (as the writer puts it)."""
+    names: set[str] = set()
+    small_total = 0
+    for count, member in enumerate(tar, 1):
+        if count > MAX_MEMBERS:
+            raise VerificationError(f"the bundle has more than {MAX_MEMBERS} members")
+        name = member.name.removeprefix("./")  # as `tar -C dir .` writes names
+        if member.isdir() and name.rstrip("/") in DIRECTORIES:
+            continue  # a bundle unpacked and packed again carries its directories
+        if not member.isfile() or not MEMBER.fullmatch(name):
+            raise VerificationError(f"unexpected bundle member {name!r}")
+        if member.issparse():  # its holes read as zeros without costing the archive a byte
+            raise VerificationError(f"bundle member {name!r} is a sparse file; none is")
+        if name in names:
+            raise VerificationError(f"bundle member {name!r} appears twice")
+        names.add(name)
+        if name == RECEIPTS:
+            cap = _receipts_cap(small)
+            if member.size > cap:
+                raise VerificationError(
+                    f"bundle member {name!r} declares {member.size} bytes, past its limit of"
+                    f" {cap} ({MAX_SMALL_FILE >> 20} MiB per receipt the manifest announces,"
+                    f" {MAX_RECEIPTS_BYTES >> 30} GiB at most)"
+                )
+            budget.limit += member.size
+        elif member.size > MAX_SMALL_FILE:
+            raise VerificationError(
+                f"bundle member {name!r} is implausibly large (limit {MAX_SMALL_FILE >> 20} MiB)"
+            )
+        else:
+            small_total += member.size
+            if small_total > MAX_SMALL_TOTAL:
+                raise VerificationError(
+                    f"bundle member {name!r} takes the members other than {RECEIPTS} past"
+                    f" their limit of {MAX_SMALL_TOTAL >> 20} MiB"
+                )
+        source = tar.extractfile(member)
+        assert source is not None
+        budget.where = f"bundle member {name!r}"
+        yield name, source
+        budget.where = f"the tar header after {name!r}"
+
+
+def _receipts_cap(small: Mapping[str, bytes]) -> int:
+    """The most bytes receipts.jsonl may hold: MAX_SMALL_FILE (the longest receipt line) per
+    receipt the manifest announces, when it is known; never more than MAX_RECEIPTS_BYTES."""
+    try:
+        announced = _announced(_loads(small[MANIFEST]), "receipts")
+    except (KeyError, ValueError, RecursionError):
+        announced = None
+    if announced is None or announced < 1:
+        return MAX_RECEIPTS_BYTES
+    return min(announced * MAX_SMALL_FILE, MAX_RECEIPTS_BYTES)
 
 
 def _read_archive(path: Path) -> _Contents:
+    """Every member checked and every small file read; receipts.jsonl only hashed, to be
+    streamed again when verified (_ReceiptsStream), so verifying writes nothing to disk."""
     small: dict[str, bytes] = {}
     digests: dict[str, str] = {}
-    receipts: IO[bytes] | None = None
-    try:
-        with tarfile.open(path, mode="r|gz") as tar:
-            for member in tar:
-                name = member.name.removeprefix("./")  # as `tar -C dir .` writes names
-                if member.isdir() and name.rstrip("/") in DIRECTORIES:
-                    continue  # a bundle unpacked and packed again carries its directories
-                if not member.isfile() or not MEMBER.fullmatch(name):
-                    raise VerificationError(f"unexpected bundle member {name!r}")
-                if name in digests:
-                    raise VerificationError(f"bundle member {name!r} appears twice")
-                source = tar.extractfile(member)
-                assert source is not None
-                if name == RECEIPTS:
-                    receipts = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller
-                    digests[name] = _copy_hashing(source, receipts)
-                    receipts.seek(0)
-                elif member.size > MAX_SMALL_FILE:
-                    raise VerificationError(f"bundle member {name!r} is implausibly large")
-                else:
-                    small[name] = source.read()
-                    digests[name] = hashlib.sha256(small[name]).hexdigest()
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
-        if receipts is not None:
-            receipts.close()
-        raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
-    except VerificationError:
-        if receipts is not None:
-            receipts.close()
-        raise
-    return _Contents(small, digests, receipts)
+    with _archive(path) as (tar, budget):
+        for name, source in _members(tar, budget, small):
+            if name == RECEIPTS:
+                digests[name] = _sha256(source)
+            else:
+                small[name] = source.read()
+                digests[name] = hashlib.sha256(small[name]).hexdigest()
+    return _Contents(small, digests, _ReceiptsStream(path, small) if RECEIPTS in digests else None)
 
 
-def _copy_hashing(source: IO[bytes], sink: IO[bytes]) -> str:
+class _ReceiptsStream:
+    """receipts.jsonl of a bundle _read_archive accepted, read from the archive again on the
+    first read; close() ends that read."""
+
+    def __init__(self, path: Path, small: Mapping[str, bytes]) -> None:
+        self._path = path
+        self._small = small
+        self._open = ExitStack()
+        self._source: IO[bytes] | None = None
+
+    def read(self, size: int = -1) -> bytes:
+        if self._source is None:
+            self._source = self._open.enter_context(_receipts_stream(self._path, self._small))
+        try:
+            return self._source.read(size)
+        except _UNREADABLE as exc:  # read outside _archive's body: the file changed since
+            raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
+
+    def close(self) -> None:
+        self._open.close()
+
+
+@contextmanager
+def _receipts_stream(path: Path, small: Mapping[str, bytes]) -> Iterator[IO[bytes]]:
+    """receipts.jsonl of a bundle _read_archive accepted, read from the archive again."""
+    with _archive(path) as (tar, budget):
+        for name, source in _members(tar, budget, small):
+            if name == RECEIPTS:
+                yield source
+                return
+    raise VerificationError(f"the bundle changed while it was read: {RECEIPTS} is gone")
+
+
+def _sha256(source: IO[bytes]) -> str:
     digest = hashlib.sha256()
-    while block := source.read(1 << 20):
+    while block := source.read(BLOCK):
         digest.update(block)
-        sink.write(block)
     return digest.hexdigest()
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object repeats a key: readers disagree on which value counts."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(f"the key {key!r} appears twice in one object")
+        obj[key] = value
+    return obj
+
+
+def _loads(data: bytes) -> Any:
+    """JSON with every object's keys distinct: some readers keep a repeated key's first
+    value, some its last, and two verifiers must never read two different files."""
+    return json.loads(data, object_pairs_hook=_unique_keys)
 
 
 def _json(contents: _Contents, name: str) -> Any:
     if name not in contents.small:
         raise VerificationError(f"bundle lacks {name}")
     try:
-        return json.loads(contents.small[name])
+        return _loads(contents.small[name])
+    except _DuplicateKey as exc:
+        raise VerificationError(f"{name}: {exc} (JSON readers disagree on which counts)") from exc
     except ValueError as exc:
         raise VerificationError(f"{name} is not JSON: {exc}") from exc
     except RecursionError:
         raise VerificationError(f"{name} nests deeper than any file of a bundle") from None
+
+
+def _announced(manifest: object, field: str) -> int | None:
+    """An integer the bundle manifest announces; true is not 1 here, whatever Python says."""
+    value = manifest.get(field) if isinstance(manifest, dict) else None
+    return value if type(value) is int else None
 
 
 class _Proofs(NamedTuple):
@@ -292,17 +443,20 @@ def _bundle_keys(contents: _Contents) -> list[dict[str, Any]]:
     """keys.json joined with the PEM files, in KeyRing.from_public_keys' shape."""
     listing = _json(contents, "keys.json")
     try:
-        entries = listing["keys"]
-        return [
-            {
-                "key_id": e["key_id"],
-                "public_key_pem": contents.small[key_file(e["key_id"])].decode("ascii"),
-                "ranges": e["ranges"],
-            }
-            for e in entries
-        ]
+        return [_bundle_key(contents, entry) for entry in listing["keys"]]
     except (KeyError, TypeError, UnicodeDecodeError) as exc:
         raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
+
+
+def _bundle_key(contents: _Contents, entry: Mapping[str, Any]) -> dict[str, Any]:
+    key_id = entry["key_id"]
+    if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
+        raise VerificationError(f"keys.json: {key_id!r} is not a key id (ed25519: + 32 hex)")
+    return {
+        "key_id": key_id,
+        "public_key_pem": contents.small[key_file(key_id)].decode("ascii"),
+        "ranges": entry["ranges"],
+    }
 
 
 def pinned_keys(pinned: str | bytes) -> tuple[KeyRing, bool]:
@@ -496,12 +650,14 @@ def verify_bundle(
         raise BundleError(f"no bundle at {path}")
     try:
         contents = _read_archive(path)
-    except VerificationError as exc:
-        return VerificationReport.failed(exc.reason)
+    except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
+        return _failed(exc)
     try:
         report = _verify_contents(contents, pinned, progress, workers, saved, chain)
     except VerificationError as exc:
         return VerificationReport.failed(exc.reason, seq=exc.seq)
+    except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
+        return _failed(exc)
     finally:
         if contents.receipts is not None:
             contents.receipts.close()
@@ -514,6 +670,21 @@ def verify_bundle(
             " export verifies only when asked for: --range)",
         )
     return report
+
+
+def _failed(exc: Exception) -> VerificationReport:
+    """The report for an exception out of reading or verifying a bundle. The caller's own
+    input (the pinned keys) raises. An exception no check expected fails the bundle too (a
+    traceback is no verdict), as a bug of callproof, with the traceback in the log."""
+    if isinstance(exc, VerificationError):
+        return VerificationReport.failed(exc.reason, seq=exc.seq)
+    if isinstance(exc, (BundleError, SigningKeyError)) or not CONTAIN_UNEXPECTED:
+        raise exc
+    log.error("verifying a bundle failed unexpectedly", exc_info=exc)
+    return VerificationReport.failed(
+        f"the verifier cannot process this bundle ({type(exc).__name__}: {exc}); it is not"
+        " verified. This is a bug in callproof: please report it with the log's traceback"
+    )
 
 
 def _verify_contents(
@@ -535,7 +706,7 @@ def _verify_contents(
         raise VerificationError(
             f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
         )
-    file_problem = _file_problem(manifest, contents.digests)
+    file_problem = _manifest_problem(manifest, contents.digests)
     for name in SMALL_FILES:
         _json(contents, name)
     if contents.receipts is None:
@@ -595,6 +766,15 @@ def _verify_contents(
     return replace(linker.report(), notes=(trust, *saved_checkpoints_note(saved)))
 
 
+def _manifest_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """What the manifest misstates, if anything, besides the receipts' seqs: a count that is
+    not an integer (true is 1 to Python, not to the format), or the files and their hashes."""
+    for field in ("receipts", "first_seq", "last_seq"):
+        if _announced(manifest, field) is None:
+            return f"{MANIFEST}: {field} must be an integer, not {manifest.get(field)!r}"
+    return _file_problem(manifest, digests)
+
+
 def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
     """Disagreement between the files present and the hashes the manifest lists, if any."""
     listed = manifest.get("files")
@@ -612,14 +792,12 @@ def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> st
 
 
 def _schemas(contents: _Contents) -> dict[str, Any]:
-    schemas = {}
-    for name, data in contents.small.items():
-        if name.startswith("schemas/"):
-            try:
-                schemas[name[len("schemas/") : -len(".json")]] = json.loads(data)
-            except ValueError:
-                continue  # an unreadable schema is reported as missing where it is bound
-    return schemas
+    """Every schemas/<hash>.json by its hash; one that is not JSON fails the bundle, named."""
+    return {
+        name[len("schemas/") : -len(".json")]: _json(contents, name)
+        for name in contents.small
+        if name.startswith("schemas/")
+    }
 
 
 def _checked(

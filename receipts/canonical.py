@@ -72,6 +72,8 @@ def _reference(obj: Any) -> bytes:
         return rfc8785.dumps(obj)
     except (rfc8785.CanonicalizationError, UnicodeEncodeError) as exc:  # lone surrogate key
         raise CanonicalizationError(f"value has no RFC 8785 canonical form: {exc}") from exc
+    except RecursionError:  # rfc8785 recurses per level; a hostile schema can nest ~1,000
+        raise CanonicalizationError("value nests too deep to canonicalize") from None
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -9,6 +9,7 @@ fails; verify_receipts() drives both over a sequence.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
@@ -76,15 +77,19 @@ class VerificationReport:
         return asdict(self)
 
 
+MANIFEST_MEMO = 1024  # distinct manifests whose hash a ReceiptChecker remembers
+
+
 class ReceiptChecker:
     """The checks one receipt must pass on its own: entry hash, signing key and range,
     signature, manifest hash, schema binding. Manifest hashes are memoised per run (a chain
-    repeats a few manifests many times), keyed by their exact JSON text."""
+    repeats a few manifests many times), keyed by a digest of their JSON text and forgetting
+    the least recently used: a bundle of distinct large manifests must not all stay in memory."""
 
     def __init__(self, keyring: KeyRing, schemas: SchemaSource) -> None:
         self.keyring = keyring
         self.binding = SchemaBinding(schemas)
-        self._manifest_hashes: dict[str, str] = {}
+        self._manifest_hashes: OrderedDict[str, str] = OrderedDict()
 
     def problem(self, receipt: Receipt, canonical_body: bytes | None = None) -> str | None:
         """The first reason `receipt` fails, or None. `canonical_body`, when the caller
@@ -114,10 +119,16 @@ class ReceiptChecker:
         return self.binding.problem(receipt.manifest, receipt.output, receipt.validation)
 
     def _manifest_hash(self, manifest: Mapping[str, Any]) -> str:
-        text = json.dumps(manifest, sort_keys=True)  # equal text -> equal JSON -> equal hash
-        if text not in self._manifest_hashes:
-            self._manifest_hashes[text] = manifest_hash(manifest)
-        return self._manifest_hashes[text]
+        # equal text -> equal JSON -> equal hash; json.dumps is C, JCS (floats) is not
+        key = sha256_hex(json.dumps(manifest, sort_keys=True).encode("ascii"))
+        memo = self._manifest_hashes
+        if key in memo:
+            memo.move_to_end(key)
+            return memo[key]
+        memo[key] = manifest_hash(manifest)
+        if len(memo) > MANIFEST_MEMO:
+            memo.popitem(last=False)
+        return memo[key]
 
 
 class Linkable(Protocol):

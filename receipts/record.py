@@ -26,7 +26,12 @@ GENESIS_PREV_HASH = "0" * 64
 RECEIPT_ID = re.compile(r"rcpt_[0-9a-f]{24}")
 CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 KEY_ID = re.compile(r"ed25519:[0-9a-f]{32}")
-TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+# RFC 3339 UTC with microseconds: ASCII digits ([0-9]; \d also takes other scripts' digits)
+# and every field in range; is_timestamp also refuses a day its month lacks (30 February).
+TIMESTAMP = re.compile(
+    r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z"
+)
 OUTPUT_KINDS = frozenset({"tool_calls", "answer", "parsed", "text"})
 # Where a receipt keeps its request itself (retention on): the JSON text of messages and
 # params in the client's member order, each checked against its digest.
@@ -52,6 +57,17 @@ def format_timestamp(moment: datetime) -> str:
 
 def utc_now() -> str:
     return format_timestamp(datetime.now(UTC))
+
+
+def is_timestamp(value: object) -> bool:
+    """Whether `value` is a timestamp of this format naming a real moment."""
+    if not isinstance(value, str) or not TIMESTAMP.fullmatch(value):
+        return False
+    try:
+        datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ")
+    except ValueError:  # a day its month lacks
+        return False
+    return True
 
 
 def _fail(path: str, want: str) -> ReceiptFormatError:
@@ -280,7 +296,7 @@ def check_envelope(obj: Mapping[str, Any]) -> None:
     if type(obj["seq"]) is not int or obj["seq"] < 1:
         raise _fail("seq", "a positive integer")
     _hex64(obj["prev_hash"], "prev_hash")
-    if not isinstance(obj["created_at"], str) or not TIMESTAMP.fullmatch(obj["created_at"]):
+    if not is_timestamp(obj["created_at"]):
         raise _fail("created_at", "RFC 3339 UTC with microseconds and Z")
     if not isinstance(obj["key_id"], str) or not KEY_ID.fullmatch(obj["key_id"]):
         raise _fail("key_id", "ed25519: + 32 lowercase hex")

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
+import receipts.bundle
 from receipts.bundle import (
     MANIFEST,
     MAX_SMALL_FILE,
@@ -86,8 +87,15 @@ def read(path: Path) -> dict[str, bytes]:
         return {m.name: tar.extractfile(m).read() for m in tar}  # type: ignore[union-attr]
 
 
-def rewrite(path: Path, files: dict[str, bytes], *, fix_manifest: bool = True) -> Path:
-    """Repack a bundle, as an attacker would: by default with file hashes brought up to date."""
+def rewrite(
+    path: Path,
+    files: dict[str, bytes],
+    *,
+    fix_manifest: bool = True,
+    pax: dict[str, dict[str, str]] | None = None,
+) -> Path:
+    """Repack a bundle, as an attacker would: by default with file hashes brought up to date;
+    `pax` gives members PAX header records (by member name)."""
     files = dict(files)
     if fix_manifest:
         manifest = json.loads(files[MANIFEST])
@@ -101,6 +109,7 @@ def rewrite(path: Path, files: dict[str, bytes], *, fix_manifest: bool = True) -
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
+            info.pax_headers = (pax or {}).get(name, {})
             tar.addfile(info, io.BytesIO(data))
     return out
 
@@ -409,11 +418,13 @@ def test_pinned_ranges_hold_a_leaked_retired_key_to_the_receipts_it_signed(
     assert with_pems.ok and "pins no seq ranges" in with_pems.notes[0]
 
 
-@pytest.mark.parametrize("name", [RECEIPTS, "checkpoint.json"])
+@pytest.mark.parametrize("name", [RECEIPTS, "checkpoint.json", f"schemas/{'ab' * 32}.json"])
 def test_a_file_nested_past_the_json_readers_depth_fails_cleanly(bundle: Path, name: str) -> None:
+    """A schema file no receipt binds included: its RecursionError crashed the verifier."""
     deep = rewrite(bundle, {**read(bundle), name: b"[" * 200_000 + b"]" * 200_000 + b"\n"})
     report = verify_bundle(deep)
     assert not report.ok and "nests deeper" in report.reason
+    assert name == RECEIPTS or report.reason.startswith(name), report
 
 
 def test_a_receipt_line_past_any_plausible_size_fails_without_reading_it_whole(
@@ -458,3 +469,155 @@ def test_a_key_file_that_is_not_its_key_id_names_the_chain(bundle: Path, signer:
     report = verify_bundle(rewrite(bundle, files))
     assert not report.ok and "does not match" in report.reason
     assert report.chain == json.loads(files[MANIFEST])["chain"]
+
+
+def test_verifying_writes_nothing_to_disk(
+    bundle: Path, signer: Signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """receipts.jsonl is streamed from the archive, never spooled: a gzip bomb cannot fill the
+    disk (it had every byte of receipts.jsonl copied to a temp file, with no limit)."""
+    import tempfile
+
+    def no_temp_files(*args: object, **kwargs: object) -> None:
+        raise AssertionError("verification wrote a temp file")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", no_temp_files)
+    monkeypatch.setattr(tempfile, "SpooledTemporaryFile", no_temp_files)
+    assert verify_bundle(bundle, signer.public_key_pem()).ok
+
+
+def read_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The most uncompressed bytes any archive read has taken so far (one item, updated)."""
+    most = [0]
+    read = receipts.bundle._Budget.read
+
+    def counted(self: Any, size: int = -1) -> bytes:
+        data = read(self, size)
+        most[0] = max(most[0], self.count)
+        return data
+
+    monkeypatch.setattr(receipts.bundle._Budget, "read", counted)
+    return most
+
+
+@pytest.mark.parametrize(
+    ("announced", "cap"),
+    [(N, "MAX_SMALL_FILE"), (10**12, "MAX_RECEIPTS_BYTES")],
+    ids=["per-announced-receipt", "hard-ceiling"],
+)
+def test_receipts_past_their_limit_are_refused_before_they_are_read(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, announced: int, cap: str
+) -> None:
+    """A gzip bomb as receipts.jsonl: its declared size is refused before a byte of it is
+    decompressed, against MAX_SMALL_FILE per receipt the manifest announces or the ceiling."""
+    monkeypatch.setattr(receipts.bundle, cap, 1 << 16)  # 64 KiB: the bomb is 4 MiB of zeros
+    most = read_counter(monkeypatch)
+    files = read(bundle)
+    files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), "receipts": announced})
+    files[RECEIPTS] += bytes(4 << 20)
+    report = verify_bundle(rewrite(bundle, files, fix_manifest=False))
+    assert not report.ok and "'receipts.jsonl' declares 4" in report.reason, report
+    assert "past its limit" in report.reason
+    assert most[0] < 1 << 20, most  # the small files and headers, none of the bomb
+
+
+def test_a_sparse_member_is_refused(bundle: Path) -> None:
+    """A GNU sparse member reads as zeros its archive never stored (1 TiB from a few bytes)."""
+    files = read(bundle)
+    sparse = {"GNU.sparse.map": f"0,{len(files[RECEIPTS])}", "GNU.sparse.realsize": str(1 << 20)}
+    report = verify_bundle(rewrite(bundle, files, pax={RECEIPTS: sparse}))
+    assert (
+        not report.ok
+        and report.reason == "bundle member 'receipts.jsonl' is a sparse file; none is"
+    )
+
+
+def test_small_members_are_limited_in_total_and_number(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each small file may be up to 64 MiB, so their sum and their number are bounded too
+    (32 schema files of 64 MiB each made 2 GB of memory from a 2 MB bundle)."""
+    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 1 << 20)
+    blob = b" " * (300 << 10)
+    junk = {f"schemas/{i:064x}.json": blob for i in range(8)}
+    report = verify_bundle(rewrite(bundle, {**read(bundle), **junk}))
+    assert not report.ok, report
+    assert "takes the members other than receipts.jsonl past their limit of 1 MiB" in report.reason
+    monkeypatch.setattr(receipts.bundle, "MAX_MEMBERS", 12)
+    empty = {f"schemas/{i:064x}.json": b"" for i in range(8)}
+    report = verify_bundle(rewrite(bundle, {**read(bundle), **empty}))
+    assert not report.ok and report.reason == "the bundle has more than 12 members", report
+
+
+def test_a_huge_pax_header_is_refused_while_it_is_read(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tarfile reads a PAX header whole into memory before any member check (a 2 GiB comment
+    took 6 GB): the count of uncompressed bytes stops it at the limit."""
+    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 1 << 20)
+    most = read_counter(monkeypatch)
+    files = read(bundle)
+    report = verify_bundle(rewrite(bundle, files, pax={MANIFEST: {"comment": "a" * (4 << 20)}}))
+    assert not report.ok and report.reason.startswith("the first tar header runs past"), report
+    assert most[0] <= (1 << 20) + 1, most
+
+
+def test_a_key_id_that_is_not_a_string_fails_cleanly(bundle: Path, signer: Signer) -> None:
+    """It crashed key_file() with an AttributeError, and `verify --json` printed nothing."""
+    files = read(bundle)
+    listing = json.loads(files["keys.json"])
+    listing["keys"][0]["key_id"] = ["x"]
+    files["keys.json"] = canonical_json(listing)
+    report = verify_bundle(rewrite(bundle, files), signer.public_key_pem())
+    assert not report.ok and report.reason == "keys.json: ['x'] is not a key id (ed25519: + 32 hex)"
+
+
+def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
+    bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(contents: object) -> None:
+        raise KeyError("a check that hostile input surprised")
+
+    monkeypatch.setattr(receipts.bundle, "_schemas", broken)
+    with pytest.raises(KeyError):  # the suite's setting (tests/conftest.py): bugs stay visible
+        verify_bundle(bundle)
+    monkeypatch.setattr(receipts.bundle, "CONTAIN_UNEXPECTED", True)  # what users run
+    report = verify_bundle(bundle)
+    assert not report.ok and report.reason.startswith("the verifier cannot process this bundle")
+    assert "KeyError" in report.reason and "bug in callproof" in report.reason
+    assert "Traceback" in caplog.text  # the bug is logged, not hidden
+
+
+@pytest.mark.parametrize(
+    "name",
+    [MANIFEST, "checkpoint.json", "keys.json", "proofs.json", f"schemas/{UNION_HASH}.json"],
+)
+def test_a_json_file_that_repeats_a_key_fails(bundle: Path, signer: Signer, name: str) -> None:
+    """Python keeps a repeated key's last value, other readers its first: two verifiers could
+    read two checkpoints from one file. Even a repeat with the same value is refused."""
+    files = read(bundle)
+    files[name] = files[name][:-1] + b"," + files[name][1:]  # {"a":1} -> {"a":1,"a":1}
+    report = verify_bundle(
+        rewrite(bundle, files, fix_manifest=name != MANIFEST), signer.public_key_pem()
+    )
+    assert not report.ok and report.reason.startswith(f"{name}: the key "), report
+    assert "appears twice in one object" in report.reason
+
+
+@pytest.mark.parametrize("field", ["receipts", "first_seq", "last_seq"])
+def test_a_manifest_count_of_true_is_not_one(
+    tmp_path: Path, chain: list[Receipt], signer: Signer, field: str
+) -> None:
+    one = export(tmp_path / "one.tar.gz", chain[:1], signer)
+    assert verify_bundle(one, signer.public_key_pem()).ok
+    files = read(one)
+    files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), field: True})
+    report = verify_bundle(rewrite(one, files, fix_manifest=False), signer.public_key_pem())
+    assert not report.ok and report.reason == f"{MANIFEST}: {field} must be an integer, not True"
+
+
+def test_a_tar_header_tarfile_cannot_parse_is_an_unreadable_bundle(bundle: Path) -> None:
+    """tarfile raises ValueError, not a TarError, on a GNU sparse map that is not numbers."""
+    files = read(bundle)
+    report = verify_bundle(rewrite(bundle, files, pax={RECEIPTS: {"GNU.sparse.map": "a,b"}}))
+    assert not report.ok and report.reason.startswith("not a readable .tar.gz bundle"), report

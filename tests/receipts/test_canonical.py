@@ -135,3 +135,24 @@ def test_plain_route_is_taken_for_receipt_lines() -> None:
     assert loads_plain(line) is not None
     assert loads_plain(b'{"k": "\\u00e9"}') is None
     assert loads_plain(b'{"k": 1e300}') is None
+
+
+def test_a_value_nested_past_the_recursion_limit_is_refused_not_a_crash() -> None:
+    """A bound schema nested ~1,000 levels parses but took rfc8785 past Python's recursion
+    limit, a RecursionError that crashed `callproof verify`; the schema binding reports it."""
+    from receipts.binding import SchemaBinding
+
+    deep: dict[str, Any] = {}
+    for _ in range(5_000):
+        deep = {"a": deep}
+    with pytest.raises(CanonicalizationError, match="nests too deep"):
+        canonical_json(deep)
+    bound = "ab" * 32
+    manifest = {"schema_hash": bound}
+    problem = SchemaBinding({bound: deep}).problem(
+        manifest, {"tool_calls": []}, {"valid": True, "errors": []}
+    )
+    assert (
+        problem
+        == f"the stored schema {bound} is not canonical JSON: value nests too deep to canonicalize"
+    )

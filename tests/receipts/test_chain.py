@@ -436,3 +436,43 @@ def test_binding_names_the_failing_value_by_an_escaped_json_pointer() -> None:
         {"schema_hash": schema_hash(bound)}, {"tool_calls": [call]}, {"valid": True}
     )
     assert reason is not None and reason.endswith("(at /a~1b~0c)")
+
+
+def test_the_manifest_memo_keeps_digests_and_forgets_the_least_recently_used() -> None:
+    """A bundle of many distinct large manifests (1,500 receipts of 1 MiB manifests took
+    1.6 GB): the memo keeps a digest and a hash per manifest, and at most MANIFEST_MEMO."""
+    import tracemalloc
+
+    from receipts.chain import MANIFEST_MEMO, ReceiptChecker
+    from receipts.manifest import manifest_hash
+
+    checker = ReceiptChecker(KeyRing(), {})
+    pad = "a" * 100_000
+    manifests = [{"sampling": {"pad": pad, "n": n}} for n in range(MANIFEST_MEMO + 50)]
+    tracemalloc.start()
+    try:
+        for manifest in manifests:
+            assert checker._manifest_hash(manifest) == manifest_hash(manifest)
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert retained < 1 << 20, retained  # the texts were ~100 MB
+    assert checker._manifest_hash(manifests[0]) == manifest_hash(manifests[0])  # evicted, redone
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "2026-99-99T99:99:99.000000Z",  # every field out of range
+        "\u0662\u0660\u0662\u0666-11-21T23:15:00.123456Z",  # Arabic-Indic digits match \d
+        "2026-02-30T00:00:00.000000Z",  # a day February lacks
+    ],
+)
+def test_a_timestamp_is_ascii_digits_naming_a_real_moment(chain, stamp: str) -> None:
+    obj = chain[0].to_json_obj()
+    obj["created_at"] = stamp
+    with pytest.raises(ReceiptFormatError, match="created_at"):
+        Receipt.from_json_obj(obj)
+    if stamp != "2026-02-30T00:00:00.000000Z":  # the pattern alone, which checkpoints use
+        with pytest.raises(ReceiptFormatError, match="timestamp"):
+            make_checkpoint("acme", 1, "00" * 32, Signer.generate(), timestamp=stamp)
