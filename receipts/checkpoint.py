@@ -15,7 +15,7 @@ from typing import Any, TypedDict
 from receipts.canonical import canonical_json
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import is_hex64
-from receipts.record import KEY_ID, TIMESTAMP, format_timestamp, utc_now
+from receipts.record import KEY_ID, format_timestamp, is_timestamp, utc_now
 from receipts.signing import KeyRing, Signer, decode_signature
 
 
@@ -74,7 +74,7 @@ def check_checkpoint(cp: object) -> None:
         raise ReceiptFormatError("checkpoint.tree_size must be a non-negative integer")
     if not is_hex64(cp["root_hash"]):
         raise ReceiptFormatError("checkpoint.root_hash must be 64 lowercase hex")
-    if not isinstance(cp["timestamp"], str) or not TIMESTAMP.fullmatch(cp["timestamp"]):
+    if not is_timestamp(cp["timestamp"]):
         raise ReceiptFormatError("checkpoint.timestamp must be RFC 3339 UTC with microseconds")
     if not isinstance(cp["key_id"], str) or not KEY_ID.fullmatch(cp["key_id"]):
         raise ReceiptFormatError("checkpoint.key_id must be ed25519: + 32 lowercase hex")
