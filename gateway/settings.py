@@ -75,13 +75,15 @@ class Settings:
         return Limits(**{f.name: getattr(self, f.name) for f in fields(Limits)})
 
 
-# Bounds beyond "not negative": a port, and sizes and counts where 0 would refuse everything.
+# Bounds beyond "not negative": a port, and sizes and counts where 0 would refuse everything
+# (every constraint limit among them: a limit of 0 refuses every request that has one).
 _RANGES: dict[str, tuple[float, float]] = {
     "port": (1, 65535),
     "max_body_bytes": (1, math.inf),
     "default_max_tokens": (1, math.inf),
     "max_tokens_limit": (1, math.inf),
     "checkpoint_every": (1, math.inf),
+    **{f.name: (1, math.inf) for f in fields(Limits)},
 }
 
 
@@ -120,8 +122,8 @@ def _coerce(name: str, raw: Any) -> Any:
             if not math.isfinite(value) or value < 0:
                 raise ValueError("must be a finite number, not negative")
             low, high = _RANGES.get(name, (0, math.inf))
-            if name.endswith(("_timeout_s", "_ttl_s")) and value == 0:
-                raise ValueError("must be more than 0 (a deadline of 0 fails or disables it)")
+            if name.endswith("_s") and value == 0:
+                raise ValueError("must be more than 0 (a duration of 0 fails or disables it)")
             if not low <= value <= high:
                 raise ValueError(f"must be between {low} and {high:g}")
             return value
@@ -138,19 +140,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
+    if path.suffix not in (".toml", ".yaml", ".yml"):
+        raise SettingsError(f"config file {path} must end in .toml, .yaml or .yml")
+    import yaml
 
-            data = yaml.safe_load(text) or {}
-        else:
-            raise SettingsError(f"config file {path} must end in .toml, .yaml or .yml")
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, SettingsError):
-            raise
-        raise SettingsError(f"config file {path} is not valid: {exc}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        detail = " ".join(str(exc).split())  # YAML's spans several lines, with the position
+        raise SettingsError(f"config file {path} is not valid: {detail}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path} must hold a mapping of settings")
     return {str(k).replace("-", "_"): v for k, v in data.items()}

@@ -46,6 +46,9 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({}, {"CALLPROOF_DB": ""}, "'db': '' is empty"),  # not a quiet SQLite ledger
         ({"port": "70000"}, {}, "between 1 and 65535"),
         ({"max_body_bytes": "0"}, {}, "between 1 and inf"),
+        ({"max_tools": "0"}, {}, "'max_tools': '0' must be between 1"),  # refuses every tool
+        ({}, {"CALLPROOF_MAX_GRAMMAR_DEPTH": "0"}, "'max_grammar_depth'"),
+        ({"checkpoint_interval_s": "0"}, {}, "'checkpoint_interval_s': '0' must be more than 0"),
         ({"default_max_tokens": "5000", "max_tokens_limit": "100"}, {}, "above 'max_tokens_limit'"),
     ],
 )
@@ -80,6 +83,16 @@ def test_unknown_variables_are_named_with_the_setting_meant() -> None:
 
 def test_log_level_takes_logging_names_in_any_case() -> None:
     assert load_settings({"log_level": "info"}, {}).log_level == "INFO"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("c.yaml", "port: [1\n"), ("c.toml", "port = 1 2\n"), ("c.yml", "a: b: c")]
+)
+def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, name: str, text: str) -> None:
+    config = tmp_path / name
+    config.write_text(text)
+    with pytest.raises(SettingsError, match=f"config file {config} is not valid: .*line 1"):
+        load_settings({}, {}, config)
 
 
 def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:
