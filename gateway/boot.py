@@ -42,7 +42,7 @@ def prepare_database(settings: Settings) -> None:
     """Bring the database schema up to date (idempotent); a SQLite ledger file is created
     first, 0600 (SQLite gives its -wal and -shm files the same mode), the default one inside
     the private data directory. With `--db` pointing at Postgres the data directory is not
-    touched here: `callproof keys --db postgresql://...` needs none."""
+    touched here: `callproof keys --db postgresql+psycopg://...` needs none."""
     from migrations.runner import upgrade
 
     ledger_file = sqlite_file(settings.db_url)

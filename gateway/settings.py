@@ -11,12 +11,14 @@ import argparse
 import difflib
 import math
 import os
+import re
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
+from urllib.parse import urlsplit
 
 from runtime.limits import DEFAULT_LIMITS, Limits
 
@@ -87,6 +89,48 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+def _check_database_url(raw: str) -> None:
+    """SQLite or Postgres through psycopg, the drivers callproof ships: any other URL would
+    fail later as a missing driver, or as an unavailable database (exit 3, an outage)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        url = None
+    if url is None or url.drivername not in ("sqlite", "postgresql+psycopg"):
+        raise ValueError(
+            "is not a database URL callproof can use: sqlite:///PATH or"
+            " postgresql+psycopg://USER@HOST/DB"
+        )
+
+
+def _check_http_url(raw: str) -> None:
+    """The vLLM server's base URL: without a scheme and a host the gateway never gets ready."""
+    try:
+        parts = urlsplit(raw)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number
+        usable = False
+    if not usable:
+        raise ValueError("must be an http:// or https:// URL with a host, e.g. http://vllm:8000")
+
+
+def _check_sha256(raw: str) -> None:
+    """The weights digest is bound into every manifest as given: a typo there is forever."""
+    if not re.fullmatch(r"[0-9a-f]{64}", raw):
+        raise ValueError("must be a SHA-256 digest: 64 lowercase hex digits")
+
+
+# Text settings with a shape of their own; each raises ValueError saying what is expected.
+_TEXT_CHECKS: dict[str, Callable[[str], None]] = {
+    "db": _check_database_url,
+    "vllm_url": _check_http_url,
+    "weights_digest": _check_sha256,
+}
+
+
 def _field_names() -> list[str]:
     return [f.name for f in fields(Settings)]
 
@@ -127,11 +171,23 @@ def _coerce(name: str, raw: Any) -> Any:
             if not low <= value <= high:
                 raise ValueError(f"must be between {low} and {high:g}")
             return value
-        if str(raw) == "":  # an empty variable must not quietly mean the default (a SQLite db)
+        if not isinstance(raw, str):  # a config file's `host = 5` is not the host "5"
+            raise TypeError("must be a string")
+        if raw == "":  # an empty variable must not quietly mean the default (a SQLite db)
             raise ValueError("is empty: unset it to get the default")
+        _TEXT_CHECKS.get(name, lambda _: None)(raw)
         return kind(raw)
     except (TypeError, ValueError) as exc:
-        raise SettingsError(f"setting {name!r}: {raw!r} {exc}") from None
+        raise SettingsError(f"setting {name!r}: {_shown(name, raw)!r} {exc}") from None
+
+
+def _shown(name: str, raw: Any) -> Any:
+    """A bad value fit for a message: never the vLLM key, nor a database URL's password."""
+    if name == "vllm_api_key":
+        return "(hidden)"
+    if name == "db" and isinstance(raw, str):
+        return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", raw)
+    return raw
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -80,6 +80,25 @@ def test_keys_that_cannot_run_say_why_in_one_line(
     assert not (tmp_path / "fresh").exists()
 
 
+@pytest.mark.parametrize("db", ["notaurl", "mysql://u@h/x"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["keys", "create", "--role", "agent", "--tenant", "t"],
+        ["ledger", "migrate"],
+        ["ledger", "verify"],
+        ["export", "-o", "b.tgz"],
+    ],
+)
+def test_a_database_url_callproof_cannot_use_is_bad_input(
+    tmp_path: Path, command: list[str], db: str
+) -> None:
+    """Exit 2 naming the setting, as serve does: not 3 (an outage) nor a missing driver."""
+    done = callproof(*command, "--db", db, data_dir=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "setting 'db'" in done.stderr, done.stderr
+
+
 @pytest.mark.model
 def test_serve_first_run_creates_everything_it_needs(tmp_path: Path) -> None:
     port = free_port()
