@@ -219,7 +219,9 @@ def load_settings(
     env = os.environ if env is None else env
     names = _field_names()
     merged: dict[str, Any] = {}
-    if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
+    if config_file is None and ENV_PREFIX + "CONFIG" in env:
+        if not env[ENV_PREFIX + "CONFIG"]:  # as with any other empty value: not the default
+            raise SettingsError(f"{ENV_PREFIX}CONFIG is empty: unset it or name a config file")
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     if config_file is not None:
         from_file = read_config_file(config_file)

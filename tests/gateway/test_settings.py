@@ -44,6 +44,7 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({}, {"CALLPROOF_RETAIN_PAYLOADS": "maybe"}, "must be true or false"),
         ({}, {"CALLPROOF_MAX_BODY_BYTES": "lots"}, "max_body_bytes"),
         ({}, {"CALLPROOF_DB": ""}, "'db': '' is empty"),  # not a quiet SQLite ledger
+        ({}, {"CALLPROOF_CONFIG": ""}, "CALLPROOF_CONFIG is empty"),  # was silently ignored
         ({"port": "70000"}, {}, "between 1 and 65535"),
         ({"max_body_bytes": "0"}, {}, "between 1 and inf"),
         ({"max_tools": "0"}, {}, "'max_tools': '0' must be between 1"),  # refuses every tool
