@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from sqlalchemy.engine import make_url
 
 from gateway.apikeys import KeyStore
-from gateway.settings import Settings, SettingsError
+from gateway.settings import Settings
 from receipts.ledger import Ledger
 from receipts.signing import PublicKeyEntry, Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
@@ -146,8 +146,7 @@ def load_engine(settings: Settings) -> Engine:
     if settings.engine == "vllm":
         from runtime.engines.vllm import VllmEngine
 
-        if not settings.vllm_url or not settings.model:
-            raise SettingsError("--engine vllm needs --vllm-url and --model (the served name)")
+        assert settings.vllm_url and settings.model  # load_settings refuses vllm without them
         return VllmEngine(
             settings.vllm_url,
             settings.model,

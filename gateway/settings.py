@@ -236,13 +236,24 @@ def load_settings(
         if value is not None and name in names:
             merged[name] = value
     settings = Settings(**{name: _coerce(name, value) for name, value in merged.items()})
+    _check_combinations(settings)
+    return settings
+
+
+def _check_combinations(settings: Settings) -> None:
+    """Settings each fine alone but not together: refused here, before `serve` creates a data
+    directory, a ledger or a signing key for a gateway that cannot run."""
     if settings.default_max_tokens > settings.max_tokens_limit:
         raise SettingsError(
             f"setting 'default_max_tokens' ({settings.default_max_tokens}) is above"
             f" 'max_tokens_limit' ({settings.max_tokens_limit}): every request without"
             " max_tokens would be refused"
         )
-    return settings
+    if settings.engine == "vllm" and not (settings.vllm_url and settings.model):
+        raise SettingsError(
+            "--engine vllm needs --vllm-url and --model (the served name), or"
+            f" {ENV_PREFIX}VLLM_URL and {ENV_PREFIX}MODEL"
+        )
 
 
 # CALLPROOF_ variables that are not settings but are read elsewhere (docs/configuration.md).

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from receipts.errors import ReceiptsError
     from runtime.errors import EngineError
 
+    for variable in unknown_variables(os.environ):  # first: a typo may be why settings fail
+        print(f"callproof: ignoring {variable}", file=sys.stderr)
     try:  # everything an operator can get wrong is one line and exit 2, not a traceback
         settings = settings_from_args(args)
         configure_logging(settings.log_level)
@@ -81,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"callproof serve: cannot start: {detail}", file=sys.stderr)
         return 2
-    for variable in unknown_variables(os.environ):
-        print(f"callproof: ignoring {variable}", file=sys.stderr)
     print(f"callproof: ledger at {shown_url(settings.db_url)}", file=sys.stderr)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:

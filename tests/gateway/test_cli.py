@@ -258,6 +258,28 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     assert not (tmp_path / "mount").exists()
 
 
+def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
+    tmp_path: Path,
+) -> None:
+    """The misspelt variable that is the likely cause is named along with the refusal, and
+    nothing (data directory, ledger, signing key) is left behind by a gateway that never ran."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    env |= {"CALLPROOF_ENGINE": "vllm", "CALLPROOF_VLLM_ULR": "http://x", "CALLPROOF_MODEL": "x"}
+    done = subprocess.run(
+        [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
+        + ["--data-dir", str(tmp_path / "data")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "needs --vllm-url" in done.stderr, done.stderr
+    assert "ignoring CALLPROOF_VLLM_ULR (did you mean CALLPROOF_VLLM_URL?)" in done.stderr
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.model
 def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path) -> None:
     done = subprocess.run(
