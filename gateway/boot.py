@@ -6,8 +6,10 @@ under the data directory (SQLite ledger, 0600 signing key) and an admin key is p
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -16,7 +18,7 @@ from urllib.parse import urlsplit
 from sqlalchemy.engine import make_url
 
 from gateway.apikeys import KeyStore
-from gateway.settings import Settings
+from gateway.settings import Settings, SettingsError
 from receipts.ledger import Ledger
 from receipts.signing import PublicKeyEntry, Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
@@ -36,6 +38,25 @@ class Resources:
         self.ledger.close()
         self.keys.close()
         await self.engine.aclose()
+
+
+class PortInUse(OSError):
+    """Another process listens on the gateway's port: the machine's state, not a setting."""
+
+
+def listening_socket(settings: Settings) -> socket.socket:
+    """The gateway's socket, bound before anything is created or loaded: a port in use must
+    not cost a first-run admin key printed for a gateway that never serves, nor a model load."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        return socket.create_server((settings.host, settings.port), family=family)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {settings.port} on {settings.host} is in use") from None
+        raise SettingsError(
+            f"cannot listen on port {settings.port} on {settings.host} (settings 'host',"
+            f" 'port'): {exc.strerror or exc}"
+        ) from None
 
 
 def prepare_database(settings: Settings) -> None:
