@@ -166,6 +166,17 @@ def _only_chain(chains: list[str]) -> str:
     return chains[0]
 
 
+def _known_chain(tenant: str, chains: list[str]) -> str:
+    """``tenant``, when the database holds its chain: a misspelt one verified as an empty,
+    intact chain ('OK: 0 receipts verified')."""
+    from receipts.errors import OutOfRange
+
+    if tenant not in chains:
+        listed = ", ".join(repr(chain) for chain in chains) or "none"
+        raise OutOfRange(f"no chain {tenant!r} in the database; it holds chains {listed}")
+    return tenant
+
+
 def _verify_bundle(args: argparse.Namespace) -> int:
     from receipts.bundle import verify_bundle
     from receipts.errors import ReceiptsError
@@ -195,7 +206,8 @@ def _verify_db(args: argparse.Namespace) -> int:
             keyring, _ = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
         with Ledger.open(_db_url(args), None) as ledger:
-            tenants = [args.tenant] if args.tenant else ledger.chains()
+            chains = ledger.chains()
+            tenants = [_known_chain(args.tenant, chains)] if args.tenant else chains
             reports = [
                 ledger.verify(
                     tenant, args.from_seq, args.to_seq, keyring=keyring, saved=saved

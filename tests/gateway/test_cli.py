@@ -333,3 +333,20 @@ def test_a_key_a_newer_one_replaced_is_named() -> None:
     assert superseded_key(keys, "old") == {"acme": "new"}  # beta: still the newest there
     assert superseded_key(keys, "new") == {}
     assert superseded_key(keys, "unknown") == {}
+
+
+def test_ledger_verify_of_a_chain_the_database_does_not_hold_is_bad_input(
+    fresh_sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt --tenant was 'OK: chain '?', 0 receipts verified' with exit 0."""
+    from callproof.cli import main
+    from callproof.commands.ledger import _known_chain
+    from receipts.errors import OutOfRange
+
+    assert main(["ledger", "migrate", "--db", fresh_sqlite_url]) == 0
+    assert main(["ledger", "verify", "--db", fresh_sqlite_url, "--tenant", "acmee"]) == 2
+    out, err = capsys.readouterr()
+    assert "OK" not in out and "no chain 'acmee' in the database; it holds chains none" in err
+    with pytest.raises(OutOfRange, match="holds chains 'acme', 'globex'"):
+        _known_chain("acmee", ["acme", "globex"])
+    assert _known_chain("acme", ["acme", "globex"]) == "acme"
