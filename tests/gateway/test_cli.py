@@ -350,3 +350,24 @@ def test_ledger_verify_of_a_chain_the_database_does_not_hold_is_bad_input(
     with pytest.raises(OutOfRange, match="holds chains 'acme', 'globex'"):
         _known_chain("acmee", ["acme", "globex"])
     assert _known_chain("acme", ["acme", "globex"]) == "acme"
+
+
+def test_verify_given_the_wrong_kind_of_file_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """keys.json where the bundle or the --checkpoint goes was exit 1, 'FAILED', as if a
+    bundle had been checked and found wrong."""
+    from callproof.cli import main
+
+    keys = tmp_path / "keys.json"
+    keys.write_text('[{"key_id": "ed25519:00", "public_key_pem": "", "ranges": []}]')
+    assert main(["verify", str(keys)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and f"{keys} is not an export bundle (a .tar.gz archive)" in err
+    bundle = tmp_path / "b.tgz"
+    bundle.write_bytes(b"\x1f\x8b")
+    for checkpoint in ("[1, 2]", "not json", '{"v": 1}'):
+        keys.write_text(checkpoint)
+        assert main(["verify", str(bundle), "--checkpoint", str(keys)]) == 2
+        out, err = capsys.readouterr()
+        assert not out and f"--checkpoint {keys} is not a checkpoint saved from" in err
