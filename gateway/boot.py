@@ -70,9 +70,21 @@ def prepare_database(settings: Settings) -> None:
     if ledger_file is not None:
         if settings.db is None:
             _private_data_dir(settings)
-        os.close(os.open(ledger_file, os.O_CREAT | os.O_RDONLY, 0o600))  # no-op if it exists
+        _create_private_file(ledger_file, "db" if settings.db else "data_dir")
         _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
+
+
+def _create_private_file(path: Path, setting: str) -> None:
+    """``path`` created 0600 if it is not there; failing that, which setting to fix and how
+    (an errno alone, "No such file or directory", names neither)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o600))
+    except OSError as exc:
+        raise SettingsError(
+            f"setting {setting!r}: cannot create the SQLite ledger {path}: {exc.strerror}"
+            f" (create the directory {path.parent}, or name a file in one that exists)"
+        ) from None
 
 
 def database_state(url: str) -> Literal["absent", "unmigrated", "ready"]:
@@ -141,7 +153,13 @@ def superseded_key(public_keys: list[PublicKeyEntry], key_id: str) -> dict[str, 
 def _private_data_dir(settings: Settings) -> Path:
     """The data directory, created 0700: it holds receipts, key hashes, the signing key and,
     with retain_payloads, the messages."""
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way ("File exists"), no permission
+        raise SettingsError(
+            f"setting 'data_dir': cannot create the directory {settings.data_dir}:"
+            f" {exc.strerror} (name a directory, or a path where one can be created)"
+        ) from None
     _warn_if_shared(settings.data_dir)
     return settings.data_dir
 

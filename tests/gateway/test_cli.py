@@ -235,6 +235,8 @@ def test_keys_with_postgres_leave_the_data_directory_alone(
         (["--db", "postgresql+psycopg://callproof@127.0.0.1:1/none"], "127.0.0.1"),
         (["--log-level", "LOUD"], "must be one of DEBUG"),
         (["--data-dir", "{tmp}/a-file/data"], "a-file"),
+        (["--data-dir", "{tmp}/a-file"], "setting 'data_dir': cannot create the directory"),
+        (["--db", "sqlite:///{tmp}/missing/x.db"], "setting 'db': cannot create the SQLite"),
         (["--host", "no-such-host.invalid"], "cannot listen on port"),
     ],
 )
