@@ -126,6 +126,11 @@ def load_signer(settings: Settings) -> Signer:
     signing identity."""
     from_env = signer_from_env()
     if from_env is not None:
+        if settings.signing_key_file is not None:  # two keys named: say which one signs
+            log.warning(
+                "CALLPROOF_SIGNING_KEY is set, so signing_key_file %s is ignored",
+                settings.signing_key_file,
+            )
         return from_env
     if settings.signing_key_file is None:
         _private_data_dir(settings)

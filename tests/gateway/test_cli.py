@@ -373,3 +373,23 @@ def test_verify_given_the_wrong_kind_of_file_is_bad_input(
         assert main(["verify", str(bundle), "--checkpoint", str(keys)]) == 2
         out, err = capsys.readouterr()
         assert not out and f"--checkpoint {keys} is not a checkpoint saved from" in err
+
+
+def test_a_signing_key_file_the_environment_overrides_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CALLPROOF_SIGNING_KEY wins (documented); an operator who also passed a file learns
+    that the file is not what signs."""
+    from gateway.boot import load_signer
+    from gateway.settings import Settings
+    from receipts.signing import Signer
+
+    from_env = Signer.generate()
+    monkeypatch.setenv("CALLPROOF_SIGNING_KEY", from_env.private_key_pem().decode())
+    key_file = tmp_path / "mounted.pem"
+    settings = Settings(data_dir=tmp_path / "data", signing_key_file=key_file)
+    assert load_signer(settings).key_id == from_env.key_id
+    assert f"CALLPROOF_SIGNING_KEY is set, so signing_key_file {key_file} is ignored" in caplog.text
+    caplog.clear()
+    load_signer(Settings(data_dir=tmp_path / "data"))
+    assert not caplog.records
