@@ -55,6 +55,27 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert bad_tenant.returncode == 2 and "Traceback" not in bad_tenant.stderr
 
 
+def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> None:
+    """The same trail as /admin/keys (docs/configuration.md), by_key_id null: the CLI acts
+    with the database's credentials, not an admin key; never the secret."""
+    import json
+
+    created = callproof("keys", "create", "--role", "agent", "--tenant", "acme", data_dir=tmp_path)
+    secret = created.stdout.strip().splitlines()[-1]
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    revoked = callproof("keys", "revoke", key_id, data_dir=tmp_path)
+    trail = [
+        json.loads(line)
+        for line in (created.stderr + revoked.stderr).splitlines()
+        if '"event"' in line
+    ]
+    assert [(e["event"], e["key_id"], e["role"], e["tenant"], e["by_key_id"]) for e in trail] == [
+        ("api_key_created", key_id, "agent", "acme", None),
+        ("api_key_revoked", key_id, "agent", "acme", None),
+    ]
+    assert secret not in created.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "says"),
     [
