@@ -169,7 +169,8 @@ def _coerce(name: str, raw: Any) -> Any:
             if name.endswith("_s") and value == 0:
                 raise ValueError("must be more than 0 (a duration of 0 fails or disables it)")
             if not low <= value <= high:
-                raise ValueError(f"must be between {low} and {high:g}")
+                bounds = f"at least {low:g}" if high == math.inf else f"between {low} and {high}"
+                raise ValueError(f"must be {bounds}")
             return value
         if not isinstance(raw, str):  # a config file's `host = 5` is not the host "5"
             raise TypeError("must be a string")
