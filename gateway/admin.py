@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Annotated
 
 from litestar import Controller, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 
-from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore
+from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore, log_key_change
 from gateway.auth import BEARER, Authenticator, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
-
-log = logging.getLogger("callproof.gateway")
 
 
 def _info(key: ApiKey) -> KeyInfo:
@@ -50,7 +47,7 @@ class AdminKeysController(Controller):
             key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
         except InvalidKeyField as exc:
             raise APIError(400, str(exc), code="invalid_value", param=exc.param) from None
-        _log_change("api key created", key, principal)
+        log_key_change("api key created", key, principal.id)
         return CreatedKey(key=_info(key), secret=secret)
 
     @delete("/{key_id:str}", status_code=200, summary="Revoke an API key", responses=documented())
@@ -66,19 +63,5 @@ class AdminKeysController(Controller):
         except KeyNotFound as exc:
             raise APIError(404, str(exc), code="not_found", param="key_id") from None
         authenticator.forget(key_id)
-        _log_change("api key revoked", revoked, principal)
+        log_key_change("api key revoked", revoked, principal.id)
         return _info(revoked)
-
-
-def _log_change(what: str, key: ApiKey, admin: ApiKey) -> None:
-    """Who changed which key: an operator's trail of key management (ids, never secrets)."""
-    log.info(
-        what,
-        extra={
-            "event": what.replace(" ", "_"),
-            "key_id": key.id,
-            "role": key.role,
-            "tenant": key.tenant,
-            "by_key_id": admin.id,
-        },
-    )

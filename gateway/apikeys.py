@@ -7,6 +7,7 @@ never be recovered from the database; a leaked database therefore leaks no usabl
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 from collections.abc import Iterator
@@ -78,6 +79,25 @@ class ApiKey:
             "created_at": self.created_at.isoformat(),
             "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
         }
+
+
+log = logging.getLogger("callproof.gateway")
+
+
+def log_key_change(what: str, key: ApiKey, by_key_id: str | None) -> None:
+    """Who changed which key: an operator's trail of key management (ids, never secrets), the
+    same line from /admin/keys and from `callproof keys`; ``by_key_id`` is None for the CLI,
+    which acts with the database's own credentials, not an admin key."""
+    log.info(
+        what,
+        extra={
+            "event": what.replace(" ", "_"),
+            "key_id": key.id,
+            "role": key.role,
+            "tenant": key.tenant,
+            "by_key_id": by_key_id,
+        },
+    )
 
 
 def hash_secret(secret: str) -> str:

@@ -6,8 +6,10 @@ under the data directory (SQLite ledger, 0600 signing key) and an admin key is p
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -38,20 +40,51 @@ class Resources:
         await self.engine.aclose()
 
 
+class PortInUse(OSError):
+    """Another process listens on the gateway's port: the machine's state, not a setting."""
+
+
+def listening_socket(settings: Settings) -> socket.socket:
+    """The gateway's socket, bound before anything is created or loaded: a port in use must
+    not cost a first-run admin key printed for a gateway that never serves, nor a model load."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        return socket.create_server((settings.host, settings.port), family=family)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port {settings.port} on {settings.host} is in use") from None
+        raise SettingsError(
+            f"cannot listen on port {settings.port} on {settings.host} (settings 'host',"
+            f" 'port'): {exc.strerror or exc}"
+        ) from None
+
+
 def prepare_database(settings: Settings) -> None:
     """Bring the database schema up to date (idempotent); a SQLite ledger file is created
     first, 0600 (SQLite gives its -wal and -shm files the same mode), the default one inside
     the private data directory. With `--db` pointing at Postgres the data directory is not
-    touched here: `callproof keys --db postgresql://...` needs none."""
+    touched here: `callproof keys --db postgresql+psycopg://...` needs none."""
     from migrations.runner import upgrade
 
     ledger_file = sqlite_file(settings.db_url)
     if ledger_file is not None:
         if settings.db is None:
             _private_data_dir(settings)
-        os.close(os.open(ledger_file, os.O_CREAT | os.O_RDONLY, 0o600))  # no-op if it exists
+        _create_private_file(ledger_file, "db" if settings.db else "data_dir")
         _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
+
+
+def _create_private_file(path: Path, setting: str) -> None:
+    """``path`` created 0600 if it is not there; failing that, which setting to fix and how
+    (an errno alone, "No such file or directory", names neither)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o600))
+    except OSError as exc:
+        raise SettingsError(
+            f"setting {setting!r}: cannot create the SQLite ledger {path}: {exc.strerror}"
+            f" (create the directory {path.parent}, or name a file in one that exists)"
+        ) from None
 
 
 def database_state(url: str) -> Literal["absent", "unmigrated", "ready"]:
@@ -93,6 +126,11 @@ def load_signer(settings: Settings) -> Signer:
     signing identity."""
     from_env = signer_from_env()
     if from_env is not None:
+        if settings.signing_key_file is not None:  # two keys named: say which one signs
+            log.warning(
+                "CALLPROOF_SIGNING_KEY is set, so signing_key_file %s is ignored",
+                settings.signing_key_file,
+            )
         return from_env
     if settings.signing_key_file is None:
         _private_data_dir(settings)
@@ -120,7 +158,13 @@ def superseded_key(public_keys: list[PublicKeyEntry], key_id: str) -> dict[str, 
 def _private_data_dir(settings: Settings) -> Path:
     """The data directory, created 0700: it holds receipts, key hashes, the signing key and,
     with retain_payloads, the messages."""
-    settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way ("File exists"), no permission
+        raise SettingsError(
+            f"setting 'data_dir': cannot create the directory {settings.data_dir}:"
+            f" {exc.strerror} (name a directory, or a path where one can be created)"
+        ) from None
     _warn_if_shared(settings.data_dir)
     return settings.data_dir
 
@@ -146,8 +190,7 @@ def load_engine(settings: Settings) -> Engine:
     if settings.engine == "vllm":
         from runtime.engines.vllm import VllmEngine
 
-        if not settings.vllm_url or not settings.model:
-            raise SettingsError("--engine vllm needs --vllm-url and --model (the served name)")
+        assert settings.vllm_url and settings.model  # load_settings refuses vllm without them
         return VllmEngine(
             settings.vllm_url,
             settings.model,

@@ -11,12 +11,14 @@ import argparse
 import difflib
 import math
 import os
+import re
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
+from urllib.parse import urlsplit
 
 from runtime.limits import DEFAULT_LIMITS, Limits
 
@@ -75,13 +77,57 @@ class Settings:
         return Limits(**{f.name: getattr(self, f.name) for f in fields(Limits)})
 
 
-# Bounds beyond "not negative": a port, and sizes and counts where 0 would refuse everything.
+# Bounds beyond "not negative": a port, and sizes and counts where 0 would refuse everything
+# (every constraint limit among them: a limit of 0 refuses every request that has one).
 _RANGES: dict[str, tuple[float, float]] = {
     "port": (1, 65535),
     "max_body_bytes": (1, math.inf),
     "default_max_tokens": (1, math.inf),
     "max_tokens_limit": (1, math.inf),
     "checkpoint_every": (1, math.inf),
+    **{f.name: (1, math.inf) for f in fields(Limits)},
+}
+
+
+def _check_database_url(raw: str) -> None:
+    """SQLite or Postgres through psycopg, the drivers callproof ships: any other URL would
+    fail later as a missing driver, or as an unavailable database (exit 3, an outage)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(raw)
+    except ArgumentError:
+        url = None
+    if url is None or url.drivername not in ("sqlite", "postgresql+psycopg"):
+        raise ValueError(
+            "is not a database URL callproof can use: sqlite:///PATH or"
+            " postgresql+psycopg://USER@HOST/DB"
+        )
+
+
+def _check_http_url(raw: str) -> None:
+    """The vLLM server's base URL: without a scheme and a host the gateway never gets ready."""
+    try:
+        parts = urlsplit(raw)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+    except ValueError:  # a port that is not a number
+        usable = False
+    if not usable:
+        raise ValueError("must be an http:// or https:// URL with a host, e.g. http://vllm:8000")
+
+
+def _check_sha256(raw: str) -> None:
+    """The weights digest is bound into every manifest as given: a typo there is forever."""
+    if not re.fullmatch(r"[0-9a-f]{64}", raw):
+        raise ValueError("must be a SHA-256 digest: 64 lowercase hex digits")
+
+
+# Text settings with a shape of their own; each raises ValueError saying what is expected.
+_TEXT_CHECKS: dict[str, Callable[[str], None]] = {
+    "db": _check_database_url,
+    "vllm_url": _check_http_url,
+    "weights_digest": _check_sha256,
 }
 
 
@@ -120,16 +166,29 @@ def _coerce(name: str, raw: Any) -> Any:
             if not math.isfinite(value) or value < 0:
                 raise ValueError("must be a finite number, not negative")
             low, high = _RANGES.get(name, (0, math.inf))
-            if name.endswith(("_timeout_s", "_ttl_s")) and value == 0:
-                raise ValueError("must be more than 0 (a deadline of 0 fails or disables it)")
+            if name.endswith("_s") and value == 0:
+                raise ValueError("must be more than 0 (a duration of 0 fails or disables it)")
             if not low <= value <= high:
-                raise ValueError(f"must be between {low} and {high:g}")
+                bounds = f"at least {low:g}" if high == math.inf else f"between {low} and {high}"
+                raise ValueError(f"must be {bounds}")
             return value
-        if str(raw) == "":  # an empty variable must not quietly mean the default (a SQLite db)
+        if not isinstance(raw, str):  # a config file's `host = 5` is not the host "5"
+            raise TypeError("must be a string")
+        if raw == "":  # an empty variable must not quietly mean the default (a SQLite db)
             raise ValueError("is empty: unset it to get the default")
+        _TEXT_CHECKS.get(name, lambda _: None)(raw)
         return kind(raw)
     except (TypeError, ValueError) as exc:
-        raise SettingsError(f"setting {name!r}: {raw!r} {exc}") from None
+        raise SettingsError(f"setting {name!r}: {_shown(name, raw)!r} {exc}") from None
+
+
+def _shown(name: str, raw: Any) -> Any:
+    """A bad value fit for a message: never the vLLM key, nor a database URL's password."""
+    if name == "vllm_api_key":
+        return "(hidden)"
+    if name == "db" and isinstance(raw, str):
+        return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", raw)
+    return raw
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -138,19 +197,15 @@ def read_config_file(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as exc:
         raise SettingsError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix in (".yaml", ".yml"):
-            import yaml
+    if path.suffix not in (".toml", ".yaml", ".yml"):
+        raise SettingsError(f"config file {path} must end in .toml, .yaml or .yml")
+    import yaml
 
-            data = yaml.safe_load(text) or {}
-        else:
-            raise SettingsError(f"config file {path} must end in .toml, .yaml or .yml")
-    except (tomllib.TOMLDecodeError, ValueError) as exc:
-        if isinstance(exc, SettingsError):
-            raise
-        raise SettingsError(f"config file {path} is not valid: {exc}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        detail = " ".join(str(exc).split())  # YAML's spans several lines, with the position
+        raise SettingsError(f"config file {path} is not valid: {detail}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path} must hold a mapping of settings")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
@@ -165,7 +220,9 @@ def load_settings(
     env = os.environ if env is None else env
     names = _field_names()
     merged: dict[str, Any] = {}
-    if config_file is None and env.get(ENV_PREFIX + "CONFIG"):
+    if config_file is None and ENV_PREFIX + "CONFIG" in env:
+        if not env[ENV_PREFIX + "CONFIG"]:  # as with any other empty value: not the default
+            raise SettingsError(f"{ENV_PREFIX}CONFIG is empty: unset it or name a config file")
         config_file = Path(env[ENV_PREFIX + "CONFIG"])
     if config_file is not None:
         from_file = read_config_file(config_file)
@@ -180,13 +237,24 @@ def load_settings(
         if value is not None and name in names:
             merged[name] = value
     settings = Settings(**{name: _coerce(name, value) for name, value in merged.items()})
+    _check_combinations(settings)
+    return settings
+
+
+def _check_combinations(settings: Settings) -> None:
+    """Settings each fine alone but not together: refused here, before `serve` creates a data
+    directory, a ledger or a signing key for a gateway that cannot run."""
     if settings.default_max_tokens > settings.max_tokens_limit:
         raise SettingsError(
             f"setting 'default_max_tokens' ({settings.default_max_tokens}) is above"
             f" 'max_tokens_limit' ({settings.max_tokens_limit}): every request without"
             " max_tokens would be refused"
         )
-    return settings
+    if settings.engine == "vllm" and not (settings.vllm_url and settings.model):
+        raise SettingsError(
+            "--engine vllm needs --vllm-url and --model (the served name), or"
+            f" {ENV_PREFIX}VLLM_URL and {ENV_PREFIX}MODEL"
+        )
 
 
 # CALLPROOF_ variables that are not settings but are read elsewhere (docs/configuration.md).

@@ -45,6 +45,7 @@ def _with_store(
 
     from gateway.apikeys import InvalidKeyField, KeyStore, KeyStoreUnavailable
     from gateway.boot import database_state, prepare_database, shown_url
+    from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args
     from migrations.runner import MigrationError
 
@@ -58,6 +59,7 @@ def _with_store(
                 " or `callproof serve` sets one up"
             )
         store = KeyStore.open(settings.db_url)
+        configure_logging(settings.log_level)  # serve's JSON lines, for the key changes' trail
         try:
             return use(store)
         finally:
@@ -71,8 +73,11 @@ def _with_store(
 
 
 def _create(args: argparse.Namespace) -> int:
+    from gateway.apikeys import log_key_change
+
     def use(store: KeyStore) -> int:
         key, secret = store.create(args.role, args.tenant, args.name)
+        log_key_change("api key created", key, None)
         print(
             f"created {key.role} key {key.id} for tenant {key.tenant!r}; the secret follows, "
             "shown only this once:"
@@ -99,7 +104,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
-    from gateway.apikeys import KeyNotFound
+    from gateway.apikeys import KeyNotFound, log_key_change
 
     def use(store: KeyStore) -> int:
         try:
@@ -107,6 +112,7 @@ def _revoke(args: argparse.Namespace) -> int:
         except KeyNotFound as exc:
             print(f"callproof keys revoke: {exc}", file=sys.stderr)
             return 1
+        log_key_change("api key revoked", key, None)
         print(f"revoked {key.id} ({key.role}, tenant {key.tenant!r})")
         return 0
 

@@ -166,6 +166,17 @@ def _only_chain(chains: list[str]) -> str:
     return chains[0]
 
 
+def _known_chain(tenant: str, chains: list[str]) -> str:
+    """``tenant``, when the database holds its chain: a misspelt one verified as an empty,
+    intact chain ('OK: 0 receipts verified')."""
+    from receipts.errors import OutOfRange
+
+    if tenant not in chains:
+        listed = ", ".join(repr(chain) for chain in chains) or "none"
+        raise OutOfRange(f"no chain {tenant!r} in the database; it holds chains {listed}")
+    return tenant
+
+
 def _verify_bundle(args: argparse.Namespace) -> int:
     from receipts.bundle import verify_bundle
     from receipts.errors import ReceiptsError
@@ -173,6 +184,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
     try:
         pem = args.public_key.read_bytes() if args.public_key else None
         saved = _saved_checkpoints(args)
+        _check_gzip(args.bundle)
         with _progress(args.json) as progress:
             report = verify_bundle(
                 args.bundle, pem, progress, allow_range=args.range, saved=saved, chain=args.chain
@@ -195,7 +207,8 @@ def _verify_db(args: argparse.Namespace) -> int:
             keyring, _ = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
         with Ledger.open(_db_url(args), None) as ledger:
-            tenants = [args.tenant] if args.tenant else ledger.chains()
+            chains = ledger.chains()
+            tenants = [_known_chain(args.tenant, chains)] if args.tenant else chains
             reports = [
                 ledger.verify(
                     tenant, args.from_seq, args.to_seq, keyring=keyring, saved=saved
@@ -227,9 +240,35 @@ def _migrate(args: argparse.Namespace) -> int:
     return OK
 
 
+def _check_gzip(bundle: Path) -> None:
+    """A file that is not even gzip (keys.json given as the bundle) is a mistake on the
+    command line, exit 2; an archive that fails its checks is a failed verification, exit 1.
+    A missing file is left to verify_bundle, which says so."""
+    from receipts.errors import BundleError
+
+    if bundle.is_file():
+        with bundle.open("rb") as file:
+            if file.read(2) != b"\x1f\x8b":
+                raise BundleError(f"{bundle} is not an export bundle (a .tar.gz archive)")
+
+
 def _saved_checkpoints(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The checkpoint file given with --checkpoint (ValueError when it is not JSON)."""
-    return [json.loads(args.checkpoint.read_text())] if args.checkpoint else []
+    """The checkpoint given with --checkpoint; a file that is not one (keys.json in its place)
+    is bad input, exit 2, not a verification that failed."""
+    from receipts.checkpoint import check_checkpoint
+    from receipts.errors import ReceiptFormatError
+
+    if not args.checkpoint:
+        return []
+    try:
+        saved = json.loads(args.checkpoint.read_text())
+        check_checkpoint(saved)
+    except ValueError as exc:  # not JSON, or ReceiptFormatError: not a checkpoint's shape
+        raise ReceiptFormatError(
+            f"--checkpoint {args.checkpoint} is not a checkpoint saved from"
+            f" GET /audit/checkpoints/latest: {exc}"
+        ) from None
+    return [saved]
 
 
 def _report(reports: list[dict[str, Any]], as_json: bool) -> int:

@@ -31,8 +31,8 @@ def _announcing_server_class() -> type[uvicorn.Server]:
     import uvicorn
 
     class AnnouncingServer(uvicorn.Server):
-        """Says where it listens once the socket is bound: a port in use or a bad host
-        fails before any "listening" line."""
+        """Says where it listens once it serves: an app that fails to start prints no
+        "listening" line."""
 
         async def startup(self, sockets: list[Any] | None = None) -> None:
             await super().startup(sockets)
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.boot import (
+        PortInUse,
         first_run_admin_key,
+        listening_socket,
         load_engine,
         load_signer,
         open_resources,
@@ -63,12 +65,18 @@ def run(args: argparse.Namespace) -> int:
     from receipts.errors import ReceiptsError
     from runtime.errors import EngineError
 
+    for variable in unknown_variables(os.environ):  # first: a typo may be why settings fail
+        print(f"callproof: ignoring {variable}", file=sys.stderr)
+    listener = None
     try:  # everything an operator can get wrong is one line and exit 2, not a traceback
         settings = settings_from_args(args)
         configure_logging(settings.log_level)
+        listener = listening_socket(settings)  # first: a port in use must create nothing
         prepare_database(settings)
         signer = load_signer(settings)  # before the engine: seconds to load a model
         resources = open_resources(settings, load_engine(settings), signer)
+    except PortInUse as exc:
+        return _cannot_start(exc, 3)
     except (
         SettingsError,
         ReceiptsError,
@@ -78,11 +86,9 @@ def run(args: argparse.Namespace) -> int:
         OSError,
         ImportError,
     ) as exc:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"callproof serve: cannot start: {detail}", file=sys.stderr)
-        return 2
-    for variable in unknown_variables(os.environ):
-        print(f"callproof: ignoring {variable}", file=sys.stderr)
+        if listener is not None:
+            listener.close()
+        return _cannot_start(exc, 2)
     print(f"callproof: ledger at {shown_url(settings.db_url)}", file=sys.stderr)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
@@ -114,7 +120,15 @@ def run(args: argparse.Namespace) -> int:
         gc.freeze()
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None)
         server = _announcing_server_class()(config)
-        server.run()
+        server.run(sockets=[listener])
     finally:
+        listener.close()
         asyncio.run(resources.aclose())
-    return 0 if server.started else 3  # 3: could not listen (uvicorn logged why)
+    return 0 if server.started else 3  # 3: the app did not start (uvicorn logged why)
+
+
+def _cannot_start(exc: BaseException, code: int) -> int:
+    """One line on stderr instead of a traceback; ``code`` as docs/configuration.md lists."""
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"callproof serve: cannot start: {detail}", file=sys.stderr)
+    return code

@@ -55,6 +55,27 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert bad_tenant.returncode == 2 and "Traceback" not in bad_tenant.stderr
 
 
+def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> None:
+    """The same trail as /admin/keys (docs/configuration.md), by_key_id null: the CLI acts
+    with the database's credentials, not an admin key; never the secret."""
+    import json
+
+    created = callproof("keys", "create", "--role", "agent", "--tenant", "acme", data_dir=tmp_path)
+    secret = created.stdout.strip().splitlines()[-1]
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    revoked = callproof("keys", "revoke", key_id, data_dir=tmp_path)
+    trail = [
+        json.loads(line)
+        for line in (created.stderr + revoked.stderr).splitlines()
+        if '"event"' in line
+    ]
+    assert [(e["event"], e["key_id"], e["role"], e["tenant"], e["by_key_id"]) for e in trail] == [
+        ("api_key_created", key_id, "agent", "acme", None),
+        ("api_key_revoked", key_id, "agent", "acme", None),
+    ]
+    assert secret not in created.stderr
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "says"),
     [
@@ -78,6 +99,25 @@ def test_keys_that_cannot_run_say_why_in_one_line(
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr and says.format(tmp=tmp_path) in done.stderr, done.stderr
     assert not (tmp_path / "fresh").exists()
+
+
+@pytest.mark.parametrize("db", ["notaurl", "mysql://u@h/x"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["keys", "create", "--role", "agent", "--tenant", "t"],
+        ["ledger", "migrate"],
+        ["ledger", "verify"],
+        ["export", "-o", "b.tgz"],
+    ],
+)
+def test_a_database_url_callproof_cannot_use_is_bad_input(
+    tmp_path: Path, command: list[str], db: str
+) -> None:
+    """Exit 2 naming the setting, as serve does: not 3 (an outage) nor a missing driver."""
+    done = callproof(*command, "--db", db, data_dir=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and "setting 'db'" in done.stderr, done.stderr
 
 
 @pytest.mark.model
@@ -216,6 +256,9 @@ def test_keys_with_postgres_leave_the_data_directory_alone(
         (["--db", "postgresql+psycopg://callproof@127.0.0.1:1/none"], "127.0.0.1"),
         (["--log-level", "LOUD"], "must be one of DEBUG"),
         (["--data-dir", "{tmp}/a-file/data"], "a-file"),
+        (["--data-dir", "{tmp}/a-file"], "setting 'data_dir': cannot create the directory"),
+        (["--db", "sqlite:///{tmp}/missing/x.db"], "setting 'db': cannot create the SQLite"),
+        (["--host", "no-such-host.invalid"], "cannot listen on port"),
     ],
 )
 def test_serve_that_cannot_start_says_why_in_one_line(
@@ -239,6 +282,28 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     assert not (tmp_path / "mount").exists()
 
 
+def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
+    tmp_path: Path,
+) -> None:
+    """The misspelt variable that is the likely cause is named along with the refusal, and
+    nothing (data directory, ledger, signing key) is left behind by a gateway that never ran."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    env |= {"CALLPROOF_ENGINE": "vllm", "CALLPROOF_VLLM_ULR": "http://x", "CALLPROOF_MODEL": "x"}
+    done = subprocess.run(
+        [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
+        + ["--data-dir", str(tmp_path / "data")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "needs --vllm-url" in done.stderr, done.stderr
+    assert "ignoring CALLPROOF_VLLM_ULR (did you mean CALLPROOF_VLLM_URL?)" in done.stderr
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.model
 def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path) -> None:
     done = subprocess.run(
@@ -255,8 +320,9 @@ def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path
     assert "CALLPROOF_BACKENDS names unknown grammar backend(s) ['nosuch']" in done.stderr
 
 
-@pytest.mark.model
-def test_serve_on_a_port_in_use_never_says_it_listens(tmp_path: Path) -> None:
+def test_serve_on_a_port_in_use_creates_nothing_and_says_so(tmp_path: Path) -> None:
+    """The port is bound first: a first-run admin key printed for a gateway that never served
+    would be lost (the next start prints none), and so would a model load."""
     import socket
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
@@ -270,7 +336,9 @@ def test_serve_on_a_port_in_use_never_says_it_listens(tmp_path: Path) -> None:
             timeout=120,
         )
     assert done.returncode == 3, done.stderr
-    assert "listening" not in done.stdout and "address already in use" in done.stderr, done
+    assert done.stdout == "", done.stdout  # no admin key, no "listening"
+    assert f"callproof serve: cannot start: port {port} on 127.0.0.1 is in use" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "data").exists()
 
 
 def test_a_key_a_newer_one_replaced_is_named() -> None:
@@ -288,3 +356,61 @@ def test_a_key_a_newer_one_replaced_is_named() -> None:
     assert superseded_key(keys, "old") == {"acme": "new"}  # beta: still the newest there
     assert superseded_key(keys, "new") == {}
     assert superseded_key(keys, "unknown") == {}
+
+
+def test_ledger_verify_of_a_chain_the_database_does_not_hold_is_bad_input(
+    fresh_sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A misspelt --tenant was 'OK: chain '?', 0 receipts verified' with exit 0."""
+    from callproof.cli import main
+    from callproof.commands.ledger import _known_chain
+    from receipts.errors import OutOfRange
+
+    assert main(["ledger", "migrate", "--db", fresh_sqlite_url]) == 0
+    assert main(["ledger", "verify", "--db", fresh_sqlite_url, "--tenant", "acmee"]) == 2
+    out, err = capsys.readouterr()
+    assert "OK" not in out and "no chain 'acmee' in the database; it holds chains none" in err
+    with pytest.raises(OutOfRange, match="holds chains 'acme', 'globex'"):
+        _known_chain("acmee", ["acme", "globex"])
+    assert _known_chain("acme", ["acme", "globex"]) == "acme"
+
+
+def test_verify_given_the_wrong_kind_of_file_is_bad_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """keys.json where the bundle or the --checkpoint goes was exit 1, 'FAILED', as if a
+    bundle had been checked and found wrong."""
+    from callproof.cli import main
+
+    keys = tmp_path / "keys.json"
+    keys.write_text('[{"key_id": "ed25519:00", "public_key_pem": "", "ranges": []}]')
+    assert main(["verify", str(keys)]) == 2
+    out, err = capsys.readouterr()
+    assert not out and f"{keys} is not an export bundle (a .tar.gz archive)" in err
+    bundle = tmp_path / "b.tgz"
+    bundle.write_bytes(b"\x1f\x8b")
+    for checkpoint in ("[1, 2]", "not json", '{"v": 1}'):
+        keys.write_text(checkpoint)
+        assert main(["verify", str(bundle), "--checkpoint", str(keys)]) == 2
+        out, err = capsys.readouterr()
+        assert not out and f"--checkpoint {keys} is not a checkpoint saved from" in err
+
+
+def test_a_signing_key_file_the_environment_overrides_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CALLPROOF_SIGNING_KEY wins (documented); an operator who also passed a file learns
+    that the file is not what signs."""
+    from gateway.boot import load_signer
+    from gateway.settings import Settings
+    from receipts.signing import Signer
+
+    from_env = Signer.generate()
+    monkeypatch.setenv("CALLPROOF_SIGNING_KEY", from_env.private_key_pem().decode())
+    key_file = tmp_path / "mounted.pem"
+    settings = Settings(data_dir=tmp_path / "data", signing_key_file=key_file)
+    assert load_signer(settings).key_id == from_env.key_id
+    assert f"CALLPROOF_SIGNING_KEY is set, so signing_key_file {key_file} is ignored" in caplog.text
+    caplog.clear()
+    load_signer(Settings(data_dir=tmp_path / "data"))
+    assert not caplog.records

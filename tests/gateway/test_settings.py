@@ -44,9 +44,20 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({}, {"CALLPROOF_RETAIN_PAYLOADS": "maybe"}, "must be true or false"),
         ({}, {"CALLPROOF_MAX_BODY_BYTES": "lots"}, "max_body_bytes"),
         ({}, {"CALLPROOF_DB": ""}, "'db': '' is empty"),  # not a quiet SQLite ledger
+        ({}, {"CALLPROOF_CONFIG": ""}, "CALLPROOF_CONFIG is empty"),  # was silently ignored
         ({"port": "70000"}, {}, "between 1 and 65535"),
-        ({"max_body_bytes": "0"}, {}, "between 1 and inf"),
+        ({"max_body_bytes": "0"}, {}, "'max_body_bytes': '0' must be at least 1$"),
+        ({"max_tools": "0"}, {}, "'max_tools': '0' must be at least 1"),  # refuses every tool
+        ({}, {"CALLPROOF_MAX_GRAMMAR_DEPTH": "0"}, "'max_grammar_depth'"),
+        ({"checkpoint_interval_s": "0"}, {}, "'checkpoint_interval_s': '0' must be more than 0"),
         ({"default_max_tokens": "5000", "max_tokens_limit": "100"}, {}, "above 'max_tokens_limit'"),
+        ({"db": "notaurl"}, {}, "'db': 'notaurl' is not a database URL callproof can use"),
+        ({"db": "mysql://u:pw@h/x"}, {}, r"'db': 'mysql://u:\*\*\*@h/x' is not a database URL"),
+        ({"vllm_url": "127.0.0.1:18801"}, {}, "'vllm_url': .* must be an http:// or https://"),
+        ({"vllm_url": "ftp://x"}, {}, "'vllm_url': 'ftp://x' must be an http"),
+        ({"vllm_url": "http://:8000"}, {}, "with a host"),
+        ({"weights_digest": "nothex"}, {}, "must be a SHA-256 digest: 64 lowercase hex"),
+        ({"weights_digest": "AB" * 32}, {}, "64 lowercase hex"),
     ],
 )
 def test_bad_values_are_named(flags: dict, env: dict, message: str) -> None:
@@ -62,6 +73,21 @@ def test_a_config_file_number_of_the_wrong_kind_is_refused(tmp_path: Path) -> No
     config.write_text("checkpoint_every = true\n")
     with pytest.raises(SettingsError, match="whole number"):
         load_settings({}, {}, config)
+    config.write_text("host = 5\n")  # was the host "5"
+    with pytest.raises(SettingsError, match="'host': 5 must be a string"):
+        load_settings({}, {}, config)
+    config.write_text("db = 5\n")  # was the database URL "5"
+    with pytest.raises(SettingsError, match="'db': 5 must be a string"):
+        load_settings({}, {}, config)
+
+
+def test_database_and_vllm_urls_callproof_can_use_are_taken() -> None:
+    for url in ("sqlite:////tmp/x.db", "postgresql+psycopg://u:pw@db.internal:5432/callproof"):
+        assert load_settings({"db": url}, {}).db_url == url
+    assert (
+        load_settings({"vllm_url": "https://vllm:8000/v1"}, {}).vllm_url == "https://vllm:8000/v1"
+    )
+    assert load_settings({"weights_digest": "ab" * 32}, {}).weights_digest == "ab" * 32
 
 
 def test_unknown_variables_are_named_with_the_setting_meant() -> None:
@@ -80,6 +106,16 @@ def test_unknown_variables_are_named_with_the_setting_meant() -> None:
 
 def test_log_level_takes_logging_names_in_any_case() -> None:
     assert load_settings({"log_level": "info"}, {}).log_level == "INFO"
+
+
+@pytest.mark.parametrize(
+    ("name", "text"), [("c.yaml", "port: [1\n"), ("c.toml", "port = 1 2\n"), ("c.yml", "a: b: c")]
+)
+def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, name: str, text: str) -> None:
+    config = tmp_path / name
+    config.write_text(text)
+    with pytest.raises(SettingsError, match=f"config file {config} is not valid: .*line 1"):
+        load_settings({}, {}, config)
 
 
 def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:

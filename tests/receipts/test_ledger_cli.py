@@ -170,7 +170,10 @@ def test_bad_input_and_unavailable_database(
     code, _, err = run(capsys, "verify", str(tmp_path / "missing.tar.gz"))
     assert code == 2 and "no bundle" in err
     not_a_bundle = tmp_path / "junk.tar.gz"
-    not_a_bundle.write_bytes(b"not gzip")
+    not_a_bundle.write_bytes(b"not gzip")  # not an archive at all: bad input
+    code, out, err = run(capsys, "verify", str(not_a_bundle), "--json")
+    assert code == 2 and "is not an export bundle" in err and not out
+    not_a_bundle.write_bytes(b"\x1f\x8bdamaged")  # an archive that does not read: failed
     code, out, _ = run(capsys, "verify", str(not_a_bundle), "--json")
     assert code == 1 and "not a readable" in json.loads(out)["reason"]
     down = "postgresql+psycopg://nobody@127.0.0.1:9/none"
