@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,6 +41,15 @@ def _announcing_server_class() -> type[uvicorn.Server]:
             if self.started:
                 host, port = self.config.host, self.config.port
                 print(f"callproof listening on http://{host}:{port}", flush=True)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """uvicorn raises the SIGTERM it caught again once it has shut down, which killed
+            the process before the ledger closed (no closing checkpoints). The signal asked
+            for a graceful stop, and `run` finishes one: closing, then exit 0."""
+            with super().capture_signals():
+                yield
+                self._captured_signals.clear()
 
     return AnnouncingServer
 

@@ -414,3 +414,49 @@ def test_a_signing_key_file_the_environment_overrides_is_named(
     caplog.clear()
     load_signer(Settings(data_dir=tmp_path / "data"))
     assert not caplog.records
+
+
+def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) -> None:
+    """SIGTERM (systemd, kill, an orchestrator without an init) is a graceful stop: the
+    ledger closes, signing a checkpoint over the receipts that had none yet. uvicorn raised
+    the signal again after its shutdown, which killed the process before that (exit -15,
+    the tail left uncovered). The gateway runs on the vLLM engine in front of the stand-in
+    upstream bench.overhead serves, so no model is needed."""
+    from bench.gateway_process import wait_ready
+    from bench.overhead import MODEL, REQUEST
+    from receipts.ledger import Ledger
+
+    data = tmp_path / "data"
+    agent = callproof("keys", "create", "--role", "agent", "--tenant", "acme", data_dir=data)
+    key = agent.stdout.strip().splitlines()[-1]
+    upstream_port, port = free_port(), free_port()
+    log = tmp_path / "serve.log"
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port", str(upstream_port),
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "callproof", "serve", "--data-dir", str(data),
+                 "--port", str(port), "--engine", "vllm", "--model", MODEL,
+                 "--vllm-url", f"http://127.0.0.1:{upstream_port}"],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url + "/readyz", server, 120, log)
+            headers = {"Authorization": f"Bearer {key}"}
+            for _ in range(3):  # one at a time: the first is checkpointed, 2..3 wait
+                answer = httpx.post(url + "/v1/chat/completions", json=REQUEST, headers=headers)
+                assert answer.status_code == 200, answer.text
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(60) == 0, log.read_text()
+    finally:
+        upstream.terminate()
+        upstream.wait(30)
+    ledger = Ledger.open(f"sqlite:///{data / 'ledger.db'}", None)
+    try:
+        assert ledger.latest_checkpoint("acme")["tree_size"] == 3
+    finally:
+        ledger.close()
