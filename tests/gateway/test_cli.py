@@ -31,6 +31,16 @@ def callproof(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def serve_once(
+    *args: str, port: int | None = None, env: dict[str, str] | None = None, timeout: int = 60
+) -> subprocess.CompletedProcess[str]:
+    """`callproof serve` that is expected to stop by itself (it refuses to start)."""
+    command = [sys.executable, "-m", "callproof", "serve", "--port", str(port or free_port())]
+    return subprocess.run(
+        [*command, *args], check=False, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
 def test_keys_create_list_revoke(tmp_path: Path) -> None:
     created = callproof(
         "keys", "create", "--role", "auditor", "--tenant", "acme", "--name", "q3 audit",
@@ -267,16 +277,8 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     """Exit 2 and one line on stderr, before any model is loaded; a signing key file named in
     the settings is never generated (a failed secret mount must not mean a new identity)."""
     (tmp_path / "a-file").write_text("")
-    command = [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
-    if "--data-dir" not in flags:
-        command += ["--data-dir", str(tmp_path / "data")]
-    done = subprocess.run(
-        command + [flag.format(tmp=tmp_path) for flag in flags],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    data_dir = [] if "--data-dir" in flags else ["--data-dir", str(tmp_path / "data")]
+    done = serve_once(*data_dir, *(flag.format(tmp=tmp_path) for flag in flags))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and says in done.stderr, done.stderr
     assert not (tmp_path / "mount").exists()
@@ -289,15 +291,7 @@ def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
     nothing (data directory, ledger, signing key) is left behind by a gateway that never ran."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
     env |= {"CALLPROOF_ENGINE": "vllm", "CALLPROOF_VLLM_ULR": "http://x", "CALLPROOF_MODEL": "x"}
-    done = subprocess.run(
-        [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
-        + ["--data-dir", str(tmp_path / "data")],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    done = serve_once("--data-dir", str(tmp_path / "data"), env=env)
     assert done.returncode == 2, done.stderr
     assert "needs --vllm-url" in done.stderr, done.stderr
     assert "ignoring CALLPROOF_VLLM_ULR (did you mean CALLPROOF_VLLM_URL?)" in done.stderr
@@ -306,15 +300,8 @@ def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
 
 @pytest.mark.model
 def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "callproof", "serve", "--port", str(free_port())]
-        + ["--data-dir", str(tmp_path / "data")],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "CALLPROOF_BACKENDS": "llguidance,nosuch"},
-    )
+    env = {**os.environ, "CALLPROOF_BACKENDS": "llguidance,nosuch"}
+    done = serve_once("--data-dir", str(tmp_path / "data"), env=env, timeout=120)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CALLPROOF_BACKENDS names unknown grammar backend(s) ['nosuch']" in done.stderr
@@ -327,14 +314,7 @@ def test_serve_on_a_port_in_use_creates_nothing_and_says_so(tmp_path: Path) -> N
 
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [sys.executable, "-m", "callproof", "serve", "--port", str(port)]
-            + ["--data-dir", str(tmp_path / "data")],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        done = serve_once("--data-dir", str(tmp_path / "data"), port=port, timeout=120)
     assert done.returncode == 3, done.stderr
     assert done.stdout == "", done.stdout  # no admin key, no "listening"
     assert f"callproof serve: cannot start: port {port} on 127.0.0.1 is in use" in done.stderr
