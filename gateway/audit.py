@@ -35,10 +35,11 @@ from receipts.ledger import Ledger, ReceiptQuery
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
 from receipts.signing import PublicKeyEntry
+from runtime.tools import MAX_EXACT_INTEGER
 
 T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
-MAX_SEQ = 2**53  # sequence numbers stay exact in every JSON reader
+MAX_SEQ = MAX_EXACT_INTEGER  # sequence numbers stay exact in every JSON reader
 # Identifiers are checked by shape before any query: a malformed one is a 400, not a lookup.
 # (Python's `$` also matches before a final newline; `(?!\n)` shuts that out and is still an
 # ECMA pattern for the OpenAPI document.)

@@ -277,7 +277,7 @@ class CallRecord(Struct):
     answered_by: list[Receipt]
 
 
-Seq = Annotated[int, Meta(ge=1, le=2**53)]
+Seq = Annotated[int, Meta(ge=1, le=MAX_EXACT_INTEGER)]  # exact in every JSON reader
 
 
 class VerifyRequest(Struct, forbid_unknown_fields=True):

@@ -245,7 +245,10 @@ def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> No
 def test_verify_a_range(gateway: Any, audited: dict[str, Any]) -> None:
     with gateway.http("auditor") as client:
         report = client.post("/audit/verify", json={"from_seq": 1}).json()
+        unsafe = client.post("/audit/verify", json={"to_seq": 2**53})  # not exact in JSON
+        inexact = client.get(f"/audit/proofs/inclusion/{2**53}")
     assert report["ok"] is True and report["checked"] >= 2, report
+    assert unsafe.status_code == 400 and inexact.status_code == 400, (unsafe.text, inexact.text)
 
 
 def test_verify_against_a_checkpoint_the_auditor_kept(
