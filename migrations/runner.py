@@ -3,6 +3,10 @@ and the gateway call; it works from an installed package (no alembic.ini in the 
 
 from __future__ import annotations
 
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -10,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.util import CommandError
 
-from receipts.store import connect_args, create_engine
+from receipts.store import connect_args
 
 HERE = Path(__file__).resolve().parent
 
@@ -37,7 +41,7 @@ def upgrade(url: str, revision: str = "head") -> None:
     cfg = alembic_config()
     engine = _engine(url)
     try:
-        with engine.begin() as conn:
+        with _one_at_a_time(url), engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(
                     sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK}
@@ -66,10 +70,27 @@ def current(url: str) -> str | None:
 
 def _engine(url: str) -> sa.Engine:
     """One connection, with the ledger's connect timeout and keepalives: a Postgres that does
-    not answer stops `serve` at startup with an error instead of hanging it. On SQLite the
-    ledger writer's engine, whose transactions begin IMMEDIATE: the write lock held from
-    the version check on is what makes gateways started together on a new data dir take
-    turns (the others saw "table chains already exists")."""
-    if sa.make_url(url).get_backend_name() == "sqlite":
-        return create_engine(url, writer=True)
+    not answer stops `serve` at startup with an error instead of hanging it."""
     return sa.create_engine(url, poolclass=sa.pool.NullPool, connect_args=connect_args(url))
+
+
+@contextmanager
+def _one_at_a_time(url: str) -> Iterator[None]:
+    """On SQLite, an exclusive lock on a file beside the database for the whole upgrade:
+    gateways started together on a new data dir raced on CREATE TABLE ("table chains already
+    exists"), and SQLite's own locks answered "database is locked" to some of them. Postgres
+    takes an advisory lock inside the migration's transaction instead."""
+    parsed = sa.make_url(url)
+    database = parsed.database or ""
+    if database.startswith("file:"):  # a URI filename (sqlite:///file:PATH?...&uri=true)
+        database = database.removeprefix("file:").split("?", 1)[0]
+    in_memory = database in ("", ":memory:") or "mode=memory" in str(parsed)
+    if parsed.get_backend_name() != "sqlite" or in_memory or not Path(database).parent.is_dir():
+        yield  # Postgres, a database in memory, or a directory SQLite itself will refuse
+        return
+    fd = os.open(f"{database}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)  # owner only
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
