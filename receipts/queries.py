@@ -227,11 +227,12 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
     if tenant is not None:
         signers = signers.where(c.chain == tenant)
     for chain, key_id, size in conn.execute(signers):
-        ranges = keys[key_id]["ranges"] if key_id in keys else []
-        reached = any(
+        if key_id not in keys:  # signed before checkpoint keys were registered: unlistable
+            continue
+        ranges = keys[key_id]["ranges"]
+        if not any(
             r["chain"] == chain and (r["last_seq"] is None or r["last_seq"] >= size) for r in ranges
-        )
-        if key_id in keys and not reached:
+        ):
             ranges.append({"chain": chain, "first_seq": size + 1, "last_seq": size})
     if tenant is not None:
         return [key for key in keys.values() if key["ranges"]]
