@@ -29,8 +29,8 @@ import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -219,13 +219,30 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int = 0
 # ------------------------------------------------------------------------------- reading
 
 
-@dataclass
 class _Contents:
-    """Everything but receipts.jsonl in memory; receipts.jsonl streamed from the archive."""
+    """A bundle being read: every member but receipts.jsonl in memory, receipts.jsonl as a
+    stream (None: the bundle has none), the members' SHA-256 once the stream is read.
 
-    small: dict[str, bytes]
-    digests: dict[str, str]
-    receipts: _ReceiptsStream | None
+    One pass when the manifest and every file it lists come before receipts.jsonl, as
+    write_bundle orders them: receipts.jsonl is checked as it is decompressed, and hashed on
+    the way. Any other order (a bundle unpacked and packed again) takes a second pass: the
+    first reads and hashes every member, the second streams receipts.jsonl again."""
+
+    def __init__(self, path: Path) -> None:
+        self.small: dict[str, bytes] = {}
+        self._digests: dict[str, str] = {}
+        self._walk = _walk(path, self.small, self._digests)
+        self.receipts: IO[bytes] | None = next(self._walk, None)
+
+    def digests(self) -> dict[str, str]:
+        """Every member's SHA-256, by name. Call it once receipts.jsonl is read to its end:
+        the members after it are read now."""
+        for _ in self._walk:
+            pass
+        return self._digests
+
+    def close(self) -> None:
+        self._walk.close()
 
 
 class _Budget:
@@ -327,59 +344,64 @@ def _receipts_cap(small: Mapping[str, bytes]) -> int:
     return min(announced * MAX_SMALL_FILE, MAX_RECEIPTS_BYTES)
 
 
-def _read_archive(path: Path) -> _Contents:
-    """Every member checked and every small file read; receipts.jsonl only hashed, to be
-    streamed again when verified (_ReceiptsStream), so verifying writes nothing to disk."""
-    small: dict[str, bytes] = {}
-    digests: dict[str, str] = {}
+def _walk(path: Path, small: dict[str, bytes], digests: dict[str, str]) -> Iterator[IO[bytes]]:
+    """Read the bundle into `small` and `digests`, yielding receipts.jsonl's stream once (see
+    _Contents for when that takes a second pass). Reads of the stream happen outside this
+    generator, so _Stream translates their errors as _archive does for the rest."""
+    streamed = False
     with _archive(path) as (tar, budget):
         for name, source in _members(tar, budget, small):
-            if name == RECEIPTS:
-                digests[name] = _sha256(source)
-            else:
+            if name != RECEIPTS:
                 small[name] = source.read()
                 digests[name] = hashlib.sha256(small[name]).hexdigest()
-    return _Contents(small, digests, _ReceiptsStream(path, small) if RECEIPTS in digests else None)
+                continue
+            stream = _Stream(source)
+            if _ready_for_receipts(small):
+                yield stream
+                streamed = True
+            stream.read_to_end()  # a reader that stopped early still gets a full hash
+            digests[name] = stream.hexdigest()
+    if RECEIPTS in digests and not streamed:
+        with _archive(path) as (tar, budget):
+            for name, source in _members(tar, budget, small):
+                if name == RECEIPTS:
+                    yield _Stream(source)
+                    return
+        raise VerificationError(f"the bundle changed while it was read: {RECEIPTS} is gone")
 
 
-class _ReceiptsStream:
-    """receipts.jsonl of a bundle _read_archive accepted, read from the archive again on the
-    first read; close() ends that read."""
+def _ready_for_receipts(small: Mapping[str, bytes]) -> bool:
+    """Whether the manifest, the files it lists and the files every bundle has are read."""
+    try:
+        listed = _loads(small[MANIFEST]).get("files")
+    except (KeyError, ValueError, RecursionError, AttributeError):
+        return False
+    return isinstance(listed, dict) and all(
+        name in small for name in (*SMALL_FILES, *listed) if name != RECEIPTS
+    )
 
-    def __init__(self, path: Path, small: Mapping[str, bytes]) -> None:
-        self._path = path
-        self._small = small
-        self._open = ExitStack()
-        self._source: IO[bytes] | None = None
+
+class _Stream:
+    """receipts.jsonl as it is read from the archive, hashed on the way."""
+
+    def __init__(self, source: IO[bytes]) -> None:
+        self._source = source
+        self._digest = hashlib.sha256()
 
     def read(self, size: int = -1) -> bytes:
-        if self._source is None:
-            self._source = self._open.enter_context(_receipts_stream(self._path, self._small))
         try:
-            return self._source.read(size)
-        except _UNREADABLE as exc:  # read outside _archive's body: the file changed since
+            data = self._source.read(size)
+        except _UNREADABLE as exc:
             raise VerificationError(f"not a readable .tar.gz bundle: {exc}") from exc
+        self._digest.update(data)
+        return data
 
-    def close(self) -> None:
-        self._open.close()
+    def read_to_end(self) -> None:
+        while self.read(BLOCK):
+            pass
 
-
-@contextmanager
-def _receipts_stream(path: Path, small: Mapping[str, bytes]) -> Iterator[IO[bytes]]:
-    """receipts.jsonl of a bundle _read_archive accepted, read from the archive again."""
-    with _archive(path) as (tar, budget):
-        for name, source in _members(tar, budget, small):
-            if name == RECEIPTS:
-                yield source
-                return
-    raise VerificationError(f"the bundle changed while it was read: {RECEIPTS} is gone")
-
-
-def _sha256(source: IO[bytes]) -> str:
-    digest = hashlib.sha256()
-    while block := source.read(BLOCK):
-        digest.update(block)
-    return digest.hexdigest()
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
 
 
 class _DuplicateKey(ValueError):
@@ -649,7 +671,7 @@ def verify_bundle(
     if not path.is_file():
         raise BundleError(f"no bundle at {path}")
     try:
-        contents = _read_archive(path)
+        contents = _Contents(path)
     except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
         return _failed(exc)
     try:
@@ -659,8 +681,7 @@ def verify_bundle(
     except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
         return _failed(exc)
     finally:
-        if contents.receipts is not None:
-            contents.receipts.close()
+        contents.close()
     if report.ok and not allow_range and not report.whole_chain:
         return replace(
             report,
@@ -706,7 +727,6 @@ def _verify_contents(
         raise VerificationError(
             f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
         )
-    file_problem = _manifest_problem(manifest, contents.digests)
     for name in SMALL_FILES:
         _json(contents, name)
     if contents.receipts is None:
@@ -746,7 +766,7 @@ def _verify_contents(
     else:
         seq = None
         span = (linker.start_seq, linker.next_seq - 1)
-        problem = file_problem
+        problem = _manifest_problem(manifest, contents.digests())
         if not problem and span[1] > checkpoint["tree_size"]:
             problem = (
                 f"seq {checkpoint['tree_size'] + 1}..{span[1]} lie past the signed checkpoint's"
