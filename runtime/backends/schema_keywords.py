@@ -52,6 +52,10 @@ _SCHEMA_MAPS = frozenset(
 )
 
 
+# Keywords whose value is data: instances, or property names (dependentRequired's keys).
+_DATA = frozenset({"enum", "const", "default", "examples", "dependentRequired"})
+
+
 def schema_keywords(schema: Any) -> Iterator[str]:
     """Every keyword used anywhere in the schema (not property names, not enum values)."""
     if isinstance(schema, list):
@@ -62,7 +66,7 @@ def schema_keywords(schema: Any) -> Iterator[str]:
         return
     for key, value in schema.items():
         yield key
-        if key in ("enum", "const", "default", "examples"):
+        if key in _DATA:
             continue
         if key in _SCHEMA_MAPS and isinstance(value, dict):
             for sub in value.values():

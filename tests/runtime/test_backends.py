@@ -9,6 +9,7 @@ from grammar_testkit import matches, smol_tokenizer
 
 from runtime.backends import BackendChain, available_backends, backend_order, make_backend
 from runtime.backends.base import allocate_bitmask, bitmask_to_bool
+from runtime.backends.schema_keywords import schema_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile, EngineConfigError
 
@@ -294,3 +295,15 @@ def test_backend_order_configuration(monkeypatch):
     monkeypatch.setenv("CALLPROOF_BACKENDS", "llguidance,nosuch")
     with pytest.raises(EngineConfigError, match=r"^CALLPROOF_BACKENDS names unknown .*'nosuch'"):
         backend_order()
+
+
+def test_property_names_and_values_are_not_keywords():
+    """dependentRequired maps property names to lists of them; a property called "maximum"
+    made Outlines refuse a schema with no bound in it."""
+    schema = {
+        "type": "object",
+        "properties": {"maximum": {"type": "integer"}, "minimum": {"type": "integer"}},
+        "dependentRequired": {"maximum": ["minimum"]},
+        "enum": [{"maximum": 1, "minimum": 0}],
+    }
+    assert set(schema_keywords(schema)) == {"type", "properties", "dependentRequired", "enum"}
