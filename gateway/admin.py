@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Annotated
 
 from litestar import Controller, delete, get, post
@@ -10,7 +9,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 
 from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore, log_key_change
-from gateway.auth import BEARER, Authenticator, require_role
+from gateway.auth import BEARER, Authenticator, KeyCall, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
@@ -27,8 +26,10 @@ class AdminKeysController(Controller):
     security = BEARER
 
     @get("", summary="List API keys (never their secrets)", responses=documented())
-    async def list_keys(self, keys: NamedDependency[KeyStore]) -> list[KeyInfo]:
-        return [_info(key) for key in await asyncio.to_thread(keys.list)]
+    async def list_keys(
+        self, keys: NamedDependency[KeyStore], key_call: NamedDependency[KeyCall]
+    ) -> list[KeyInfo]:
+        return [_info(key) for key in await key_call(keys.list)]
 
     @post(
         "",
@@ -41,10 +42,11 @@ class AdminKeysController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         keys: NamedDependency[KeyStore],
+        key_call: NamedDependency[KeyCall],
         data: JSONBody[KeyCreate],
     ) -> CreatedKey:
         try:
-            key, secret = await asyncio.to_thread(keys.create, data.role, data.tenant, data.name)
+            key, secret = await key_call(keys.create, data.role, data.tenant, data.name)
         except InvalidKeyField as exc:
             raise APIError(400, str(exc), code="invalid_value", param=exc.param) from None
         log_key_change("api key created", key, principal.id)
@@ -55,11 +57,12 @@ class AdminKeysController(Controller):
         self,
         principal: NamedDependency[ApiKey],
         keys: NamedDependency[KeyStore],
+        key_call: NamedDependency[KeyCall],
         authenticator: NamedDependency[Authenticator],
         key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)")],
     ) -> KeyInfo:
         try:
-            revoked = await asyncio.to_thread(keys.revoke, key_id)
+            revoked = await key_call(keys.revoke, key_id)
         except KeyNotFound as exc:
             raise APIError(404, str(exc), code="not_found", param="key_id") from None
         authenticator.forget(key_id)

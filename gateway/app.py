@@ -18,7 +18,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 from gateway.admin import AdminKeysController
 from gateway.apikeys import KeyStore
 from gateway.audit import AuditController, LedgerRead
-from gateway.auth import Authenticator, current_principal
+from gateway.auth import Authenticator, KeyCall, current_principal
 from gateway.chat import ChatController
 from gateway.completion import Completions
 from gateway.errors import handle_exception
@@ -42,7 +42,8 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         queued_appends=ledger.queued_appends,
     )
     completions = Completions(engine, ledger, settings, metrics)
-    authenticator = Authenticator(keys, settings.key_cache_ttl_s, settings.db_timeout_s)
+    key_call = KeyCall(settings.db_timeout_s)
+    authenticator = Authenticator(keys, settings.key_cache_ttl_s, key_call)
     app = Litestar(
         route_handlers=[
             ChatController,
@@ -56,6 +57,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             "ledger": _singleton(ledger),
             "read": _singleton(LedgerRead(settings.db_timeout_s)),
             "keys": _singleton(keys),
+            "key_call": _singleton(key_call),
             "metrics": _singleton(metrics),
             "authenticator": _singleton(authenticator),
             "principal": Provide(current_principal, sync_to_thread=False),

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from litestar import Request
 from litestar.connection import ASGIConnection
@@ -23,14 +25,32 @@ from gateway.apikeys import ApiKey, KeyStore, KeyStoreUnavailable, Role, hash_se
 from gateway.errors import APIError
 from gateway.query import refuse_unknown_query
 
+T = TypeVar("T")
 BEARER = [{"apiKey": []}]  # OpenAPI security requirement of every authenticated controller
 
 
+class KeyCall:
+    """Runs a key-store call off the event loop within db_timeout_s: a database that hangs
+    fails closed (503) in bounded time, as one that is down does."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+
+    async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await asyncio.to_thread(fn, *args)
+        except TimeoutError:
+            raise KeyStoreUnavailable(
+                f"the API key database did not answer within db_timeout_s ({self.timeout_s:g} s)"
+            ) from None
+
+
 class Authenticator:
-    def __init__(self, store: KeyStore, ttl_s: float, timeout_s: float):
+    def __init__(self, store: KeyStore, ttl_s: float, call: KeyCall):
         self._store = store
         self._ttl_s = ttl_s
-        self._timeout_s = timeout_s  # a database that hangs fails closed in bounded time
+        self._call = call
         self._cache: dict[str, tuple[ApiKey, float]] = {}
         self._lookups: dict[str, asyncio.Task[ApiKey | None]] = {}  # in flight, by digest
         self._revocations = 0  # a lookup that began before a revocation must not cache
@@ -70,12 +90,7 @@ class Authenticator:
     async def _lookup(self, digest: str, secret: str) -> ApiKey | None:
         revocations = self._revocations
         try:
-            async with asyncio.timeout(self._timeout_s):
-                key = await asyncio.to_thread(self._store.lookup, secret)
-        except TimeoutError:
-            raise KeyStoreUnavailable(
-                f"the key lookup took longer than {self._timeout_s:g} s"
-            ) from None
+            key = await self._call(self._store.lookup, secret)
         finally:
             del self._lookups[digest]
         if key is None:

@@ -132,13 +132,13 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
             "database unavailable",
             extra={"event": "db_unavailable", "kind": type(exc).__name__, "detail": str(exc)},
         )
-        return 503, error_body(
-            503,
-            "the receipt ledger's database is unavailable; retry later (no tool call is returned"
-            " without its committed receipt)",
-            code="ledger_unavailable",
-            param=None,
+        message = (
+            "the API key database is unavailable, so the key cannot be checked; retry later"
+            if isinstance(exc, KeyStoreUnavailable)
+            else "the receipt ledger's database is unavailable; retry later (no tool call is"
+            " returned without its committed receipt)"
         )
+        return 503, error_body(503, message, code="ledger_unavailable", param=None)
     if isinstance(exc, ChainDamaged):
         log.error("chain damaged", extra={"event": "chain_damaged", "detail": str(exc)})
         return 500, error_body(

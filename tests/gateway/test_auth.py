@@ -10,7 +10,7 @@ import time
 import pytest
 
 from gateway.apikeys import KeyStore
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, KeyCall
 from gateway.errors import APIError
 from migrations.runner import upgrade
 
@@ -34,7 +34,7 @@ def test_concurrent_misses_share_one_lookup_and_revocation_applies_after_ttl(
             return real_lookup(value)
 
         store.lookup = counted  # type: ignore[method-assign]
-        auth = Authenticator(store, ttl_s=0.3, timeout_s=10)
+        auth = Authenticator(store, ttl_s=0.3, call=KeyCall(10))
         header = f"Bearer {secret}"
 
         async def burst() -> list[str]:
@@ -71,7 +71,7 @@ def test_a_lookup_in_flight_when_its_key_is_revoked_is_not_cached(fresh_sqlite_u
             return found
 
         store.lookup = read_then_wait  # type: ignore[method-assign]
-        auth = Authenticator(store, ttl_s=60, timeout_s=10)
+        auth = Authenticator(store, ttl_s=60, call=KeyCall(10))
 
         async def scenario() -> None:
             in_flight = asyncio.ensure_future(auth.authenticate(f"Bearer {secret}"))
