@@ -28,6 +28,8 @@ from gateway.errors import APIError, documented
 from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
+from receipts import record
+from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport
 from receipts.checkpoint import Checkpoint
 from receipts.errors import ChainDamaged, LedgerUnavailable, OutOfRange, ReceiptFormatError
@@ -35,16 +37,14 @@ from receipts.ledger import Ledger, ReceiptQuery
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
 from receipts.signing import PublicKeyEntry
-from runtime.tools import MAX_EXACT_INTEGER
 
 T = TypeVar("T")
 _EXPORT_CHUNK = 1 << 16
-MAX_SEQ = MAX_EXACT_INTEGER  # sequence numbers stay exact in every JSON reader
 # Identifiers are checked by shape before any query: a malformed one is a 400, not a lookup.
 # (Python's `$` also matches before a final newline; `(?!\n)` shuts that out and is still an
 # ECMA pattern for the OpenAPI document.)
-RECEIPT_ID = r"^rcpt_[0-9a-f]{24}$(?!\n)"
-CALL_ID = r"^call_[0-9a-f]{24}$(?!\n)"
+RECEIPT_ID = rf"^{record.RECEIPT_ID.pattern}$(?!\n)"
+CALL_ID = rf"^{record.CALL_ID.pattern}$(?!\n)"
 HEX64 = r"^[0-9a-f]{64}$(?!\n)"
 PRINTABLE = NAME_PATTERN  # a tool or model name to filter by: printable, like a key's name
 RFC3339 = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$(?!\n)"
@@ -134,7 +134,7 @@ class AuditController(Controller):
         cursor: int | None = Parameter(
             default=None,
             ge=0,
-            le=MAX_SEQ,
+            le=MAX_SAFE_INT,
             description="next_cursor of a page",
             schema_extra={"minimum": 0},  # Litestar leaves a bound of 0 out of the document
         ),
@@ -263,8 +263,8 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        seq: Annotated[int, Parameter(ge=1, le=MAX_SEQ)],
-        tree_size: int | None = Parameter(default=None, ge=1, le=MAX_SEQ),
+        seq: Annotated[int, Parameter(ge=1, le=MAX_SAFE_INT)],
+        tree_size: int | None = Parameter(default=None, ge=1, le=MAX_SAFE_INT),
     ) -> InclusionProof:
         return await read(ledger.inclusion_proof, principal.tenant, seq, tree_size)
 
@@ -278,8 +278,8 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        first: int = Parameter(ge=1, le=MAX_SEQ),
-        second: int = Parameter(ge=1, le=MAX_SEQ),
+        first: int = Parameter(ge=1, le=MAX_SAFE_INT),
+        second: int = Parameter(ge=1, le=MAX_SAFE_INT),
     ) -> ConsistencyProof:
         return await read(ledger.consistency_proof, principal.tenant, first, second)
 

@@ -13,6 +13,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
+from receipts.canonical import MAX_SAFE_INT
 from receipts.record import Receipt
 from runtime.tools import MAX_EXACT_INTEGER
 
@@ -277,7 +278,7 @@ class CallRecord(Struct):
     answered_by: list[Receipt]
 
 
-Seq = Annotated[int, Meta(ge=1, le=MAX_EXACT_INTEGER)]  # exact in every JSON reader
+Seq = Annotated[int, Meta(ge=1, le=MAX_SAFE_INT)]  # exact in every JSON reader
 
 
 class VerifyRequest(Struct, forbid_unknown_fields=True):

@@ -23,7 +23,7 @@ import rfc8785
 
 from receipts.errors import CanonicalizationError
 
-_MAX_SAFE_INT = 2**53 - 1
+MAX_SAFE_INT = 2**53 - 1
 sorted_json = msgspec.json.Encoder(order="sorted").encode
 """Compact JSON, keys sorted by code point, UTF-8 bytes at C speed: the fast path's printer,
 and lossless (not canonical) for any value canonical_json accepts."""
@@ -56,7 +56,7 @@ def _prepare(value: Any, floats: list[float]) -> Any:
         items = [_prepare(item, floats) for item in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     if kind is int:
-        if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+        if not -MAX_SAFE_INT <= value <= MAX_SAFE_INT:
             raise _Unusual
         return value
     if kind is float:
@@ -98,7 +98,7 @@ def _float_text(value: float) -> str:
     round-trip digits are printed without an exponent by both Python and ECMAScript
     (1e-4 <= |x| < 1e16) and for integral values, Python's repr gives the same text."""
     if value.is_integer():
-        if abs(value) <= _MAX_SAFE_INT:
+        if abs(value) <= MAX_SAFE_INT:
             return str(int(value))
     elif 1e-4 <= abs(value) < 1e16:
         return repr(value)
@@ -108,7 +108,7 @@ def _float_text(value: float) -> str:
 def _plain_float(text: str) -> float | int:
     value = float(text)
     if value.is_integer():
-        if abs(value) <= _MAX_SAFE_INT:
+        if abs(value) <= MAX_SAFE_INT:
             return int(value)  # JCS prints an integral double as an integer anyway
     elif 1e-4 <= abs(value) < 1e16:
         return value  # repr() prints it as ECMAScript does
@@ -117,7 +117,7 @@ def _plain_float(text: str) -> float | int:
 
 def _plain_int(text: str) -> int:
     value = int(text)
-    if not -_MAX_SAFE_INT <= value <= _MAX_SAFE_INT:
+    if not -MAX_SAFE_INT <= value <= MAX_SAFE_INT:
         raise _Unusual
     return value
 

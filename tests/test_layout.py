@@ -1,0 +1,44 @@
+"""The layout's rules (docs/architecture.md): runtime/ and receipts/ never import gateway/ or
+each other, so the few rules both must apply are written twice and held equal here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from receipts.canonical import MAX_SAFE_INT
+from receipts.record import LINKED_CALL_ID
+from runtime.planning import ANSWERED_CALL_ID
+from runtime.tools import MAX_EXACT_INTEGER
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {"runtime": {"gateway", "receipts"}, "receipts": {"gateway", "runtime"}}
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The top-level packages a module imports, at any depth of its code."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_runtime_and_receipts_import_neither_gateway_nor_each_other(package: str) -> None:
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(imported_packages(path) & FORBIDDEN[package])
+        for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    assert not {path: names for path, names in offenders.items() if names}
+
+
+def test_rules_both_sides_apply_are_the_same() -> None:
+    """A tool message's tool_call_id the runtime accepts must be one the ledger records, or a
+    request would be generated and then refused; a number is exact up to the same bound."""
+    assert ANSWERED_CALL_ID.pattern == LINKED_CALL_ID.pattern
+    assert MAX_EXACT_INTEGER == MAX_SAFE_INT
