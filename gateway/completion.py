@@ -257,9 +257,8 @@ def cut_short(
     """A tool call the token limit or a stop string cut off fails for that reason, and the
     fix is in that parameter: say so and name it, instead of only where the JSON broke."""
     if generation.finish_reason == "length":
-        param = (
-            "max_completion_tokens" if "max_completion_tokens" in prepared.body else "max_tokens"
-        )
+        given = prepared.body.get("max_completion_tokens") is not None  # as _sampling reads it
+        param = "max_completion_tokens" if given else "max_tokens"
         why = f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
         fix = f"raise {param}"
     elif generation.matched_stop is not None:

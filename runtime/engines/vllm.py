@@ -481,12 +481,13 @@ def _tag_content(constraint: Constraint) -> dict[str, Any]:
 
 
 def tool_call_tags(union: dict[str, Any], enforcement: Enforcement) -> list[dict[str, Any]]:
-    """One structural tag per tool the union allows, in the family's trained call format:
+    """One structural tag per tool the union allows, in the tagged families' call format
+    (planning's _TAGGED_FAMILIES: ``<tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>``):
     the tag's begin fixes the tool name, its content is that tool's arguments schema (with the
-    union's ``$defs``, so embedded ``$ref``s keep resolving). Qwen/Hermes:
-    ``<tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>``; Llama:
-    ``<function=N>ARGS</function>``. Several calls are several tags, so the array form of
-    parallel calls is not needed inside a tag; the answer is the free text around them.
+    union's ``$defs``, so embedded ``$ref``s keep resolving). The name goes first even for
+    Hermes, trained on arguments first: each tag needs a begin of its own. Several calls are
+    several tags, so the array form of parallel calls is not needed inside a tag; the answer is
+    the free text around them.
     """
     defs = union.get("$defs", {})
     tags = []
@@ -494,11 +495,8 @@ def tool_call_tags(union: dict[str, Any], enforcement: Enforcement) -> list[dict
         if defs:
             arguments = {**arguments, "$defs": defs}
         content = _tag_content(Constraint.json_schema(arguments))
-        if enforcement.trigger_start == "<function=":
-            begin, end = f"<function={name}>", enforcement.trigger_end
-        else:
-            begin = f'{enforcement.trigger_start}\n{{"name": {json.dumps(name)}, "arguments": '
-            end = "}\n" + enforcement.trigger_end
+        begin = f'{enforcement.trigger_start}\n{{"name": {json.dumps(name)}, "arguments": '
+        end = "}\n" + enforcement.trigger_end
         tags.append({"type": "tag", "begin": begin, "content": content, "end": end})
     if not tags:
         raise ValueError("the tool union allows no tool call (tool_choice none?)")

@@ -20,7 +20,6 @@ from runtime.engines.vllm import (
     _json,
     _status_error,
     structured_outputs,
-    tool_call_tags,
 )
 from runtime.errors import EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
@@ -115,15 +114,6 @@ def test_auto_on_a_thinking_model_is_one_triggered_tag_per_tool(parallel: bool) 
     jsonschema.validate({"city": "Lima"}, weather)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"city": "Rome"}, weather)
-
-
-def test_llama_family_tags_carry_the_name_in_the_begin_tag() -> None:
-    llama = Enforcement("triggered", trigger_start="<function=", trigger_end="</function>")
-    tags = tool_call_tags(union().schema(), llama)
-    assert [(t["begin"], t["end"]) for t in tags] == [
-        ("<function=get_weather>", "</function>"),
-        ("<function=get_time>", "</function>"),
-    ]
 
 
 def test_named_choice_after_reasoning_is_free_thinking_then_the_union() -> None:
