@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from receipts.canonical import canonical_json
 from receipts.errors import ReceiptFormatError
@@ -104,8 +104,3 @@ def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
             f" recorded turns on chain {cp['chain']!a} all end before that size (a retired key)"
         )
     return None
-
-
-def verify_checkpoint(cp: Mapping[str, Any], keyring: KeyRing) -> bool:
-    """True when the checkpoint is well formed and signed by a key in `keyring`."""
-    return checkpoint_problem(cp, keyring) is None

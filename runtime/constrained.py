@@ -1,9 +1,10 @@
 """Constrained decoding for transformers: grammar-masked logits, and the post-hoc fallback.
 
-``json_schema_processor`` / ``regex_processor`` / ``cfg_processor`` compile through the grammar
-cache and return a ``ConstrainedProcessor`` whose ``.processor`` goes into
-``model.generate(logits_processor=[...])``. A processor holds one generation's state: make a
-new one per generate call (``compiled.matcher()`` is cheap; the compile is cached).
+``processor_of(compiled, tokenizer)`` wraps a grammar the cache compiled (runtime/cache.py)
+in a ``ConstrainedLogitsProcessor`` for one generation: the embedded engine calls it from its
+decode loop, and it fits ``model.generate(logits_processor=[...])`` as well. A processor holds
+one generation's state: make a new one per generation (``compiled.matcher()`` is cheap; the
+compile is cached).
 
 Masking is one bitmask fill by the backend plus one vectorised torch ``masked_fill_``: no
 Python loop over the vocabulary. EOS is allowed only where the grammar may stop.
@@ -12,9 +13,7 @@ Python loop over the vocabulary. EOS is allowed only where the grammar may stop.
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,9 +26,6 @@ from runtime.backends.base import (
     bitmask_to_bool,
     set_token_bit,
 )
-from runtime.backends.registry import BackendChain
-from runtime.cache import GrammarCache
-from runtime.constraint import Constraint
 from runtime.errors import (
     ConstraintTooComplex,
     EngineFault,
@@ -156,39 +152,6 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
         return self.tokenizer.encode(text, add_special_tokens=False)[0]
 
 
-@dataclass(frozen=True)
-class ConstrainedProcessor:
-    """What the ``*_processor`` factories return."""
-
-    processor: ConstrainedLogitsProcessor
-    backend: str
-    compiled: CompiledGrammar
-
-
-_caches: weakref.WeakKeyDictionary[Any, GrammarCache] = weakref.WeakKeyDictionary()
-
-
-def default_cache(tokenizer: Any) -> GrammarCache:
-    """One grammar cache per tokenizer object, with the configured backend order."""
-    cache = _caches.get(tokenizer)
-    if cache is None:
-        cache = _caches[tokenizer] = GrammarCache(BackendChain(tokenizer))
-    return cache
-
-
-def processor_for(
-    constraint: Constraint,
-    tokenizer: Any,
-    *,
-    cache: GrammarCache | None = None,
-    enforcement: Enforcement | None = None,
-    eos_token_ids: Iterable[int] | None = None,
-) -> ConstrainedProcessor:
-    compiled = (cache or default_cache(tokenizer)).get(constraint)
-    proc = processor_of(compiled, tokenizer, enforcement=enforcement, eos_token_ids=eos_token_ids)
-    return ConstrainedProcessor(proc, compiled.backend, compiled)
-
-
 def processor_of(
     compiled: CompiledGrammar,
     tokenizer: Any,
@@ -205,20 +168,6 @@ def processor_of(
         enforcement=enforcement,
         param=compiled.constraint.param,
     )
-
-
-def json_schema_processor(
-    schema: dict[str, Any], tokenizer: Any, **kw: Any
-) -> ConstrainedProcessor:
-    return processor_for(Constraint.json_schema(schema), tokenizer, **kw)
-
-
-def regex_processor(pattern: str, tokenizer: Any, **kw: Any) -> ConstrainedProcessor:
-    return processor_for(Constraint.regex(pattern), tokenizer, **kw)
-
-
-def cfg_processor(ebnf: str, tokenizer: Any, **kw: Any) -> ConstrainedProcessor:
-    return processor_for(Constraint.ebnf(ebnf), tokenizer, **kw)
 
 
 # -- the last resort: validate, fold the error into the prompt, retry ----------------------

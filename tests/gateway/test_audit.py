@@ -19,7 +19,7 @@ from conftest import gateway_settings
 from gateway.app import create_app
 from migrations.runner import upgrade
 from receipts.canonical import hash_json
-from receipts.checkpoint import verify_checkpoint
+from receipts.checkpoint import checkpoint_problem
 from receipts.ledger import Ledger
 from receipts.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import ReceiptDraft
@@ -213,7 +213,7 @@ def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> No
     with gateway.http("auditor") as client:
         checkpoint = client.post("/audit/checkpoints").json()
     assert checkpoint == get_json(gateway, "/audit/checkpoints/latest")
-    assert verify_checkpoint(checkpoint, ring)
+    assert checkpoint_problem(checkpoint, ring) is None
     size = checkpoint["tree_size"]
     seq = audited["receipt"]["seq"]
     # The roots, recomputed from the receipts the auditor lists, not taken from the server.

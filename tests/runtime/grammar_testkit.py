@@ -6,7 +6,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from runtime.backends.base import GrammarMatcher
+from runtime.backends.base import CompiledGrammar, GrammarMatcher
+from runtime.backends.registry import BackendChain
+from runtime.cache import GrammarCache
+from runtime.constraint import Constraint
 
 
 @functools.cache
@@ -24,3 +27,13 @@ def matches(matcher: GrammarMatcher, text: str) -> bool:
         if not matcher.accept_token(token):
             return False
     return matcher.can_stop()
+
+
+@functools.cache
+def smol_grammars() -> GrammarCache:
+    """The grammar cache an embedded engine on the bundled model builds (default order)."""
+    return GrammarCache(BackendChain(smol_tokenizer()))
+
+
+def compiled(constraint: Constraint) -> CompiledGrammar:
+    return smol_grammars().get(constraint)

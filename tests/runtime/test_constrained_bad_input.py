@@ -7,16 +7,10 @@ import time
 
 import pytest
 import torch
-from grammar_testkit import smol_tokenizer
+from grammar_testkit import compiled, smol_tokenizer
 
 from runtime.backends import BackendChain, make_backend
-from runtime.constrained import (
-    ConstrainedLogitsProcessor,
-    GrammarViolation,
-    cfg_processor,
-    json_schema_processor,
-    regex_processor,
-)
+from runtime.constrained import ConstrainedLogitsProcessor, GrammarViolation
 from runtime.constraint import Constraint
 from runtime.errors import (
     BackendCannotCompile,
@@ -222,14 +216,13 @@ def test_a_schema_json_cannot_carry_is_refused_not_rewritten(value: float) -> No
     }
 
 
-def test_processor_factories_raise_the_same_typed_errors():
-    tok = smol_tokenizer()
+def test_compiling_through_the_cache_raises_the_same_typed_errors():
     with pytest.raises(InvalidSchema):
-        json_schema_processor({"type": 5}, tok)
+        compiled(Constraint.json_schema({"type": 5}))
     with pytest.raises(InvalidRegex):
-        regex_processor("(", tok)
+        compiled(Constraint.regex("("))
     with pytest.raises(InvalidGrammar):
-        cfg_processor("start: (", tok)
+        compiled(Constraint.ebnf("start: ("))
 
 
 def test_limits_are_configurable_and_name_the_limit():

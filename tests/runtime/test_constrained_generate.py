@@ -8,14 +8,10 @@ import re
 import jsonschema
 import pytest
 import torch
-from grammar_testkit import smol_tokenizer
+from grammar_testkit import compiled, smol_tokenizer
 
-from runtime.constrained import (
-    cfg_processor,
-    json_schema_processor,
-    post_hoc_retry_json,
-    regex_processor,
-)
+from runtime.constrained import ConstrainedLogitsProcessor, post_hoc_retry_json, processor_of
+from runtime.constraint import Constraint
 from runtime.errors import StructuredOutputInvalid
 
 pytestmark = pytest.mark.model
@@ -60,17 +56,21 @@ def generate(model, prompt: str, processor=None, max_new_tokens: int = 40) -> st
     return tok.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
+def processor(constraint: Constraint) -> ConstrainedLogitsProcessor:
+    return processor_of(compiled(constraint), smol_tokenizer())
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_json_schema_processor_in_generate(model, prompt):
-    constrained = json_schema_processor(WEATHER, smol_tokenizer())
-    assert constrained.backend == "llguidance"
-    jsonschema.validate(json.loads(generate(model, prompt, constrained.processor)), WEATHER)
+    constraint = Constraint.json_schema(WEATHER)
+    assert compiled(constraint).backend == "llguidance"
+    jsonschema.validate(json.loads(generate(model, prompt, processor(constraint))), WEATHER)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_regex_processor_in_generate(model, prompt):
     pattern = r"(Yes|No), because [a-z ]{3,40}\."
-    text = generate(model, prompt, regex_processor(pattern, smol_tokenizer()).processor)
+    text = generate(model, prompt, processor(Constraint.regex(pattern)))
     assert re.fullmatch(pattern, text), text
 
 
@@ -80,7 +80,7 @@ def test_cfg_processor_in_generate(model, prompt):
         'start: "It is " TEMP " degrees and " SKY "."\nTEMP: /-?[0-9]{1,2}/\n'
         'SKY: "sunny" | "cloudy"'
     )
-    text = generate(model, prompt, cfg_processor(grammar, smol_tokenizer()).processor)
+    text = generate(model, prompt, processor(Constraint.ebnf(grammar)))
     assert re.fullmatch(r"It is -?[0-9]{1,2} degrees and (sunny|cloudy)\.", text), text
 
 
