@@ -46,7 +46,7 @@ class ToolCallStart:
 
 @dataclass(frozen=True)
 class ToolArgumentsDelta:
-    """A piece of the call's arguments JSON (whitespace outside strings dropped)."""
+    """A piece of the call's arguments JSON, as the model wrote it."""
 
     index: int
     text: str
@@ -159,9 +159,8 @@ class EnvelopeStreamDecoder:
                 return
             self._start_value(ch)
         cap = self._cap
-        was_in_string = self._in_string
         self._consume(ch)
-        if cap is not None and cap.raw and (was_in_string or ch not in _WS):
+        if cap is not None and cap.raw:
             self._emit_raw(cap, ch)
 
     def _expects_value(self) -> bool:

@@ -30,7 +30,7 @@ import json
 import re
 import secrets
 from collections.abc import Container, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import jsonschema
@@ -581,10 +581,18 @@ class ToolCall:
     id: str
     name: str
     arguments: dict[str, Any]
+    text: str | None = None  # the arguments as the model wrote them, when it wrote JSON text
 
     def arguments_json(self) -> str:
-        """Compact JSON text: OpenAI returns arguments as a string, not an object."""
+        """The arguments as OpenAI returns them, a string: the model's own JSON text, which
+        is what a stream sends; compact JSON when the model's format had none."""
+        if self.text is not None:
+            return self.text
         return json.dumps(self.arguments, ensure_ascii=False, separators=(",", ":"))
+
+    def written_as(self, text: str | None) -> ToolCall:
+        """This call with the model's JSON text of its arguments (None: keep it as is)."""
+        return self if text is None else replace(self, text=text)
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -633,6 +641,50 @@ def parse_envelope(
     return _from_envelope(envelope, text, tools, schema, response_schema, ids or CallIds())
 
 
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def envelope_texts(text: str) -> dict[tuple[str | int, ...], str]:
+    """The JSON text of each value of the envelope `text` (valid JSON), by path: ("answer",),
+    ("arguments",), ("tool_calls", 0, "arguments")... As the model wrote them, which is what
+    runtime/streaming.py sends, so a response and its stream carry the same bytes (a number
+    written 1.50 stays 1.50). Only the envelope's object and the tool_calls array are walked;
+    every other value is one raw_decode."""
+    found: dict[tuple[str | int, ...], str] = {}
+
+    def skip(i: int) -> int:
+        return _SPACE.match(text, i).end()  # type: ignore[union-attr]  # * always matches
+
+    def value(i: int, path: tuple[str | int, ...]) -> int:
+        i = skip(i)
+        walked = path == () or (len(path) == 2 and path[0] == "tool_calls")
+        if walked and text.startswith("{", i):
+            return members(i, path, "}")
+        if path == ("tool_calls",) and text.startswith("[", i):
+            return members(i, path, "]")
+        end = EXACT_JSON.raw_decode(text, i)[1]
+        found[path] = text[i:end]
+        return end
+
+    def members(i: int, path: tuple[str | int, ...], close: str) -> int:
+        i = skip(i + 1)
+        index = 0
+        while not text.startswith(close, i):
+            if close == "}":
+                key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+                i = value(skip(i) + 1, (*path, key))  # past the ':'
+            else:
+                i = value(i, (*path, index))
+                index += 1
+            i = skip(i)
+            if text.startswith(",", i):
+                i = skip(i + 1)
+        return i + 1
+
+    value(0, ())
+    return found
+
+
 def _from_envelope(
     envelope: Any,
     raw: str,
@@ -653,8 +705,11 @@ def _from_envelope(
         items = [("", envelope)]
     else:
         items = []
+    texts = envelope_texts(raw) if items or response_schema is not None else {}
     calls = tuple(
-        _call_from(item, at, by_name, raw, union, ids.for_index(i))
+        _call_from(item, at, by_name, raw, union, ids.for_index(i)).written_as(
+            texts.get((*_path(at), "arguments"))
+        )
         for i, (at, item) in enumerate(items)
     )
     if not calls and response_schema is not None and "answer" in envelope:
@@ -673,13 +728,17 @@ def _from_envelope(
         )
     answer = envelope["answer"]
     if response_schema is not None:
-        content = json.dumps(answer, ensure_ascii=False, separators=(",", ":"))
-        return ParsedResponse("parsed", parsed=answer, content=content)
+        return ParsedResponse("parsed", parsed=answer, content=texts[("answer",)])
     if not isinstance(answer, str):
         raise StructuredOutputInvalid(
             "'answer' must be a string", schema=union, raw_output=raw, pointer="/answer"
         )
     return ParsedResponse("answer", answer=answer, content=answer)
+
+
+def _path(pointer: str) -> tuple[str | int, ...]:
+    """A JSON pointer of the envelope ("/tool_calls/0") as an envelope_texts path."""
+    return tuple(int(p) if p.isdigit() else p for p in pointer.split("/")[1:])
 
 
 def _call_from(

@@ -64,13 +64,14 @@ def replay(plan: Plan, chunks: Sequence[str | bytes]) -> tuple[list[EnvelopeEven
 
 
 def assert_consistent(events: list[EnvelopeEvent], result: ParsedResponse) -> None:
-    """The streamed events say what the final parse says."""
+    """The streamed events say what the final parse says, in the same bytes."""
     starts = [e for e in events if isinstance(e, ToolCallStart)]
     assert [(s.index, s.id, s.name) for s in starts] == [
         (i, c.id, c.name) for i, c in enumerate(result.tool_calls)
     ]
     for i, call in enumerate(result.tool_calls):
         pieces = [e.text for e in events if isinstance(e, ToolArgumentsDelta) and e.index == i]
+        assert "".join(pieces) == call.arguments_json()  # the bytes a response carries
         assert json.loads("".join(pieces)) == call.arguments
     # every arguments delta follows its call's start, as OpenAI clients require
     started: set[int] = set()
@@ -83,7 +84,7 @@ def assert_consistent(events: list[EnvelopeEvent], result: ParsedResponse) -> No
     if result.kind == "answer":
         assert answer == result.answer
     elif result.kind == "parsed":
-        assert json.loads(answer) == result.parsed
+        assert answer == result.content and json.loads(answer) == result.parsed
     else:
         assert answer == ""
 
@@ -120,7 +121,7 @@ def test_a_call_is_announced_as_soon_as_its_name_is_complete() -> None:
     assert decoder.feed('{"tool": "get_wea') == []
     (start,) = decoder.feed('ther", "argu')
     assert isinstance(start, ToolCallStart) and start.name == "get_weather"
-    assert decoder.feed('ments": {"city": "Pa') == [ToolArgumentsDelta(0, '{"city":"Pa')]
+    assert decoder.feed('ments": {"city": "Pa') == [ToolArgumentsDelta(0, '{"city": "Pa')]
     assert decoder.feed('ris"}}') == [ToolArgumentsDelta(0, 'ris"}')]
     _, result = decoder.finish()
     assert result.tool_calls[0].id == start.id
@@ -233,7 +234,7 @@ def test_a_cut_off_tool_call_never_leaves(text: str) -> None:
 
 def test_cut_off_structured_content_is_text_that_claims_nothing() -> None:
     streamed, result = _cut(STRUCTURED_PLAN, '{"answer": {"summary": "a b", "sco')
-    assert (result.kind, result.content, result.parsed) == ("text", '{"summary":"a b","sco', None)
+    assert (result.kind, result.content, result.parsed) == ("text", '{"summary": "a b", "sco', None)
     assert streamed == result.content and result.complete is False
     json_plan = plan_chat(ChatInput(USER, response_format=RF))
     streamed, result = _cut(json_plan, '{"summary": "a')
