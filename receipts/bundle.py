@@ -141,7 +141,7 @@ def write_bundle(
         lines.seek(0)
         with (
             _open_out(out) as raw,
-            gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
         ):
             # the manifest and small files first, so a reader meets them before receipts

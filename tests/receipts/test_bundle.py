@@ -160,6 +160,10 @@ def test_layout_and_determinism(chain, signer, bundle: Path) -> None:
         write_bundle(out, chain, SCHEMAS, keys_of(signer), checkpoint)
         outputs.append(out.getvalue())
     assert outputs[0] == outputs[1]  # same inputs, same bytes: no timestamps leak in
+    paths = [bundle.with_name(name) for name in ("one.tar.gz", "two.tar.gz")]
+    for path in paths:  # nor the file's name (gzip keeps the one it is written to)
+        write_bundle(path, chain, SCHEMAS, keys_of(signer), checkpoint)
+    assert paths[0].read_bytes() == paths[1].read_bytes() == outputs[0]
 
 
 def test_range_bundle_verifies_against_whole_chain_checkpoint(
