@@ -76,6 +76,14 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
         self._started = True
         return self._mask(scores)
 
+    def complete_after(self, token: int) -> bool:
+        """Whether the constrained output is finished once `token`, the last one sampled, is
+        read: nothing but end-of-sequence may follow. An output the token limit ends there is
+        complete, as if the model had gone on to the end-of-sequence token it was forced to.
+        The last call: the processor is spent after it."""
+        self._advance(token)
+        return self.machine.phase is Phase.DONE
+
     # -- advancing -------------------------------------------------------------------------
 
     def _advance(self, token: int) -> None:

@@ -344,6 +344,8 @@ class EmbeddedEngine:
                     emit(text[sent:safe])
                     sent = safe
                 step_input = torch.tensor([[token]])
+            if finish == "length" and tokens and processor is not None and not cancelled.is_set():
+                finish = "stop" if processor.complete_after(tokens[-1]) else "length"
         # A decode that ends (limit, EOS, cancel) inside a character's bytes: that half is not text
         text = text[: whole_characters(text)]
         if len(text) > sent:

@@ -122,6 +122,26 @@ def test_max_tokens_ends_with_length(engine: EmbeddedEngine) -> None:
 
 
 @pytest.mark.parametrize(
+    "constraint",
+    [Constraint.regex(r"[0-9]{3}-[0-9]{4}"), Constraint.ebnf('start: "yes" | "no"')],
+    ids=["regex", "ebnf"],
+)
+def test_a_constraint_finished_on_the_last_allowed_token_ends_with_stop(
+    engine: EmbeddedEngine, constraint: Constraint
+) -> None:
+    """Nothing but end-of-sequence could follow, so the output is whole: "length" made the
+    SDK's parse() raise and the receipt call a complete grammar output cut off."""
+    whole = run(engine.generate(FRANCE, constraint, Sampling(temperature=0, max_tokens=32)))
+    assert whole.finish_reason == "stop"
+    exact = Sampling(temperature=0, max_tokens=whole.completion_tokens)
+    assert run(engine.generate(FRANCE, constraint, exact)) == whole
+    if whole.completion_tokens > 1:
+        short = Sampling(temperature=0, max_tokens=whole.completion_tokens - 1)
+        cut = run(engine.generate(FRANCE, constraint, short))
+        assert cut.finish_reason == "length" and whole.text.startswith(cut.text)
+
+
+@pytest.mark.parametrize(
     ("options", "param"),
     [
         ({"max_tokens": 0}, "max_tokens"),
