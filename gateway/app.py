@@ -43,6 +43,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
     )
     completions = Completions(engine, ledger, settings, metrics)
     key_call = KeyCall(settings.db_timeout_s)
+    read = LedgerRead(settings.db_timeout_s)
     authenticator = Authenticator(keys, settings.key_cache_ttl_s, key_call)
     app = Litestar(
         route_handlers=[
@@ -55,7 +56,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         dependencies={
             "completions": _singleton(completions),
             "ledger": _singleton(ledger),
-            "read": _singleton(LedgerRead(settings.db_timeout_s)),
+            "read": _singleton(read),
             "keys": _singleton(keys),
             "key_call": _singleton(key_call),
             "metrics": _singleton(metrics),
@@ -64,6 +65,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         },
         state=State({"authenticator": authenticator}),  # for the guards (gateway.auth)
         exception_handlers={Exception: handle_exception},
+        on_shutdown=[read.close],
         request_max_body_size=settings.max_body_bytes,
         plugins=[StrictStructSchemaPlugin()],
         openapi_config=OpenAPIConfig(

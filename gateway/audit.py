@@ -8,10 +8,12 @@ blocking database calls and run in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import IO, Annotated, Any, TypeVar
 
@@ -59,24 +61,37 @@ Timestamp = Annotated[
 class LedgerRead:
     """Runs ledger reads off the event loop, each within db_timeout_s: a database that hangs
     fails closed (503 ledger_unavailable) as one that is down does. Verification and export
-    stream a whole chain and take what they take (`unbounded`)."""
+    stream a whole chain and take what they take (`unbounded`), on threads of their own: on
+    the shared default executor, six of them left no thread for any tenant's key lookup, and
+    the whole gateway answered 503."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, chain_workers: int = 2):
         self.timeout_s = timeout_s
+        self._chain_work = ThreadPoolExecutor(chain_workers, thread_name_prefix="audit-chain")
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self.unbounded(fn, *args)
+                return await self._run(None, fn, *args)
         except TimeoutError:
             raise LedgerUnavailable(
                 f"the ledger database did not answer within db_timeout_s ({self.timeout_s:g} s)"
             ) from None
 
     async def unbounded(self, fn: Callable[..., T], *args: Any) -> T:
-        """A read in a thread; one the ledger refuses (a bad seq range) is a 400."""
+        """Whole-chain work; more than chain_workers at once wait their turn."""
+        return await self._run(self._chain_work, fn, *args)
+
+    def close(self) -> None:
+        self._chain_work.shutdown(wait=False, cancel_futures=True)
+
+    @staticmethod
+    async def _run(executor: Executor | None, fn: Callable[..., T], *args: Any) -> T:
+        """`fn` in a thread (as asyncio.to_thread, which keeps the request's log context);
+        one the ledger refuses (a bad seq range) is a 400."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
         try:
-            return await asyncio.to_thread(fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(executor, call)
         except (ReceiptFormatError, OutOfRange) as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
 

@@ -631,3 +631,42 @@ def test_an_identifier_with_a_trailing_newline_is_malformed_not_looked_up(
         assert client.delete("/admin/keys/key_0123456789abcdef%0A").status_code == 400
         created = client.post("/admin/keys", json={"role": "agent", "tenant": "acme\n"})
         assert created.status_code == 400, created.text
+
+
+def test_whole_chain_audits_in_flight_leave_every_tenant_served(
+    gateway: Any, audited: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verifications and exports run on threads of their own: eight long ones in flight (a
+    big chain) took every thread of the shared pool, and another tenant's key lookup then
+    timed out into a 503, as if the database were down."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+    verify = gateway.ledger.verify
+
+    def long_verify(*args: Any, **kwargs: Any) -> Any:
+        release.wait(60)
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(gateway.ledger, "verify", long_verify)
+    newcomer = gateway.keys.create("agent", "another-tenant")[1]  # not cached: looked up
+
+    def post_verify() -> int:
+        with gateway.http("auditor") as client:
+            return client.post("/audit/verify", json={}).status_code
+
+    with ThreadPoolExecutor(8) as pool:
+        verifies = [pool.submit(post_verify) for _ in range(8)]
+        time.sleep(1.0)  # all eight in flight
+        try:
+            started = time.monotonic()
+            with httpx.Client(
+                base_url=gateway.url, headers={"Authorization": f"Bearer {newcomer}"}, timeout=60
+            ) as client:
+                assert client.get("/v1/models").status_code == 200
+            assert time.monotonic() - started < 5
+        finally:
+            release.set()
+        assert [f.result() for f in verifies] == [200] * 8
