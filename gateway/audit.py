@@ -17,7 +17,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import IO, Annotated, Any, TypeVar
 
-from litestar import Controller, get, post
+from litestar import Controller, Request, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
@@ -26,6 +26,7 @@ from gateway.apikeys import NAME_PATTERN, ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
+from gateway.disconnect import unless_client_leaves
 from gateway.errors import APIError, documented
 from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.replay import replay
@@ -351,6 +352,7 @@ class AuditController(Controller):
     )
     async def replay_receipt(
         self,
+        request: Request[Any, Any, Any],
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
@@ -367,7 +369,10 @@ class AuditController(Controller):
                 f"receipt {receipt_id} (seq {receipt.seq}) does not verify: {check.reason}"
             )
         force = data.force if data is not None else False
-        return await replay(receipt, completions, force=force)
+        # engine time, as an agent's request: given up when the auditor leaves
+        return await unless_client_leaves(
+            request.receive, replay(receipt, completions, force=force)
+        )
 
     @get(
         "/export",

@@ -102,7 +102,8 @@ async def replay(
         )
     recorded = _comparable(receipt.output, receipt.finish_reason)
     try:
-        generation, parsed = await completions.generate(prepared)
+        async with completions.replay_turn:
+            generation, parsed = await completions.generate(prepared)
     except StructuredOutputInvalid as exc:
         # The recorded output was returned to its agent; a replay that returns none is a
         # mismatch to report, not a fault in the auditor's request.

@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import sqlalchemy as sa
@@ -102,6 +103,31 @@ def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
         'route="/v1/chat/completions"' in line and 'status="499"' in line
         for line in metrics.splitlines()
     )
+
+
+@pytest.mark.model
+def test_an_auditor_who_leaves_stops_the_replay(gateway: Any) -> None:
+    """Replays are engine time like an agent's request: abandoned ones ran to the end, one
+    after another, and the agents' requests waited behind them."""
+    long = gateway.openai().chat.completions.create(  # 128 tokens that cannot end early
+        model=gateway.model,
+        messages=[{"role": "user", "content": "Write letters."}],
+        max_tokens=128,
+        temperature=0,
+        extra_body={"regex": "[a-z ]{900}"},
+    )
+    replay = f"/audit/replay/{long.model_extra['receipt']['id']}"
+    headers = {"Authorization": f"Bearer {gateway.secrets['auditor']}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=1) as auditor:
+        for _ in range(3):
+            with pytest.raises(httpx.ReadTimeout):
+                auditor.post(replay, json={})
+    started = time.monotonic()
+    gateway.openai().chat.completions.create(
+        model=gateway.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+    )
+    if gateway.engine.identity.engine == "embedded":  # one decode at a time: it was freed
+        assert time.monotonic() - started < 4
 
 
 def test_metrics_in_prometheus_text(gateway: Any) -> None:
