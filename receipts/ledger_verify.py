@@ -134,12 +134,16 @@ def _covering_checkpoint(
     conn: sa.Connection, tenant: str, start: int, to_seq: int | None
 ) -> dict[str, Any] | None:
     """The stored checkpoint a verification checks the Merkle root against: the latest
-    (so a truncated tail shows), or for a range the first one at or after its end."""
+    (so a truncated tail shows), or for a range the first one at or after its end. None when
+    it predates the range: the receipts checked cannot reach its root, and none signs theirs
+    (a tail from past the latest checkpoint is intact, not a failure; the report says no
+    signed root covers it)."""
     if to_seq is None:
-        return queries.latest_checkpoint(conn, tenant)
-    checkpoint = queries.checkpoint_at_least(conn, tenant, to_seq)
-    if checkpoint is None:
-        checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
+        checkpoint = queries.latest_checkpoint(conn, tenant)
+    else:
+        checkpoint = queries.checkpoint_at_least(conn, tenant, to_seq)
+        if checkpoint is None:
+            checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
     return checkpoint if checkpoint and checkpoint["tree_size"] >= start - 1 else None
 
 

@@ -736,7 +736,7 @@ def test_a_saved_checkpoint_is_checked_whatever_range_is_verified(fresh_sqlite_u
     history rewritten since it was saved still fails, through the range's own receipts."""
     migrated(fresh_sqlite_url)
     signer = Signer.generate()
-    ranges = [(None, None), (None, 3), (2, 5), (3, 6), (7, 9), (8, 10)]
+    ranges = [(None, None), (None, 3), (2, 5), (3, 6), (7, 9), (8, 10), (8, None)]
     with ledger(fresh_sqlite_url, signer) as led:
         fill(led, 6)
         saved = led.checkpoint_now("acme")
@@ -755,6 +755,19 @@ def test_a_saved_checkpoint_is_checked_whatever_range_is_verified(fresh_sqlite_u
         beyond = make_checkpoint("acme", 12, saved["root_hash"], signer)  # cut back since
         report = led.verify("acme", None, 3, saved=[beyond])
         assert not report.ok and "truncated since it was saved" in report.reason, report
+
+
+def test_a_range_past_the_latest_checkpoint_verifies(fresh_sqlite_url: str) -> None:
+    """from_seq past the latest checkpoint's size, to the head: the chain verified intact
+    only with to_seq given; without, "checkpoint predates the first receipt checked"."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 6)
+        led.checkpoint_now("acme")
+        fill(led, 4)
+        report = led.verify("acme", 8)
+    assert report.ok and (report.first_seq, report.last_seq) == (8, 10), report
+    assert "no signed checkpoint covers these receipts" in report.notes[-1]
 
 
 def test_a_checkpoint_of_another_tenant_is_named_as_such(fresh_sqlite_url: str) -> None:
