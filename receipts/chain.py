@@ -19,12 +19,13 @@ from receipts.canonical import canonical_json, sha256_hex
 from receipts.checkpoint import check_checkpoint, checkpoint_problem
 from receipts.errors import (
     CanonicalizationError,
+    ProofError,
     ReceiptFormatError,
     ReceiptsError,
     VerificationError,
 )
 from receipts.manifest import manifest_hash
-from receipts.merkle import CompactRange, leaf_hash
+from receipts.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
 from receipts.record import (
     GENESIS_PREV_HASH,
     Receipt,
@@ -183,6 +184,13 @@ class ChainLinker:
     `saved` are checkpoints the verifier kept from earlier: the tree must pass through each
     one's signed root at its size (the chain only grew since; RFC 9162 section 2.1.4's
     consistency, checked here from the leaves themselves).
+
+    `consistency` holds RFC 9162 consistency proofs, keyed by (size1, size2), for a saved
+    checkpoint whose size the receipts do not reach: one before the first receipt checked is
+    proved a prefix of the tree at ``start_seq - 1`` (the `left` root), one past the last is
+    proved to extend the tree at the last receipt. A verifier holding the whole stored tree
+    can make them for any range; a bundle cannot, so without one such a checkpoint fails as
+    before (it predates the range, or the receipts were cut back since).
     """
 
     def __init__(
@@ -195,6 +203,7 @@ class ChainLinker:
         checkpoint: Mapping[str, Any] | None = None,
         left: list[bytes] | None = None,
         saved: Sequence[Mapping[str, Any]] = (),
+        consistency: Mapping[tuple[int, int], Sequence[bytes]] | None = None,
     ) -> None:
         if start_seq == 1 and expected_prev_hash != GENESIS_PREV_HASH:
             raise VerificationError("seq 1 must follow the genesis prev_hash (64 zeros)")
@@ -213,16 +222,20 @@ class ChainLinker:
         self.checked = 0
         self.root_checked = False
         self.saved = sorted(saved, key=lambda cp: cp["tree_size"])
+        self._consistency = consistency or {}
         # The Merkle tree only matters against a checkpoint; without one, skip its hashing.
         self.tree = CompactRange(start_seq - 1, left or []) if anchors else None
         self._hash_until = max((cp["tree_size"] for cp in anchors), default=0)
         if checkpoint is not None and checkpoint["tree_size"] < start_seq - 1:
             raise VerificationError("checkpoint predates the first receipt checked")
-        if self.saved and self.saved[0]["tree_size"] < start_seq - 1:
-            raise VerificationError(
-                f"the saved checkpoint of tree size {self.saved[0]['tree_size']} predates the"
-                " first receipt checked: verify a bundle of the whole chain against it"
-            )
+        while self.saved and self.saved[0]["tree_size"] < start_seq - 1:
+            cp = self.saved.pop(0)
+            if (cp["tree_size"], start_seq - 1) not in self._consistency:
+                raise VerificationError(
+                    f"the saved checkpoint of tree size {cp['tree_size']} predates the"
+                    " first receipt checked: verify a bundle of the whole chain against it"
+                )
+            self._check_consistent(cp, start_seq - 1)
         self._reached(start_seq - 1, None)
 
     def link(self, receipt: Linkable) -> None:
@@ -260,6 +273,9 @@ class ChainLinker:
     def finish(self, right: list[bytes] | None = None) -> None:
         """End of input: the checkpoint must have been reached (or be reachable through the
         compact range `right` of the leaves after the last receipt, for a range export)."""
+        last = self.next_seq - 1
+        while self.saved and (last, self.saved[0]["tree_size"]) in self._consistency:
+            self._check_consistent(self.saved.pop(0), last)
         if self.saved:
             size = self.saved[0]["tree_size"]
             raise VerificationError(
@@ -292,15 +308,42 @@ class ChainLinker:
         self._check_against(self.checkpoint, seq, "signed checkpoint")
 
     def _check_against(self, cp: Mapping[str, Any], seq: int | None, what: str) -> None:
-        reason = checkpoint_problem(cp, self.keyring)
-        if reason:
-            raise VerificationError(f"{what} at tree size {cp['tree_size']}: {reason}")
-        if cp["chain"] != self.chain:
-            raise VerificationError(f"{what} is for chain {cp['chain']!r}, not {self.chain!r}")
+        self._check_trusted(cp, what)
         if self.tree.root().hex() != cp["root_hash"]:
             raise VerificationError(
                 f"Merkle root at tree size {self.tree.size} does not match the {what}", seq
             )
+
+    def _check_trusted(self, cp: Mapping[str, Any], what: str) -> None:
+        """The checkpoint is of this chain and signed by a key trusted for it. The chain comes
+        first: the key's turns are recorded per chain, so a checkpoint of another chain
+        would otherwise read as signed by a retired key."""
+        if cp["chain"] != self.chain:
+            raise VerificationError(f"{what} is for chain {cp['chain']!r}, not {self.chain!r}")
+        reason = checkpoint_problem(cp, self.keyring)
+        if reason:
+            raise VerificationError(f"{what} at tree size {cp['tree_size']}: {reason}")
+
+    def _check_consistent(self, cp: Mapping[str, Any], size: int) -> None:
+        """Check saved checkpoint ``cp`` against the tree as it stands at ``size`` (the edge
+        of the receipts nearest it) through the consistency proof between the two sizes."""
+        what = "saved checkpoint"
+        self._check_trusted(cp, what)
+        saved_size, saved_root = cp["tree_size"], bytes.fromhex(cp["root_hash"])
+        mine = self.tree.root()
+        size1, size2 = sorted((saved_size, size))
+        root1, root2 = (saved_root, mine) if saved_size == size1 else (mine, saved_root)
+        proof = list(self._consistency[(size1, size2)])
+        try:
+            if size1:
+                verify_consistency(size1, size2, proof, root1, root2)
+            elif proof or root1 != EMPTY_ROOT:  # the empty tree is a prefix of every tree
+                raise ProofError("the empty tree's root is SHA-256 of nothing, its proof empty")
+        except ProofError as exc:
+            raise VerificationError(
+                f"{what} at tree size {saved_size}: the Merkle tree at tree size {size}"
+                f" does not extend it or is not extended by it ({exc.reason})"
+            ) from None
 
     def report(self) -> VerificationReport:
         cp = self.checkpoint
@@ -336,22 +379,28 @@ def verify_receipts(
     left: list[bytes] | None = None,
     right: list[bytes] | None = None,
     saved: Sequence[Mapping[str, Any]] = (),
+    consistency: Mapping[tuple[int, int], Sequence[bytes]] | None = None,
+    chain: str | None = None,
 ) -> VerificationReport:
     """Verify a run of one chain's receipts in seq order, starting at `start_seq` after
     `expected_prev_hash`; receipts may be Receipt objects or raw JSON objects (a malformed one
     fails at its seq). Stops at the first failure. With `checkpoint`, the Merkle root over the
     entry hashes must equal its signed root and a checkpoint beyond the last receipt means a
     truncated tail; `left`/`right` are compact ranges for a range that is not the whole tree.
+    `saved` and `consistency` are as ChainLinker takes them; `chain`, when the caller knows
+    it, is the chain every receipt and checkpoint must be of.
     """
     checker = ReceiptChecker(keyring, schemas)
     try:
         linker = ChainLinker(
             keyring,
+            chain=chain,
             expected_prev_hash=expected_prev_hash,
             start_seq=start_seq,
             checkpoint=checkpoint,
             left=left,
             saved=saved,
+            consistency=consistency,
         )
     except ReceiptsError as exc:  # a malformed checkpoint or left compact range
         return VerificationReport.failed(getattr(exc, "reason", str(exc)))

@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 from receipts import queries
 from receipts.chain import VerificationReport, saved_checkpoints_note, verify_receipts
-from receipts.checkpoint import checkpoint_problem
-from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
-from receipts.merkle import CompactRange, compact_range, leaf_hash
+from receipts.checkpoint import check_checkpoint, checkpoint_problem
+from receipts.errors import ChainDamaged, OutOfRange, ReceiptFormatError, ReceiptsError
+from receipts.merkle import CompactRange, compact_range, consistency_proof, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
 
@@ -39,8 +39,9 @@ def verify_stored(
     stored checkpoint in the range (signature and root), rows beyond or missing before
     the chain's head. ``saved`` are checkpoints the auditor kept, which the stored
     receipts must still reach with the same roots (a database rewritten or cut back since,
-    stored checkpoints included, fails); ``keyring`` pins trusted keys (default: the keys
-    the database lists, which an attacker with write access could extend).
+    stored checkpoints included, fails), whatever range is asked for: one outside it is
+    checked through a consistency proof from the stored tree; ``keyring`` pins trusted keys
+    (default: the keys the database lists, which an attacker with write access could extend).
     """
     head = queries.chain_head(conn, tenant)
     head_seq = head.head_seq if head else 0
@@ -56,8 +57,10 @@ def verify_stored(
         except ReceiptsError as exc:  # a key row that lies is damage to report, not a crash
             return VerificationReport.failed(f"stored signing keys: {exc}", chain=tenant)
     checkpoint = _covering_checkpoint(conn, tenant, start, to_seq)
+    spans = _outside_spans(saved, start, end, head_seq)
     try:
         left, right = _range_context(conn, tenant, start, end, checkpoint, to_seq)
+        consistency = _consistency_proofs(conn, tenant, spans)
     except ChainDamaged as exc:  # what verification is for: a report, not an error
         return VerificationReport.failed(str(exc), chain=tenant)
     prev = GENESIS_PREV_HASH if start == 1 else queries.entry_hash(conn, tenant, start - 1)
@@ -84,6 +87,8 @@ def verify_stored(
         left=left,
         right=right,
         saved=saved,
+        consistency=consistency,
+        chain=tenant,
     )
     problems = [rows.problem] if rows.problem else []
     if not report.ok:
@@ -100,8 +105,13 @@ def verify_stored(
         missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
         problems.append((start + rows.seen, missing))
     if not problems:
-        notes = [_trust_note(keyring, pinned), *saved_checkpoints_note(saved)]
-        if report.tree_size is None and not saved:
+        outside = [cp for cp in saved if not start - 1 <= cp["tree_size"] <= end]
+        notes = [
+            _trust_note(keyring, pinned),
+            *saved_checkpoints_note([cp for cp in saved if cp not in outside]),
+            *_outside_note(outside, start, end),
+        ]
+        if report.tree_size is None and not any(cp["tree_size"] >= start for cp in saved):
             notes.append(
                 "no signed checkpoint covers these receipts: their Merkle root was not checked"
                 " and a tail cut off would not show; keep the latest checkpoint and verify"
@@ -124,13 +134,70 @@ def _covering_checkpoint(
     conn: sa.Connection, tenant: str, start: int, to_seq: int | None
 ) -> dict[str, Any] | None:
     """The stored checkpoint a verification checks the Merkle root against: the latest
-    (so a truncated tail shows), or for a range the first one at or after its end."""
+    (so a truncated tail shows), or for a range the first one at or after its end. None when
+    it predates the range: the receipts checked cannot reach its root, and none signs theirs
+    (a tail from past the latest checkpoint is intact, not a failure; the report says no
+    signed root covers it)."""
     if to_seq is None:
-        return queries.latest_checkpoint(conn, tenant)
-    checkpoint = queries.checkpoint_at_least(conn, tenant, to_seq)
-    if checkpoint is None:
-        checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
+        checkpoint = queries.latest_checkpoint(conn, tenant)
+    else:
+        checkpoint = queries.checkpoint_at_least(conn, tenant, to_seq)
+        if checkpoint is None:
+            checkpoint = queries.latest_checkpoint(conn, tenant, max_size=to_seq)
     return checkpoint if checkpoint and checkpoint["tree_size"] >= start - 1 else None
+
+
+def _outside_spans(
+    saved: Sequence[Mapping[str, Any]], start: int, end: int, head_seq: int
+) -> set[tuple[int, int]]:
+    """(size1, size2) of the consistency proof each saved checkpoint outside seqs
+    ``start..end`` needs: from its size to the tree before ``start``, or from the tree at
+    ``end`` to its size. No span for one past the chain's head (the stored tree ends first:
+    the chain was cut back since, which the verifier reports) or a malformed one (the
+    verifier names it)."""
+    spans = set()
+    for cp in saved:
+        try:
+            check_checkpoint(cp)
+        except ReceiptFormatError:
+            continue
+        size = cp["tree_size"]
+        if size < start - 1:
+            spans.add((size, start - 1))
+        elif end < size <= head_seq:
+            spans.add((end, size))
+    return spans
+
+
+def _consistency_proofs(
+    conn: sa.Connection, tenant: str, spans: set[tuple[int, int]]
+) -> dict[tuple[int, int], list[bytes]]:
+    """RFC 9162 consistency proofs for ``spans``, read from the stored tree (none from the
+    empty tree: it is a prefix of every tree)."""
+    if not spans:
+        return {}
+    return queries.with_stored_tree(
+        conn,
+        tenant,
+        lambda subtree: {
+            span: consistency_proof(*span, subtree) if span[0] else [] for span in spans
+        },
+    )
+
+
+def _outside_note(outside: Sequence[Mapping[str, Any]], start: int, end: int) -> tuple[str, ...]:
+    """What a passing report says of saved checkpoints outside the range: checked through
+    the stored tree, which the receipts outside the range were not re-checked against."""
+    if not outside:
+        return ()
+    sizes = ", ".join(str(cp["tree_size"]) for cp in outside)
+    note = (
+        f"the saved checkpoint(s) of tree size {sizes} lie outside seq {start}..{end}: a"
+        " consistency proof from the stored Merkle tree shows the receipts checked are in"
+        " the same history; the receipts outside the range were not re-checked (verify the"
+        " whole chain for that)"
+    )
+    return (note,)
 
 
 def _range_context(

@@ -19,7 +19,7 @@ from conftest import gateway_settings
 from gateway.app import create_app
 from migrations.runner import upgrade
 from receipts.canonical import hash_json
-from receipts.checkpoint import checkpoint_problem
+from receipts.checkpoint import checkpoint_problem, make_checkpoint
 from receipts.ledger import Ledger
 from receipts.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import ReceiptDraft
@@ -261,6 +261,36 @@ def test_verify_against_a_checkpoint_the_auditor_kept(
         forged = {**kept, "root_hash": "0" * 64}
         report = client.post("/audit/verify", json={"checkpoint": forged}).json()
     assert report["ok"] is False and "saved checkpoint" in report["reason"], report
+
+
+def test_verify_a_range_against_a_checkpoint_the_auditor_kept(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """A range that ends before the kept checkpoint's size read as "truncated since it was
+    saved", one that starts after it failed too, and another tenant's checkpoint was "signed
+    by a retired key": the gateway holds the whole tree, so each range is checked against
+    the kept root, and the wrong chain is named."""
+    client = gateway.openai()
+    with gateway.http("auditor") as auditor:
+        kept = auditor.post("/audit/checkpoints").json()
+        for _ in range(2):  # the chain grows past the kept size
+            client.chat.completions.create(
+                model=gateway.model,
+                temperature=0,
+                max_tokens=6,
+                extra_body={"regex": "(ok|no)"},
+                messages=[{"role": "user", "content": "Reply ok."}],
+            )
+        reports = [
+            auditor.post("/audit/verify", json={**span, "checkpoint": kept}).json()
+            for span in ({"to_seq": 1}, {"from_seq": kept["tree_size"] + 2})
+        ]
+        theirs = make_checkpoint("globex", 1, kept["root_hash"], gateway.signer)
+        foreign = auditor.post("/audit/verify", json={"checkpoint": theirs}).json()
+    for report in reports:
+        assert report["ok"] is True, report
+        assert any("outside seq" in note for note in report["notes"]), report
+    assert foreign["ok"] is False and "for chain 'globex', not 'acme'" in foreign["reason"]
 
 
 def test_replay_of_a_greedy_receipt_matches(gateway: Any, audited: dict[str, Any]) -> None:

@@ -477,3 +477,48 @@ def test_a_timestamp_is_ascii_digits_naming_a_real_moment(chain, stamp: str) -> 
         Receipt.from_json_obj(obj)
     with pytest.raises(ReceiptFormatError, match="timestamp"):
         make_checkpoint("acme", 1, "00" * 32, Signer.generate(), timestamp=stamp)
+
+
+def test_a_saved_checkpoint_outside_a_range_is_checked_by_consistency(chain, ring, signer) -> None:
+    """A range that ends before a saved checkpoint's size, or starts after it, cannot reach
+    its root from its own leaves; a consistency proof between the saved size and the edge of
+    the range (what a verifier holding the whole tree supplies) checks it instead. Without
+    one the range reads as cut short, as a bundle's must."""
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    saved = checkpoint_of(chain, signer, 6)
+    head = verify(
+        chain[:3], ring, saved=[saved], consistency={(3, 6): tree.consistency_proof(3, 6)}
+    )
+    assert head.ok and head.checked == 3, head
+    tail = verify(
+        chain[8:],
+        ring,
+        start_seq=9,
+        expected_prev_hash=chain[7].entry_hash,
+        checkpoint=checkpoint_of(chain, signer),
+        left=tree.compact_range(0, 8),
+        saved=[saved],
+        consistency={(6, 8): tree.consistency_proof(6, 8)},
+    )
+    assert tail.ok and tail.checked == N - 8, tail
+    assert "truncated since it was saved" in verify(chain[:3], ring, saved=[saved]).reason
+    rewritten = make_checkpoint("acme", 6, tree.root(5).hex(), signer)  # another history
+    report = verify(
+        chain[:3], ring, saved=[rewritten], consistency={(3, 6): tree.consistency_proof(3, 6)}
+    )
+    assert not report.ok and "saved checkpoint at tree size 6" in report.reason, report
+    bent = verify(
+        chain[:3], ring, saved=[saved], consistency={(3, 6): tree.consistency_proof(2, 6)}
+    )
+    assert not bent.ok and "saved checkpoint at tree size 6" in bent.reason, bent
+
+
+def test_a_checkpoint_of_another_chain_says_so(chain, ring, signer) -> None:
+    """Under a keyring that records the key's turns on this chain, a checkpoint of another
+    chain was refused as signed by "a retired key": its chain is what is wrong with it."""
+    ranged = KeyRing()
+    ranged.add(signer.public_key, [KeyRange("acme", 1, None)])
+    other = make_checkpoint("globex", 4, checkpoint_of(chain, signer, 4)["root_hash"], signer)
+    for kw in ({"saved": [other]}, {"checkpoint": other, "chain": "acme"}):
+        report = verify(chain, ranged, **kw)
+        assert "for chain 'globex', not 'acme'" in report.reason, report

@@ -32,6 +32,7 @@ from ledger_kit import (
 
 from receipts import ledger_writer, store
 from receipts.canonical import hash_json
+from receipts.checkpoint import make_checkpoint
 from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -726,3 +727,57 @@ def test_a_verification_says_which_receipts_no_signed_checkpoint_covers_yet(
         report = led.verify("acme")
         assert report.ok and (report.tree_size, report.last_seq) == (1, 3)
         assert "seq 2..3 are past the latest signed checkpoint (tree size 1)" in report.notes[-1]
+
+
+def test_a_saved_checkpoint_is_checked_whatever_range_is_verified(fresh_sqlite_url: str) -> None:
+    """The auditor's checkpoint at tree size 6, a chain of 10: a range ending before 6 read as
+    "truncated since it was saved" and one starting after it as predating the range, though
+    the stored tree proves either consistent with the saved root. Now each passes, and a
+    history rewritten since it was saved still fails, through the range's own receipts."""
+    migrated(fresh_sqlite_url)
+    signer = Signer.generate()
+    ranges = [(None, None), (None, 3), (2, 5), (3, 6), (7, 9), (8, 10), (8, None)]
+    with ledger(fresh_sqlite_url, signer) as led:
+        fill(led, 6)
+        saved = led.checkpoint_now("acme")
+        fill(led, 4)
+        for from_seq, to_seq in ranges:
+            report = led.verify("acme", from_seq, to_seq, saved=[saved])
+            assert report.ok, (from_seq, to_seq, report)
+            assert any("saved checkpoint" in note for note in report.notes), report.notes
+        assert any(
+            "outside seq 1..3" in note for note in led.verify("acme", 1, 3, saved=[saved]).notes
+        )
+        other = make_checkpoint("acme", 6, led.checkpoint_now("acme")["root_hash"], signer)
+        for from_seq, to_seq in ranges:  # signed by the operator's key, but another history
+            report = led.verify("acme", from_seq, to_seq, saved=[other])
+            assert not report.ok and "saved checkpoint" in report.reason, (from_seq, to_seq)
+        beyond = make_checkpoint("acme", 12, saved["root_hash"], signer)  # cut back since
+        report = led.verify("acme", None, 3, saved=[beyond])
+        assert not report.ok and "truncated since it was saved" in report.reason, report
+
+
+def test_a_range_past_the_latest_checkpoint_verifies(fresh_sqlite_url: str) -> None:
+    """from_seq past the latest checkpoint's size, to the head: the chain verified intact
+    only with to_seq given; without, "checkpoint predates the first receipt checked"."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 6)
+        led.checkpoint_now("acme")
+        fill(led, 4)
+        report = led.verify("acme", 8)
+    assert report.ok and (report.first_seq, report.last_seq) == (8, 10), report
+    assert "no signed checkpoint covers these receipts" in report.notes[-1]
+
+
+def test_a_checkpoint_of_another_tenant_is_named_as_such(fresh_sqlite_url: str) -> None:
+    """The stored keys record their turns per chain, so another tenant's checkpoint read as
+    signed "by a retired key"; it is of another chain."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 3)
+        fill(led, 2, "globex")
+        theirs = led.checkpoint_now("globex")
+        for from_seq, to_seq in [(None, None), (1, 2), (3, 3)]:
+            report = led.verify("acme", from_seq, to_seq, saved=[theirs])
+            assert not report.ok and "for chain 'globex', not 'acme'" in report.reason, report
