@@ -101,18 +101,29 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
                 sa.exists().where(calls.chain == r.chain, calls.seq == r.seq, column == value)
             )
     rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
-    items = [receipt_from_body(row.body) for row in rows[: q.limit]]
+    items = [(row.seq, receipt_from_body(row.body)) for row in rows[: q.limit]]
     more = len(rows) > q.limit
-    matching = [i for i in items if _body_matches(i, q, since, until)]
+    matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
     return ReceiptPage(matching, rows[q.limit - 1].seq if more else None)
 
 
-def _body_matches(receipt: Receipt, q: ReceiptQuery, since: str | None, until: str | None) -> bool:
+def _stored_as(receipt: Receipt, tenant: str, seq: int) -> bool:
+    """Whether the signed body is the receipt its row claims to be: of ``tenant``'s chain, at
+    the row's seq. The row's chain and seq columns are copies an attacker with write access
+    could forge (moving another tenant's signed receipt into this chain: verify names such a
+    row); a read never answers from them, so that receipt is never shown to this tenant."""
+    return receipt.chain == tenant and receipt.seq == seq
+
+
+def _body_matches(
+    receipt: Receipt, seq: int, q: ReceiptQuery, since: str | None, until: str | None
+) -> bool:
     """The filters again, on the signed body: the indexed columns and rows the SQL filtered
     on are copies an attacker with write access could forge (verify names such a row), and
     a listing must not answer from them meanwhile."""
     return (
-        (since is None or receipt.created_at >= since)
+        _stored_as(receipt, q.tenant, seq)
+        and (since is None or receipt.created_at >= since)
         and (until is None or receipt.created_at < until)
         and (q.model is None or receipt.manifest["model"] == q.model)
         and (q.schema_hash is None or receipt.manifest["schema_hash"] == q.schema_hash)
@@ -126,27 +137,38 @@ def _issued(receipt: Receipt, call_id: str) -> bool:
     return any(c["id"] == call_id for c in receipt.tool_calls)
 
 
+def _one(conn: sa.Connection, tenant: str, stmt: sa.Select[Any]) -> Receipt | None:
+    """The receipt of the row ``stmt`` (selecting seq and body) finds, if its signed body is
+    the tenant's receipt at that seq (else None: a forged row is not found, see _stored_as)."""
+    row = conn.execute(stmt).first()
+    if row is None:
+        return None
+    receipt = receipt_from_body(row.body)
+    return receipt if _stored_as(receipt, tenant, row.seq) else None
+
+
 def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
     r = ReceiptRow.__table__.c
-    body = conn.scalar(sa.select(r.body).where(r.id == receipt_id, r.chain == tenant))
-    return receipt_from_body(body) if body is not None else None
+    stmt = sa.select(r.seq, r.body).where(r.id == receipt_id, r.chain == tenant)
+    receipt = _one(conn, tenant, stmt)
+    return receipt if receipt is not None and receipt.id == receipt_id else None
 
 
 def get_by_seq(conn: sa.Connection, tenant: str, seq: int) -> Receipt | None:
     r = ReceiptRow.__table__.c
-    body = conn.scalar(sa.select(r.body).where(r.chain == tenant, r.seq == seq))
-    return receipt_from_body(body) if body is not None else None
+    return _one(conn, tenant, sa.select(r.seq, r.body).where(r.chain == tenant, r.seq == seq))
 
 
 def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
     """The receipt whose output issued tool call ``call_id``."""
     r, c = ReceiptRow.__table__.c, CallRow.__table__.c
-    body = conn.scalar(
-        sa.select(r.body)
+    receipt = _one(
+        conn,
+        tenant,
+        sa.select(r.seq, r.body)
         .join_from(ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq))
-        .where(c.chain == tenant, c.call_id == call_id)
+        .where(c.chain == tenant, c.call_id == call_id),
     )
-    receipt = receipt_from_body(body) if body is not None else None
     if receipt is None or not _issued(receipt, call_id):
         return None  # no receipt, or only a forged receipt_calls row names one
     return receipt
@@ -156,15 +178,19 @@ def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
     """Receipts whose request carried a tool result for ``call_id`` (their links name it)."""
     r, lk = ReceiptRow.__table__.c, LinkRow.__table__.c
     stmt = (
-        sa.select(r.body)
+        sa.select(r.seq, r.body)
         .where(
             r.chain == tenant,
             sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == call_id),
         )
         .order_by(r.seq)
     )
-    answers = (receipt_from_body(body) for body in conn.scalars(stmt))
-    return [r for r in answers if any(lk["tool_call_id"] == call_id for lk in r.links)]
+    answers = ((row.seq, receipt_from_body(row.body)) for row in conn.execute(stmt))
+    return [
+        r
+        for seq, r in answers
+        if _stored_as(r, tenant, seq) and any(lk["tool_call_id"] == call_id for lk in r.links)
+    ]
 
 
 def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
