@@ -30,13 +30,21 @@ from receipts.store import (
 )
 
 MAX_PAGE = 1000
+PAGE_BYTES = 4 * 2**20
+"""A page of receipts ends after the receipt that takes its stored receipts past this many
+bytes (so a page always holds at least one, and its next_cursor continues after it): an
+agent can make each receipt large, and ``limit`` alone bounds rows, not bytes."""
+ANSWERS = 100
+"""At most this many answering receipts per /audit/calls answer (within PAGE_BYTES too)."""
 STREAM_CHUNK = 2000
 
 
 @dataclass(frozen=True)
 class ReceiptQuery:
     """Filters of an audit listing. Times are datetimes or RFC 3339 strings; ``since`` is
-    inclusive, ``until`` exclusive. ``after_seq`` is the cursor a previous page returned."""
+    inclusive, ``until`` exclusive. ``call_id``: the receipt that issued that tool call;
+    ``answering``: receipts whose request carried a tool result for that call (their links
+    name it). ``after_seq`` is the cursor a previous page returned."""
 
     tenant: str
     since: datetime | str | None = None
@@ -45,6 +53,7 @@ class ReceiptQuery:
     model: str | None = None
     schema_hash: str | None = None
     call_id: str | None = None
+    answering: str | None = None
     after_seq: int | None = None
     limit: int = 100
 
@@ -53,7 +62,8 @@ class ReceiptQuery:
 class ReceiptPage:
     items: list[Receipt] = field(default_factory=list)
     next_cursor: int | None = None
-    """Pass as ``after_seq`` to get the next page; None on the last page."""
+    """Pass as ``after_seq`` to get the next page; None on the last page. A page ends at
+    ``limit`` receipts or after the one that passes PAGE_BYTES, whichever comes first."""
 
 
 def rfc3339(value: datetime | str) -> str:
@@ -77,34 +87,64 @@ def receipt_from_body(body: str) -> Receipt:
 
 
 def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
-    """One page of a tenant's receipts matching every given filter, in seq order."""
+    """One page of a tenant's receipts matching every given filter, in seq order: at most
+    ``limit`` of them, ending early after the receipt that takes the page past PAGE_BYTES
+    of stored receipts. ``next_cursor`` is the seq of the last row the page took (None when
+    no row follows), so the next page goes on from there and none is skipped.
+
+    The sizes are read first (no bodies), then only the bodies the page takes: a page never
+    holds more than PAGE_BYTES plus one receipt, whatever ``limit`` says."""
     if not 1 <= q.limit <= MAX_PAGE:
         raise ReceiptFormatError(f"limit must be between 1 and {MAX_PAGE}, got {q.limit}")
     r = ReceiptRow.__table__.c
     since = rfc3339(q.since) if q.since is not None else None
     until = rfc3339(q.until) if q.until is not None else None
-    stmt = sa.select(r.seq, r.body).where(r.chain == q.tenant)
+    where = [r.chain == q.tenant]
     if since is not None:
-        stmt = stmt.where(r.created_at >= since)
+        where.append(r.created_at >= since)
     if until is not None:
-        stmt = stmt.where(r.created_at < until)
+        where.append(r.created_at < until)
     if q.model is not None:
-        stmt = stmt.where(r.model == q.model)
+        where.append(r.model == q.model)
     if q.schema_hash is not None:
-        stmt = stmt.where(r.schema_hash == q.schema_hash)
+        where.append(r.schema_hash == q.schema_hash)
     if q.after_seq is not None:
-        stmt = stmt.where(r.seq > q.after_seq)
-    calls = CallRow.__table__.c
+        where.append(r.seq > q.after_seq)
+    calls, lk = CallRow.__table__.c, LinkRow.__table__.c
     for column, value in ((calls.tool_name, q.tool_name), (calls.call_id, q.call_id)):
         if value is not None:
-            stmt = stmt.where(
+            where.append(
                 sa.exists().where(calls.chain == r.chain, calls.seq == r.seq, column == value)
             )
-    rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
-    items = [(row.seq, receipt_from_body(row.body)) for row in rows[: q.limit]]
-    more = len(rows) > q.limit
+    if q.answering is not None:
+        where.append(
+            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == q.answering)
+        )
+    sizes = conn.execute(
+        sa.select(r.seq, _octets(conn, r.body)).where(*where).order_by(r.seq).limit(q.limit + 1)
+    ).all()
+    taken = total = 0
+    for _, size in sizes:
+        if taken == q.limit or (taken and total >= PAGE_BYTES):
+            break
+        taken, total = taken + 1, total + (size or 0)
+    if not taken:
+        return ReceiptPage([], None)
+    last = sizes[taken - 1].seq
+    rows = conn.execute(
+        sa.select(r.seq, r.body).where(*where, r.seq <= last).order_by(r.seq).limit(taken)
+    )
+    items = ((row.seq, receipt_from_body(row.body)) for row in rows)
     matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
-    return ReceiptPage(matching, rows[q.limit - 1].seq if more else None)
+    return ReceiptPage(matching, last if taken < len(sizes) else None)
+
+
+def _octets(conn: sa.Connection, text: sa.ColumnElement[str]) -> sa.ColumnElement[int]:
+    """The stored size of a text column in bytes, read without fetching it (Postgres reads
+    the size of a TOASTed value from its header; SQLite counts a BLOB's bytes)."""
+    if conn.dialect.name == "sqlite":
+        return sa.func.length(sa.cast(text, sa.LargeBinary))
+    return sa.func.octet_length(text)
 
 
 def _stored_as(receipt: Receipt, tenant: str, seq: int) -> bool:
@@ -129,12 +169,18 @@ def _body_matches(
         and (q.schema_hash is None or receipt.manifest["schema_hash"] == q.schema_hash)
         and (q.tool_name is None or any(c["name"] == q.tool_name for c in receipt.tool_calls))
         and (q.call_id is None or _issued(receipt, q.call_id))
+        and (q.answering is None or _answers(receipt, q.answering))
     )
 
 
 def _issued(receipt: Receipt, call_id: str) -> bool:
     """Whether the signed body issued tool call ``call_id`` (not only an index row says so)."""
     return any(c["id"] == call_id for c in receipt.tool_calls)
+
+
+def _answers(receipt: Receipt, call_id: str) -> bool:
+    """Whether the signed body's links name tool call ``call_id`` (not only an index row)."""
+    return any(lk["tool_call_id"] == call_id for lk in receipt.links)
 
 
 def _one(conn: sa.Connection, tenant: str, stmt: sa.Select[Any]) -> Receipt | None:
@@ -174,23 +220,15 @@ def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
     return receipt
 
 
-def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
-    """Receipts whose request carried a tool result for ``call_id`` (their links name it)."""
-    r, lk = ReceiptRow.__table__.c, LinkRow.__table__.c
-    stmt = (
-        sa.select(r.seq, r.body)
-        .where(
-            r.chain == tenant,
-            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == call_id),
-        )
-        .order_by(r.seq)
+def answers_to(
+    conn: sa.Connection, tenant: str, call_id: str, after_seq: int | None = None
+) -> ReceiptPage:
+    """Receipts whose request carried a tool result for ``call_id`` (their links name it):
+    the first ANSWERS of them (fewer when they pass PAGE_BYTES); ``next_cursor`` continues
+    the same listing (``answering=call_id``) when there are more."""
+    return query(
+        conn, ReceiptQuery(tenant=tenant, answering=call_id, after_seq=after_seq, limit=ANSWERS)
     )
-    answers = ((row.seq, receipt_from_body(row.body)) for row in conn.execute(stmt))
-    return [
-        r
-        for seq, r in answers
-        if _stored_as(r, tenant, seq) and any(lk["tool_call_id"] == call_id for lk in r.links)
-    ]
 
 
 def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
