@@ -265,6 +265,11 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
     ``first_seq`` = size + 1 and ``last_seq`` = size: it signed no receipt there, but that
     checkpoint verifies. With ``tenant``, only that chain's ranges are listed (and only keys
     that signed it).
+
+    ``created_at``: without ``tenant`` (the operator's view), when the key was registered;
+    with it, when the key first signed in that chain (the earliest of its first receipt
+    there and its first checkpoint there), so that a tenant learns nothing of when another
+    chain first used the key. A key that signed nothing of the chain is not listed.
     """
     keys = {
         row.key_id: {
@@ -287,20 +292,58 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
             {"chain": row.chain, "first_seq": row.first_seq, "last_seq": last}
         )
     c = CheckpointRow.__table__.c
-    signers = sa.select(c.chain, c.key_id, sa.func.max(c.tree_size)).group_by(c.chain, c.key_id)
+    signers = sa.select(
+        c.chain, c.key_id, sa.func.max(c.tree_size), sa.func.min(c.timestamp)
+    ).group_by(c.chain, c.key_id)
     if tenant is not None:
         signers = signers.where(c.chain == tenant)
-    for chain, key_id, size in conn.execute(signers):
+    first_checkpoint: dict[str, str] = {}
+    for chain, key_id, size, signed_at in conn.execute(signers):
         if key_id not in keys:  # signed before checkpoint keys were registered: unlistable
             continue
+        first_checkpoint[key_id] = signed_at
         ranges = keys[key_id]["ranges"]
         if not any(
             r["chain"] == chain and (r["last_seq"] is None or r["last_seq"] >= size) for r in ranges
         ):
             ranges.append({"chain": chain, "first_seq": size + 1, "last_seq": size})
-    if tenant is not None:
-        return [key for key in keys.values() if key["ranges"]]
-    return list(keys.values())
+    if tenant is None:
+        return list(keys.values())
+    listed = [key for key in keys.values() if key["ranges"]]
+    _first_signed_in_chain(conn, tenant, listed, first_checkpoint)
+    return listed
+
+
+def _first_signed_in_chain(
+    conn: sa.Connection, tenant: str, keys: list[dict[str, Any]], first_checkpoint: dict[str, str]
+) -> None:
+    """Set each key's created_at to when it first signed in ``tenant``'s chain (its first
+    receipt or checkpoint there), or drop it when the chain holds neither any more."""
+    r = ReceiptRow.__table__.c
+    # A key's turns that hold receipts (not the empty turn of a checkpoint-only signer).
+    turns = {
+        key["key_id"]: [
+            span["first_seq"]
+            for span in key["ranges"]
+            if span["last_seq"] is None or span["last_seq"] >= span["first_seq"]
+        ]
+        for key in keys
+    }
+    starts = sorted({seq for firsts in turns.values() for seq in firsts})
+    sealed: dict[int, str] = {}
+    for chunk in _chunks(starts):
+        rows = conn.execute(
+            sa.select(r.seq, r.created_at).where(r.chain == tenant, r.seq.in_(chunk))
+        )
+        sealed |= {row.seq: row.created_at for row in rows}
+    for key in keys:
+        times = [sealed[seq] for seq in turns[key["key_id"]] if seq in sealed]
+        if key["key_id"] in first_checkpoint:
+            times.append(first_checkpoint[key["key_id"]])
+        if times:
+            key["created_at"] = min(times)
+        else:
+            del key["created_at"]
 
 
 def chain_head(conn: sa.Connection, tenant: str) -> ChainRow | None:

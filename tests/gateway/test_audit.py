@@ -338,6 +338,11 @@ def test_other_tenants_and_other_roles_see_nothing(
     assert [r["id"] for r in download_export(gateway, "other_auditor", tmp_path / "b")] == [
         r["id"] for r in their_chain
     ]
+    # The shared signing key's created_at is when it first signed each tenant's own chain:
+    # not its registration, which told globex when acme's first receipt was made.
+    for role, chain in (("other_auditor", their_chain), ("auditor", all_receipts(gateway))):
+        (key,) = get_json(gateway, "/audit/keys", role)
+        assert key["created_at"] == chain[0]["created_at"], role
     with gateway.http("other_auditor") as other:
         checkpoint = other.post("/audit/checkpoints").json()
         assert (checkpoint["chain"], checkpoint["tree_size"]) == ("globex", len(their_chain))

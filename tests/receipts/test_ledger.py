@@ -291,6 +291,26 @@ def test_a_tenant_with_no_receipts_lists_no_keys(db_url: str) -> None:
         ]
 
 
+def test_a_tenants_key_listing_tells_only_of_its_own_chain(db_url: str) -> None:
+    """created_at was the key's registration, i.e. when another tenant's chain first used it;
+    a tenant's listing now says when the key first signed in its own chain."""
+    migrated(db_url)
+    old, new = Signer.generate(), Signer.generate()
+    with ledger(db_url, old) as led:
+        acme = fill(led, 3, "acme")
+        time.sleep(0.01)
+        globex = fill(led, 2, "globex")
+    with ledger(db_url, new) as led:
+        time.sleep(0.01)
+        rotated = led.append(draft("acme"))
+        everything = {k["key_id"]: k["created_at"] for k in led.public_keys()}
+        theirs = {k["key_id"]: k["created_at"] for k in led.public_keys("globex")}
+        ours = {k["key_id"]: k["created_at"] for k in led.public_keys("acme")}
+    assert everything[old.key_id] <= acme[0].created_at  # the operator sees registrations
+    assert theirs == {old.key_id: globex[0].created_at}
+    assert ours == {old.key_id: acme[0].created_at, new.key_id: rotated.created_at}
+
+
 def test_replicas_with_different_keys_interleave(fresh_sqlite_url: str) -> None:
     """Two writers with their own keys on one chain: every switch of signer starts a range,
     and each key may sign only inside its own ranges."""
