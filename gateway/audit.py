@@ -134,6 +134,12 @@ class AuditController(Controller):
     @get(
         "/receipts",
         summary="List receipts (filters, cursor pagination by seq)",
+        description=(
+            "A page holds at most `limit` receipts and ends early after the receipt that takes"
+            " it past 4 MiB; pass `next_cursor` as `cursor` for the next page (null: the last)."
+            " `call_id`: the receipt that issued that tool call; `answering`: receipts whose"
+            " request carried a tool result for it."
+        ),
         responses=documented(),
     )
     async def list_receipts(
@@ -147,6 +153,7 @@ class AuditController(Controller):
         model: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
         schema_hash: Annotated[str | None, Parameter(pattern=HEX64)] = None,
         call_id: Annotated[str | None, Parameter(pattern=CALL_ID)] = None,
+        answering: Annotated[str | None, Parameter(pattern=CALL_ID)] = None,
         cursor: int | None = Parameter(
             default=None,
             ge=0,
@@ -167,6 +174,7 @@ class AuditController(Controller):
                 model=model,
                 schema_hash=schema_hash,
                 call_id=call_id,
+                answering=answering,
                 after_seq=cursor,
                 limit=limit,
             ),
@@ -197,8 +205,8 @@ class AuditController(Controller):
         call_id: Annotated[str, Parameter(pattern=CALL_ID)],
     ) -> CallRecord:
         issuer = _found(await read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
-        answers: list[Receipt] = await read(ledger.answers_to, principal.tenant, call_id)
-        return CallRecord(call_id, issuer, answers)
+        answers = await read(ledger.answers_to, principal.tenant, call_id)
+        return CallRecord(call_id, issuer, answers.items, answers.next_cursor)
 
     @get(
         "/schemas/{schema_hash:str}",

@@ -266,16 +266,23 @@ class ModelList(Struct):
 
 
 class ReceiptPage(Struct):
+    """At most `limit` receipts, fewer when they pass 4 MiB (the page ends after the receipt
+    that passes it); `next_cursor` (null on the last page) continues after the last one."""
+
     items: list[Receipt]
     next_cursor: int | None
 
 
 class CallRecord(Struct):
-    """A tool call, the receipt that issued it and the receipts whose requests answered it."""
+    """A tool call, the receipt that issued it and the receipts whose requests answered it:
+    the first 100 of those (fewer when they pass 4 MiB). When there are more,
+    `answered_by_next_cursor` is the cursor of `GET /audit/receipts?answering=<call_id>`
+    that lists the rest (null: `answered_by` holds them all)."""
 
     call_id: str
     receipt: Receipt
     answered_by: list[Receipt]
+    answered_by_next_cursor: int | None
 
 
 Seq = Annotated[int, Meta(ge=1, le=MAX_SAFE_INT)]  # exact in every JSON reader

@@ -154,7 +154,9 @@ class Ledger:
         with self._reading() as conn:
             return queries.find_call(conn, tenant, call_id)
 
-    def answers_to(self, tenant: str, call_id: str) -> list[Receipt]:
+    def answers_to(self, tenant: str, call_id: str) -> ReceiptPage:
+        """The first receipts answering ``call_id``; ``next_cursor`` (an ``after_seq`` for
+        ``ReceiptQuery(answering=call_id)``) when there are more."""
         with self._reading() as conn:
             return queries.answers_to(conn, tenant, call_id)
 

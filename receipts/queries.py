@@ -30,13 +30,21 @@ from receipts.store import (
 )
 
 MAX_PAGE = 1000
+PAGE_BYTES = 4 * 2**20
+"""A page of receipts ends after the receipt that takes its stored receipts past this many
+bytes (so a page always holds at least one, and its next_cursor continues after it): an
+agent can make each receipt large, and ``limit`` alone bounds rows, not bytes."""
+ANSWERS = 100
+"""At most this many answering receipts per /audit/calls answer (within PAGE_BYTES too)."""
 STREAM_CHUNK = 2000
 
 
 @dataclass(frozen=True)
 class ReceiptQuery:
     """Filters of an audit listing. Times are datetimes or RFC 3339 strings; ``since`` is
-    inclusive, ``until`` exclusive. ``after_seq`` is the cursor a previous page returned."""
+    inclusive, ``until`` exclusive. ``call_id``: the receipt that issued that tool call;
+    ``answering``: receipts whose request carried a tool result for that call (their links
+    name it). ``after_seq`` is the cursor a previous page returned."""
 
     tenant: str
     since: datetime | str | None = None
@@ -45,6 +53,7 @@ class ReceiptQuery:
     model: str | None = None
     schema_hash: str | None = None
     call_id: str | None = None
+    answering: str | None = None
     after_seq: int | None = None
     limit: int = 100
 
@@ -53,7 +62,8 @@ class ReceiptQuery:
 class ReceiptPage:
     items: list[Receipt] = field(default_factory=list)
     next_cursor: int | None = None
-    """Pass as ``after_seq`` to get the next page; None on the last page."""
+    """Pass as ``after_seq`` to get the next page; None on the last page. A page ends at
+    ``limit`` receipts or after the one that passes PAGE_BYTES, whichever comes first."""
 
 
 def rfc3339(value: datetime | str) -> str:
@@ -77,47 +87,89 @@ def receipt_from_body(body: str) -> Receipt:
 
 
 def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
-    """One page of a tenant's receipts matching every given filter, in seq order."""
+    """One page of a tenant's receipts matching every given filter, in seq order: at most
+    ``limit`` of them, ending early after the receipt that takes the page past PAGE_BYTES
+    of stored receipts. ``next_cursor`` is the seq of the last row the page took (None when
+    no row follows), so the next page goes on from there and none is skipped.
+
+    The sizes are read first (no bodies), then only the bodies the page takes: a page never
+    holds more than PAGE_BYTES plus one receipt, whatever ``limit`` says."""
     if not 1 <= q.limit <= MAX_PAGE:
         raise ReceiptFormatError(f"limit must be between 1 and {MAX_PAGE}, got {q.limit}")
     r = ReceiptRow.__table__.c
     since = rfc3339(q.since) if q.since is not None else None
     until = rfc3339(q.until) if q.until is not None else None
-    stmt = sa.select(r.seq, r.body).where(r.chain == q.tenant)
+    where = [r.chain == q.tenant]
     if since is not None:
-        stmt = stmt.where(r.created_at >= since)
+        where.append(r.created_at >= since)
     if until is not None:
-        stmt = stmt.where(r.created_at < until)
+        where.append(r.created_at < until)
     if q.model is not None:
-        stmt = stmt.where(r.model == q.model)
+        where.append(r.model == q.model)
     if q.schema_hash is not None:
-        stmt = stmt.where(r.schema_hash == q.schema_hash)
+        where.append(r.schema_hash == q.schema_hash)
     if q.after_seq is not None:
-        stmt = stmt.where(r.seq > q.after_seq)
-    calls = CallRow.__table__.c
+        where.append(r.seq > q.after_seq)
+    calls, lk = CallRow.__table__.c, LinkRow.__table__.c
     for column, value in ((calls.tool_name, q.tool_name), (calls.call_id, q.call_id)):
         if value is not None:
-            stmt = stmt.where(
+            where.append(
                 sa.exists().where(calls.chain == r.chain, calls.seq == r.seq, column == value)
             )
-    rows = conn.execute(stmt.order_by(r.seq).limit(q.limit + 1)).all()
-    items = [receipt_from_body(row.body) for row in rows[: q.limit]]
-    more = len(rows) > q.limit
-    matching = [i for i in items if _body_matches(i, q, since, until)]
-    return ReceiptPage(matching, rows[q.limit - 1].seq if more else None)
+    if q.answering is not None:
+        where.append(
+            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == q.answering)
+        )
+    sizes = conn.execute(
+        sa.select(r.seq, _octets(conn, r.body)).where(*where).order_by(r.seq).limit(q.limit + 1)
+    ).all()
+    taken = total = 0
+    for _, size in sizes:
+        if taken == q.limit or (taken and total >= PAGE_BYTES):
+            break
+        taken, total = taken + 1, total + (size or 0)
+    if not taken:
+        return ReceiptPage([], None)
+    last = sizes[taken - 1].seq
+    rows = conn.execute(
+        sa.select(r.seq, r.body).where(*where, r.seq <= last).order_by(r.seq).limit(taken)
+    )
+    items = ((row.seq, receipt_from_body(row.body)) for row in rows)
+    matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
+    return ReceiptPage(matching, last if taken < len(sizes) else None)
 
 
-def _body_matches(receipt: Receipt, q: ReceiptQuery, since: str | None, until: str | None) -> bool:
+def _octets(conn: sa.Connection, text: sa.ColumnElement[str]) -> sa.ColumnElement[int]:
+    """The stored size of a text column in bytes, read without fetching it (Postgres reads
+    the size of a TOASTed value from its header; SQLite counts a BLOB's bytes)."""
+    if conn.dialect.name == "sqlite":
+        return sa.func.length(sa.cast(text, sa.LargeBinary))
+    return sa.func.octet_length(text)
+
+
+def _stored_as(receipt: Receipt, tenant: str, seq: int) -> bool:
+    """Whether the signed body is the receipt its row claims to be: of ``tenant``'s chain, at
+    the row's seq. The row's chain and seq columns are copies an attacker with write access
+    could forge (moving another tenant's signed receipt into this chain: verify names such a
+    row); a read never answers from them, so that receipt is never shown to this tenant."""
+    return receipt.chain == tenant and receipt.seq == seq
+
+
+def _body_matches(
+    receipt: Receipt, seq: int, q: ReceiptQuery, since: str | None, until: str | None
+) -> bool:
     """The filters again, on the signed body: the indexed columns and rows the SQL filtered
     on are copies an attacker with write access could forge (verify names such a row), and
     a listing must not answer from them meanwhile."""
     return (
-        (since is None or receipt.created_at >= since)
+        _stored_as(receipt, q.tenant, seq)
+        and (since is None or receipt.created_at >= since)
         and (until is None or receipt.created_at < until)
         and (q.model is None or receipt.manifest["model"] == q.model)
         and (q.schema_hash is None or receipt.manifest["schema_hash"] == q.schema_hash)
         and (q.tool_name is None or any(c["name"] == q.tool_name for c in receipt.tool_calls))
         and (q.call_id is None or _issued(receipt, q.call_id))
+        and (q.answering is None or _answers(receipt, q.answering))
     )
 
 
@@ -126,45 +178,57 @@ def _issued(receipt: Receipt, call_id: str) -> bool:
     return any(c["id"] == call_id for c in receipt.tool_calls)
 
 
+def _answers(receipt: Receipt, call_id: str) -> bool:
+    """Whether the signed body's links name tool call ``call_id`` (not only an index row)."""
+    return any(lk["tool_call_id"] == call_id for lk in receipt.links)
+
+
+def _one(conn: sa.Connection, tenant: str, stmt: sa.Select[Any]) -> Receipt | None:
+    """The receipt of the row ``stmt`` (selecting seq and body) finds, if its signed body is
+    the tenant's receipt at that seq (else None: a forged row is not found, see _stored_as)."""
+    row = conn.execute(stmt).first()
+    if row is None:
+        return None
+    receipt = receipt_from_body(row.body)
+    return receipt if _stored_as(receipt, tenant, row.seq) else None
+
+
 def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
     r = ReceiptRow.__table__.c
-    body = conn.scalar(sa.select(r.body).where(r.id == receipt_id, r.chain == tenant))
-    return receipt_from_body(body) if body is not None else None
+    stmt = sa.select(r.seq, r.body).where(r.id == receipt_id, r.chain == tenant)
+    receipt = _one(conn, tenant, stmt)
+    return receipt if receipt is not None and receipt.id == receipt_id else None
 
 
 def get_by_seq(conn: sa.Connection, tenant: str, seq: int) -> Receipt | None:
     r = ReceiptRow.__table__.c
-    body = conn.scalar(sa.select(r.body).where(r.chain == tenant, r.seq == seq))
-    return receipt_from_body(body) if body is not None else None
+    return _one(conn, tenant, sa.select(r.seq, r.body).where(r.chain == tenant, r.seq == seq))
 
 
 def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
     """The receipt whose output issued tool call ``call_id``."""
     r, c = ReceiptRow.__table__.c, CallRow.__table__.c
-    body = conn.scalar(
-        sa.select(r.body)
+    receipt = _one(
+        conn,
+        tenant,
+        sa.select(r.seq, r.body)
         .join_from(ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq))
-        .where(c.chain == tenant, c.call_id == call_id)
+        .where(c.chain == tenant, c.call_id == call_id),
     )
-    receipt = receipt_from_body(body) if body is not None else None
     if receipt is None or not _issued(receipt, call_id):
         return None  # no receipt, or only a forged receipt_calls row names one
     return receipt
 
 
-def answers_to(conn: sa.Connection, tenant: str, call_id: str) -> list[Receipt]:
-    """Receipts whose request carried a tool result for ``call_id`` (their links name it)."""
-    r, lk = ReceiptRow.__table__.c, LinkRow.__table__.c
-    stmt = (
-        sa.select(r.body)
-        .where(
-            r.chain == tenant,
-            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == call_id),
-        )
-        .order_by(r.seq)
+def answers_to(
+    conn: sa.Connection, tenant: str, call_id: str, after_seq: int | None = None
+) -> ReceiptPage:
+    """Receipts whose request carried a tool result for ``call_id`` (their links name it):
+    the first ANSWERS of them (fewer when they pass PAGE_BYTES); ``next_cursor`` continues
+    the same listing (``answering=call_id``) when there are more."""
+    return query(
+        conn, ReceiptQuery(tenant=tenant, answering=call_id, after_seq=after_seq, limit=ANSWERS)
     )
-    answers = (receipt_from_body(body) for body in conn.scalars(stmt))
-    return [r for r in answers if any(lk["tool_call_id"] == call_id for lk in r.links)]
 
 
 def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
@@ -201,6 +265,11 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
     ``first_seq`` = size + 1 and ``last_seq`` = size: it signed no receipt there, but that
     checkpoint verifies. With ``tenant``, only that chain's ranges are listed (and only keys
     that signed it).
+
+    ``created_at``: without ``tenant`` (the operator's view), when the key was registered;
+    with it, when the key first signed in that chain (the earliest of its first receipt
+    there and its first checkpoint there), so that a tenant learns nothing of when another
+    chain first used the key. A key that signed nothing of the chain is not listed.
     """
     keys = {
         row.key_id: {
@@ -223,20 +292,58 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
             {"chain": row.chain, "first_seq": row.first_seq, "last_seq": last}
         )
     c = CheckpointRow.__table__.c
-    signers = sa.select(c.chain, c.key_id, sa.func.max(c.tree_size)).group_by(c.chain, c.key_id)
+    signers = sa.select(
+        c.chain, c.key_id, sa.func.max(c.tree_size), sa.func.min(c.timestamp)
+    ).group_by(c.chain, c.key_id)
     if tenant is not None:
         signers = signers.where(c.chain == tenant)
-    for chain, key_id, size in conn.execute(signers):
+    first_checkpoint: dict[str, str] = {}
+    for chain, key_id, size, signed_at in conn.execute(signers):
         if key_id not in keys:  # signed before checkpoint keys were registered: unlistable
             continue
+        first_checkpoint[key_id] = signed_at
         ranges = keys[key_id]["ranges"]
         if not any(
             r["chain"] == chain and (r["last_seq"] is None or r["last_seq"] >= size) for r in ranges
         ):
             ranges.append({"chain": chain, "first_seq": size + 1, "last_seq": size})
-    if tenant is not None:
-        return [key for key in keys.values() if key["ranges"]]
-    return list(keys.values())
+    if tenant is None:
+        return list(keys.values())
+    listed = [key for key in keys.values() if key["ranges"]]
+    _first_signed_in_chain(conn, tenant, listed, first_checkpoint)
+    return listed
+
+
+def _first_signed_in_chain(
+    conn: sa.Connection, tenant: str, keys: list[dict[str, Any]], first_checkpoint: dict[str, str]
+) -> None:
+    """Set each key's created_at to when it first signed in ``tenant``'s chain (its first
+    receipt or checkpoint there), or drop it when the chain holds neither any more."""
+    r = ReceiptRow.__table__.c
+    # A key's turns that hold receipts (not the empty turn of a checkpoint-only signer).
+    turns = {
+        key["key_id"]: [
+            span["first_seq"]
+            for span in key["ranges"]
+            if span["last_seq"] is None or span["last_seq"] >= span["first_seq"]
+        ]
+        for key in keys
+    }
+    starts = sorted({seq for firsts in turns.values() for seq in firsts})
+    sealed: dict[int, str] = {}
+    for chunk in _chunks(starts):
+        rows = conn.execute(
+            sa.select(r.seq, r.created_at).where(r.chain == tenant, r.seq.in_(chunk))
+        )
+        sealed |= {row.seq: row.created_at for row in rows}
+    for key in keys:
+        times = [sealed[seq] for seq in turns[key["key_id"]] if seq in sealed]
+        if key["key_id"] in first_checkpoint:
+            times.append(first_checkpoint[key["key_id"]])
+        if times:
+            key["created_at"] = min(times)
+        else:
+            del key["created_at"]
 
 
 def chain_head(conn: sa.Connection, tenant: str) -> ChainRow | None:

@@ -182,8 +182,10 @@ class _KeyAndRanges(TypedDict):
 
 
 class PublicKeyEntry(_KeyAndRanges, total=False):
-    """A signing key as GET /audit/keys and a bundle's keys list it (KeyRing's input);
-    `created_at` is absent for the key that has not signed yet."""
+    """A signing key as GET /audit/keys and a bundle's keys list it (KeyRing's input).
+    `created_at`: when the key first signed in the chain listed (its first receipt or
+    checkpoint there), absent for the key that has not signed it yet; in the operator's
+    listing of every chain (no tenant), when the key was registered."""
 
     created_at: str
 

@@ -18,6 +18,7 @@ from conftest import gateway_settings
 
 from gateway.app import create_app
 from migrations.runner import upgrade
+from receipts import queries
 from receipts.canonical import hash_json
 from receipts.checkpoint import checkpoint_problem, make_checkpoint
 from receipts.ledger import Ledger
@@ -206,6 +207,29 @@ def test_receipt_call_and_schema(gateway: Any, audited: dict[str, Any]) -> None:
     assert hash_json(schema) == receipt["manifest"]["schema_hash"]
 
 
+def test_a_calls_answers_and_a_listing_are_bounded_and_page_on(
+    gateway: Any, audited: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent can answer a call without end and make each receipt large: /audit/calls
+    holds the first answers and names the cursor of the `answering` listing for the rest,
+    and a listing page ends at its byte budget with a cursor that goes on (the bounds are
+    lowered here from 100 answers and 4 MiB)."""
+    rid, call_id = audited["receipt"]["id"], audited["call"].id
+    link = [{"tool_call_id": call_id, "receipt_id": rid}]
+    answers = [_recorded_elsewhere(gateway, rid, links=link) for _ in range(3)]
+    monkeypatch.setattr(queries, "ANSWERS", 2)
+    call = get_json(gateway, f"/audit/calls/{call_id}")
+    assert [r["id"] for r in call["answered_by"]] == answers[:2]
+    cursor = call["answered_by_next_cursor"]
+    assert cursor == call["answered_by"][-1]["seq"]
+    rest = get_json(gateway, "/audit/receipts", answering=call_id, cursor=cursor)
+    assert ([r["id"] for r in rest["items"]], rest["next_cursor"]) == (answers[2:], None)
+    monkeypatch.setattr(queries, "PAGE_BYTES", 1)  # every receipt passes it: one per page
+    first = get_json(gateway, "/audit/receipts", answering=call_id, limit=10)
+    assert [r["id"] for r in first["items"]] == answers[:1]
+    assert first["next_cursor"] == first["items"][0]["seq"]
+
+
 def test_keys_checkpoint_and_proofs(gateway: Any, audited: dict[str, Any]) -> None:
     keys = get_json(gateway, "/audit/keys")
     ring = KeyRing.from_public_keys(keys)
@@ -344,6 +368,11 @@ def test_other_tenants_and_other_roles_see_nothing(
     assert [r["id"] for r in download_export(gateway, "other_auditor", tmp_path / "b")] == [
         r["id"] for r in their_chain
     ]
+    # The shared signing key's created_at is when it first signed each tenant's own chain:
+    # not its registration, which told globex when acme's first receipt was made.
+    for role, chain in (("other_auditor", their_chain), ("auditor", all_receipts(gateway))):
+        (key,) = get_json(gateway, "/audit/keys", role)
+        assert key["created_at"] == chain[0]["created_at"], role
     with gateway.http("other_auditor") as other:
         checkpoint = other.post("/audit/checkpoints").json()
         assert (checkpoint["chain"], checkpoint["tree_size"]) == ("globex", len(their_chain))

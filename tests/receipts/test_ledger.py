@@ -30,7 +30,7 @@ from ledger_kit import (
     tool_union,
 )
 
-from receipts import ledger_writer, store
+from receipts import ledger_writer, queries, store
 from receipts.canonical import hash_json
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
@@ -109,14 +109,72 @@ def test_query_filters_and_cursor_pagination(db_url: str) -> None:
         assert led.query(ReceiptQuery("nobody")).items == []
         assert led.find_call("acme", issued) == searches[2]
         assert led.find_call("globex", issued) is None
-        assert led.answers_to("acme", issued) == [answer]
-        assert led.answers_to("acme", "call_" + "f" * 24) == [answer]
+        assert led.answers_to("acme", issued).items == [answer]
+        assert led.answers_to("acme", "call_" + "f" * 24).items == [answer]
         assert led.schema(small[0].manifest["schema_hash"]) == weather_only
         assert led.schema("0" * 64) is None
         with pytest.raises(ReceiptFormatError, match="limit"):
             led.query(ReceiptQuery("acme", limit=0))
         with pytest.raises(ReceiptFormatError, match="RFC 3339"):
             led.query(ReceiptQuery("acme", since="yesterday"))
+
+
+def test_a_page_of_large_receipts_ends_at_its_byte_budget(db_url: str) -> None:
+    """An agent can make each receipt big (retained payloads, here 1.5 MB): `limit` bounds
+    rows, so a page also ends after the receipt that takes it past PAGE_BYTES, and its
+    cursor goes on from there: every receipt is listed once, in order."""
+    migrated(db_url)
+    big = {"messages": [{"role": "user", "content": "x" * 1_500_000}], "params": {}}
+    with ledger(db_url, retain_payloads=True) as led:
+        for payload in [None] * 2 + [big] * 5 + [None] * 2:
+            led.append(draft(payload=payload))
+        pages, cursor = [], None
+        while True:
+            page = led.query(ReceiptQuery("acme", after_seq=cursor, limit=1000))
+            pages.append([r.seq for r in page.items])
+            stored = sum(len(store.receipt_text(r).encode()) for r in page.items)
+            assert stored < queries.PAGE_BYTES + 1_600_000  # the budget, passed by one at most
+            if page.next_cursor is None:
+                break
+            assert page.next_cursor == page.items[-1].seq
+            cursor = page.next_cursor
+        assert pages == [[1, 2, 3, 4, 5], [6, 7, 8, 9]]  # 3 x 1.5 MB pass 4 MiB
+
+
+def test_a_receipt_past_the_budget_alone_still_makes_a_page(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    migrated(db_url)
+    monkeypatch.setattr(queries, "PAGE_BYTES", 1)  # every receipt passes it
+    with ledger(db_url) as led:
+        fill(led, 3)
+        first = led.query(ReceiptQuery("acme", limit=10))
+        assert ([r.seq for r in first.items], first.next_cursor) == ([1], 1)
+        last = led.query(ReceiptQuery("acme", after_seq=2, limit=10))
+        assert ([r.seq for r in last.items], last.next_cursor) == ([3], None)
+
+
+def test_the_answers_to_a_call_are_bounded_and_listed_on(db_url: str) -> None:
+    """An agent can answer a call as often as it likes: /audit/calls takes the first ANSWERS
+    and the rest are the listing `answering=call_id` from its cursor."""
+    migrated(db_url)
+    with ledger(db_url) as led:
+        issued = led.append(draft())
+        call = issued.tool_calls[0]["id"]
+        link = [{"tool_call_id": call, "receipt_id": issued.id}]
+        led.append(draft())  # answers nothing
+        answers = fill_drafts(led, [draft(links=link) for _ in range(queries.ANSWERS + 5)])
+        first = led.answers_to("acme", call)
+        assert first.items == answers[: queries.ANSWERS]
+        assert first.next_cursor == answers[queries.ANSWERS - 1].seq
+        rest = led.query(ReceiptQuery("acme", answering=call, after_seq=first.next_cursor))
+        assert (rest.items, rest.next_cursor) == (answers[queries.ANSWERS :], None)
+        assert led.query(ReceiptQuery("acme", answering=call_id())).items == []
+
+
+def fill_drafts(led: Ledger, drafts: list[Any]) -> list[Any]:
+    futures = [led.submit(d) for d in drafts]
+    return sorted((f.result() for f in futures), key=lambda r: r.seq)
 
 
 def test_checkpoints_every_n_and_every_t(db_url: str) -> None:
@@ -232,6 +290,26 @@ def test_a_tenant_with_no_receipts_lists_no_keys(db_url: str) -> None:
         assert [k["ranges"] for k in led.public_keys("acme")] == [
             [{"chain": "acme", "first_seq": 1, "last_seq": None}]
         ]
+
+
+def test_a_tenants_key_listing_tells_only_of_its_own_chain(db_url: str) -> None:
+    """created_at was the key's registration, i.e. when another tenant's chain first used it;
+    a tenant's listing now says when the key first signed in its own chain."""
+    migrated(db_url)
+    old, new = Signer.generate(), Signer.generate()
+    with ledger(db_url, old) as led:
+        acme = fill(led, 3, "acme")
+        time.sleep(0.01)
+        globex = fill(led, 2, "globex")
+    with ledger(db_url, new) as led:
+        time.sleep(0.01)
+        rotated = led.append(draft("acme"))
+        everything = {k["key_id"]: k["created_at"] for k in led.public_keys()}
+        theirs = {k["key_id"]: k["created_at"] for k in led.public_keys("globex")}
+        ours = {k["key_id"]: k["created_at"] for k in led.public_keys("acme")}
+    assert everything[old.key_id] <= acme[0].created_at  # the operator sees registrations
+    assert theirs == {old.key_id: globex[0].created_at}
+    assert ours == {old.key_id: acme[0].created_at, new.key_id: rotated.created_at}
 
 
 def test_replicas_with_different_keys_interleave(fresh_sqlite_url: str) -> None:

@@ -168,7 +168,7 @@ def test_index_rows_that_disagree_with_the_bodies(
         assert (report.ok, report.first_failure_seq) == (False, seq), report
         assert says in report.reason
         assert led.find_call(T, FORGED_CALL) is None
-        assert led.answers_to(T, FORGED_CALL) == []
+        assert led.answers_to(T, FORGED_CALL).items == []
         page = led.query(ReceiptQuery(tenant=T, tool_name="transfer_funds"))
         assert page.items == []
 
@@ -415,3 +415,43 @@ def test_a_stored_merkle_node_that_lies(chain, statement: str) -> None:
     for r in (report, ranged):
         assert (r.ok, r.first_failure_seq) == (False, 8), r
         assert "stored Merkle node at level 2, index 1 is" in r.reason
+
+
+def test_a_row_moved_into_another_tenants_chain_is_not_shown_to_it(db_url: str) -> None:
+    """An attacker moves tenant pb's signed receipts (and their index rows) into pa's chain
+    and relabels a row's id: pa's auditor must never see pb's receipts, in a listing, by id,
+    by seq, as a call's issuer or as its answer. The row columns say pa; the signed bodies say
+    pb, and reads answer from the bodies (verify names the rows)."""
+    migrated(db_url)
+    with ledger(db_url) as led:
+        own = fill(led, 3, "pa")
+        issued = led.append(draft("pb"))
+        call = issued.tool_calls[0]["id"]
+        answer = led.append(draft("pb", links=[{"tool_call_id": call, "receipt_id": issued.id}]))
+    relabelled = "rcpt_" + "d" * 24
+    with attacker(db_url) as conn:
+        for table in ("receipts", "receipt_calls", "receipt_links"):
+            for seq, moved_to in ((issued.seq, 100), (answer.seq, 101)):
+                conn.execute(
+                    sa.text(
+                        f"UPDATE {table} SET chain = 'pa', seq = :to"
+                        " WHERE chain = 'pb' AND seq = :s"
+                    ),
+                    {"to": moved_to, "s": seq},
+                )
+        conn.execute(
+            sa.text("UPDATE receipts SET id = :i WHERE chain = 'pa' AND seq = 2"), {"i": relabelled}
+        )
+    with Ledger.open(db_url, None) as led:
+        assert [r.id for r in led.query(ReceiptQuery("pa")).items] == [r.id for r in own]
+        by_tool = led.query(ReceiptQuery("pa", tool_name="get_weather")).items
+        assert [r.id for r in by_tool] == [r.id for r in own]
+        assert led.query(ReceiptQuery("pa", call_id=call)).items == []
+        assert led.get("pa", issued.id) is None and led.get("pa", answer.id) is None
+        assert led.get_by_seq("pa", 100) is None
+        assert led.find_call("pa", call) is None
+        assert led.answers_to("pa", call).items == []
+        assert led.get("pa", relabelled) is None  # the row's id says one thing, its body another
+        assert led.get("pa", own[1].id) is None  # and no row holds that id any more
+        report = led.verify("pa")
+        assert (report.ok, report.first_failure_seq) == (False, 2), report
