@@ -216,6 +216,7 @@ def plan_chat(
         # A named tool_choice is one call of that tool (OpenAI's "forced function", and
         # what vLLM's own named tool choice decodes), whatever parallel_tool_calls says.
         parallel = _parallel_flag(chat.parallel_tool_calls) and choice.mode != "named"
+    if chat.tools is not None and choice.mode != "none":
         answer_rf = response_format if response_format and response_format.constrains else None
         enforcement = _enforcement(thinking, renderer.name, choice, free_answer=answer_rf is None)
         if enforcement is not None and enforcement.mode == "triggered":
@@ -237,11 +238,15 @@ def plan_chat(
             answered,
             enforcement,
         )
-    for param in ("tool_choice", "parallel_tool_calls"):
-        if getattr(chat, param) is not None:
-            raise RuntimeInputError(
-                f"'{param}' is only allowed when 'tools' are specified", param=param
-            )
+    if chat.tools is None:
+        for param in ("tool_choice", "parallel_tool_calls"):
+            if getattr(chat, param) is not None:
+                raise RuntimeInputError(
+                    f"'{param}' is only allowed when 'tools' are specified", param=param
+                )
+    # tool_choice "none" is planned as no tools (OpenAI: the model "generates a message"): no
+    # envelope wraps the answer, so stop strings, max_tokens and usage mean what they mean
+    # without tools, and the tools stay out of the prompt the model could answer from
     mode, constraint, schema, system_block = _single_constraint(chat, response_format)
     return Plan(
         renderer.render(history, system_block),

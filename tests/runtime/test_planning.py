@@ -102,13 +102,13 @@ def test_tool_choice_is_normalised() -> None:
     assert named.tool_choice == ToolChoice("named", "list_rooms")
     assert not named.parallel_tool_calls  # one call of the named tool, as OpenAI's forced function
     none = plan(tools=TOOLS, tool_choice="none", parallel_tool_calls=False)
-    assert none.tool_choice == ToolChoice("none") and not none.parallel_tool_calls
-    assert none.schema == {
-        "type": "object",
-        "properties": {"answer": {"type": "string"}},
-        "required": ["answer"],
-        "additionalProperties": False,
-    }
+    assert (none.mode, none.constraint, none.schema) == ("text", None, None)  # as without tools
+    assert "get_weather" not in none.messages[0].content  # no tools to answer from
+    structured = plan(tools=TOOLS, tool_choice="none", response_format=RF_SCHEMA)
+    assert structured.mode == "json" and structured.schema is not None
+    with pytest.raises(RuntimeInputError) as info:  # still read, though nothing is called
+        plan(tools=TOOLS, tool_choice="none", parallel_tool_calls="yes")
+    assert info.value.param == "parallel_tool_calls"
 
 
 def test_family_override_and_detection() -> None:
@@ -420,8 +420,8 @@ def test_parse_enforces_tool_choice() -> None:
     required = plan(tools=TOOLS, tool_choice="required")
     with pytest.raises(StructuredOutputInvalid):
         required.parse('{"answer": "no"}')
-    with pytest.raises(StructuredOutputInvalid):
-        plan(tools=TOOLS, tool_choice="none").parse('{"tool": "list_rooms", "arguments": {}}')
+    as_text = plan(tools=TOOLS, tool_choice="none").parse('{"tool": "list_rooms"}')
+    assert (as_text.kind, as_text.tool_calls) == ("text", ())  # tool_choice "none" calls nothing
 
 
 def test_a_bad_tool_call_names_tools_and_a_bad_answer_response_format() -> None:
