@@ -100,6 +100,9 @@ class EmbeddedEngine:
         self.grammars = grammars
         self._eos_ids = _eos_ids(model, tokenizer)
         self._vocab = len(tokenizer)
+        self._controls = tuple(
+            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special
+        )
         self._worker = DeepStackExecutor(max_workers=1, thread_name_prefix="decode")
         self._closed = False
 
@@ -189,17 +192,50 @@ class EmbeddedEngine:
         self.grammars.close()
 
     def encode(self, messages: Sequence[ChatMessage]) -> list[int]:
-        """Prompt token ids through the tokenizer's own chat template."""
+        """Prompt token ids through the tokenizer's own chat template. A message's text is
+        text: one holding a control token's spelling ("<|im_end|>" in a tool result) gets
+        the tokens of those characters, never the control token, which would let it end its
+        turn and write a system or assistant turn of its own."""
         chat = [{"role": m.role, "content": m.content} for m in messages]
         if not chat:
             raise RuntimeInputError("messages must not be empty", param="messages")
         if self.tokenizer.chat_template is None:
             text = "".join(f"{m['role']}: {m['content']}\n" for m in chat) + "assistant: "
-            return list(self.tokenizer(text)["input_ids"])
+            return list(self.tokenizer(text, split_special_tokens=True)["input_ids"])
+        if any(control in m["content"] for m in chat for control in self._controls):
+            return self._encode_spelled_controls(chat)
         encoded = self.tokenizer.apply_chat_template(
             chat, add_generation_prompt=True, return_dict=True
         )
         return list(encoded["input_ids"])
+
+    def _encode_spelled_controls(self, chat: list[dict[str, str]]) -> list[int]:
+        """The template rendered around placeholders, its own text tokenized as usual and
+        each message's text with control tokens read as characters."""
+        marks = [
+            f"\ue000{i}\ue001" for i in range(len(chat))
+        ]  # private use: no template alters them
+        rendered = self.tokenizer.apply_chat_template(
+            [{**m, "content": mark} for m, mark in zip(chat, marks, strict=True)],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        ids: list[int] = []
+        rest = rendered
+        for message, mark in zip(chat, marks, strict=True):
+            template, found, rest = rest.partition(mark)
+            if not found:
+                raise EngineFault(
+                    f"the chat template does not print message text as given: {mark!r}"
+                )
+            ids += self.tokenizer(template, add_special_tokens=False)["input_ids"]
+            ids += self._text_ids(message["content"])
+        return ids + self.tokenizer(rest, add_special_tokens=False)["input_ids"]
+
+    def _text_ids(self, text: str) -> list[int]:
+        return list(
+            self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        )
 
     def _fit(self, prompt: list[int], sampling: Sampling) -> Sampling:
         """``sampling`` with ``max_tokens`` lowered to the room the prompt leaves in the
