@@ -407,7 +407,7 @@ def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
                     f"'{at}.{member}' is not supported here; send {use} instead",
                     param=f"{at}.{member}",
                 )
-        content = _content(msg.get("content"), f"{at}.content", optional=role == "assistant")
+        content = _content(msg.get("content"), f"{at}.content", assistant=role == "assistant")
         if role == "assistant" and not content and isinstance(msg.get("refusal"), str):
             content = msg["refusal"]  # what that turn said
         if role == "assistant":
@@ -435,24 +435,29 @@ def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
     return tuple(out)
 
 
-def _content(value: Any, at: str, *, optional: bool) -> str:
+def _content(value: Any, at: str, *, assistant: bool) -> str:
+    """A message's text; an assistant's may be absent and may hold refusal parts (what that
+    turn said, as the SDK's message type allows)."""
     if isinstance(value, str):
         return value
-    if value is None and optional:
+    if value is None and assistant:
         return ""
     if not isinstance(value, list):
         raise RuntimeInputError(f"'{at}' must be a string or an array of text parts", param=at)
     texts: list[str] = []
     for j, part in enumerate(value):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text":
+        if kind != "text" and not (kind == "refusal" and assistant):
             raise UnsupportedParameter(
-                f"'{at}[{j}].type' {kind!r} is not supported: only text parts are",
+                f"'{at}[{j}].type' {kind!r} is not supported: only text parts are"
+                + (" (and refusal parts)" if assistant else ""),
                 param=f"{at}[{j}].type",
             )
-        if not isinstance(part.get("text"), str):
-            raise RuntimeInputError(f"'{at}[{j}].text' must be a string", param=f"{at}[{j}].text")
-        texts.append(part["text"])
+        if not isinstance(part.get(kind), str):
+            raise RuntimeInputError(
+                f"'{at}[{j}].{kind}' must be a string", param=f"{at}[{j}].{kind}"
+            )
+        texts.append(part[kind])
     return "\n".join(texts)
 
 

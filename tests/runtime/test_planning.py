@@ -367,6 +367,18 @@ def test_non_text_content_parts_are_unsupported() -> None:
     assert err.value.param == "messages[0].content[1].type"
 
 
+def test_an_assistant_turn_may_hold_refusal_parts_a_user_turn_may_not() -> None:
+    refusal = {"type": "refusal", "refusal": "I cannot help with that."}
+    said = plan(messages=[USER[0], {"role": "assistant", "content": [refusal]}, USER[0]])
+    assert said.messages[-2] == ChatMessage("assistant", "I cannot help with that.")
+    with pytest.raises(UnsupportedParameter) as err:
+        plan(messages=[{"role": "user", "content": [refusal]}])
+    assert err.value.param == "messages[0].content[0].type"
+    with pytest.raises(RuntimeInputError) as err:
+        plan(messages=[{"role": "assistant", "content": [{"type": "refusal"}]}, USER[0]])
+    assert err.value.param == "messages[0].content[0].refusal"
+
+
 def test_text_parts_and_developer_role() -> None:
     p = plan(
         messages=[
