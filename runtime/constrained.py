@@ -28,8 +28,8 @@ from runtime.backends.base import (
 )
 from runtime.errors import (
     ConstraintTooComplex,
+    ConstraintUnsatisfiable,
     EngineFault,
-    RuntimeInputError,
     StructuredOutputInvalid,
 )
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
@@ -145,12 +145,11 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
                     set_token_bit(row, eos, True)
         allowed = bitmask_to_bool(row, self.vocab_size)
         if not allowed.any():  # sampling from nothing: NaN probabilities, or token 0 picked
-            raise RuntimeInputError(
+            raise ConstraintUnsatisfiable(
                 "the constraint allows no next token: it admits no output this model can write"
                 " (a schema or grammar with no way to finish, or one asking for a special token"
                 " such as an end-of-turn marker)",
                 param=self._param,
-                code="constraint_unsatisfiable",
             )
         scores[:, : self.vocab_size].masked_fill_(~allowed, float("-inf"))
         scores[:, self.vocab_size :] = float("-inf")  # padding rows of the embedding

@@ -62,6 +62,13 @@ class BackendCannotCompile(RuntimeInputError):
     code = "constraint_unsupported"
 
 
+class ConstraintUnsatisfiable(RuntimeInputError):
+    """The constraint admits no output at all (an empty enum, a minLength over its maxLength,
+    a special token the model cannot write): no backend and no retry could satisfy it."""
+
+    code = "constraint_unsatisfiable"
+
+
 class UnsupportedParameter(RuntimeInputError):
     code = "unsupported_parameter"
 

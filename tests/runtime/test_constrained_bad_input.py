@@ -15,6 +15,7 @@ from runtime.constraint import Constraint
 from runtime.errors import (
     BackendCannotCompile,
     ConstraintTooComplex,
+    ConstraintUnsatisfiable,
     InvalidGrammar,
     InvalidRegex,
     InvalidSchema,
@@ -223,6 +224,23 @@ def test_compiling_through_the_cache_raises_the_same_typed_errors():
         compiled(Constraint.regex("("))
     with pytest.raises(InvalidGrammar):
         compiled(Constraint.ebnf("start: ("))
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "object", "properties": {"a": {"enum": []}}, "required": ["a"]}, "'a'"),
+        ({"type": "string", "minLength": 5, "maxLength": 2}, "maxLength"),
+    ],
+    ids=["empty-enum", "min-over-max"],
+)
+def test_a_schema_that_admits_no_value_is_refused_before_decoding(schema, why) -> None:
+    """llguidance proves it; falling through, lm-format-enforcer crashed on such schemas and
+    the post-hoc path decoded for seconds, to a 422 blaming the model."""
+    with pytest.raises(ConstraintUnsatisfiable) as err:
+        compiled(Constraint.json_schema(schema))
+    assert err.value.param == "response_format" and err.value.status == 400
+    assert "admits no value" in err.value.message and why in err.value.message
 
 
 def test_limits_are_configurable_and_name_the_limit():
