@@ -235,7 +235,7 @@ def _writer(
 
     factory = DraftFactory(tenant, seed)
     drafts = [factory.draft() for _ in range(count)]
-    ledger = Ledger.open(url, Signer.from_pem(key_pem))  # replicas share the operator's key
+    ledger = Ledger(url, Signer.from_pem(key_pem))  # replicas share the operator's key
     ledger.ping()
     ready.release()
     start.wait()
@@ -319,7 +319,7 @@ def latency(url: str, tenant: str, samples: int) -> list[float]:
     factory = DraftFactory(tenant, seed=10_000)
     drafts = [factory.draft() for _ in range(samples)]
     times = []
-    with Ledger.open(url, Signer.generate()) as ledger:
+    with Ledger(url, Signer.generate()) as ledger:
         ledger.append(factory.draft())  # warm: connection, key registration
         for draft in drafts:
             began = time.perf_counter()
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         times = latency(url, args.tenant, args.latency_samples)
         p50, p99 = percentile(times, 50), percentile(times, 99)
         print(f"single append latency (concurrency 1): p50 {p50:.2f} ms, p99 {p99:.2f} ms")
-        with Ledger.open(url, None) as ledger:
+        with Ledger(url, None) as ledger:
             began = time.perf_counter()
             report = ledger.verify(args.tenant)
             verify_s = time.perf_counter() - began

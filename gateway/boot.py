@@ -207,7 +207,7 @@ def load_engine(settings: Settings) -> Engine:
 
 
 def open_resources(settings: Settings, engine: Engine, signer: Signer) -> Resources:
-    ledger = Ledger.open(
+    ledger = Ledger(
         settings.db_url,
         signer,
         checkpoint_every=settings.checkpoint_every,

@@ -26,11 +26,12 @@ from receipts import ledger_proofs, queries
 from receipts.chain import VerificationReport
 from receipts.errors import ReceiptFormatError, ReceiptsError
 from receipts.ledger_export import export_bundle
+from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.ledger_verify import verify_stored
 from receipts.ledger_writer import LedgerWriter
 from receipts.queries import ReceiptPage, ReceiptQuery
 from receipts.record import PAYLOAD_MEMBERS, Receipt, ReceiptDraft
-from receipts.signing import KeyRing, Signer
+from receipts.signing import KeyRing, PublicKeyEntry, Signer
 from receipts.store import create_engine, transaction
 
 __all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
@@ -70,12 +71,6 @@ class Ledger:
                 max_batch=max_batch,
             )
         )
-
-    @classmethod
-    def open(cls, url: str, signer: Signer | None, **options: Any) -> Ledger:
-        """Connect to a database migrated by ``migrations.runner.upgrade`` (creates nothing).
-        ``options`` are the keyword arguments of the constructor."""
-        return cls(url, signer, **options)
 
     def close(self) -> None:
         """Commit what is queued, stop the writer thread and release the connections."""
@@ -164,7 +159,7 @@ class Ledger:
         with self._reading() as conn:
             return queries.schema(conn, schema_hash)
 
-    def public_keys(self, tenant: str | None = None) -> list[dict[str, Any]]:
+    def public_keys(self, tenant: str | None = None) -> list[PublicKeyEntry]:
         """Registered keys with the seq ranges each signed (``KeyRing.from_public_keys``)."""
         with self._reading() as conn:
             return queries.public_keys(conn, tenant)
@@ -188,14 +183,14 @@ class Ledger:
 
     def inclusion_proof(
         self, tenant: str, seq: int, tree_size: int | None = None
-    ) -> dict[str, Any]:
+    ) -> InclusionProof:
         """RFC 9162 inclusion proof of receipt ``seq`` (see ledger_proofs)."""
         with self._reading() as conn:
             return ledger_proofs.inclusion_proof(conn, tenant, seq, tree_size)
 
     def consistency_proof(
         self, tenant: str, size1: int, size2: int | None = None
-    ) -> dict[str, Any]:
+    ) -> ConsistencyProof:
         """RFC 9162 consistency proof between two tree sizes (see ledger_proofs)."""
         with self._reading() as conn:
             return ledger_proofs.consistency_proof(conn, tenant, size1, size2)

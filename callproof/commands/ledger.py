@@ -134,7 +134,7 @@ def _export(args: argparse.Namespace) -> int:
             if args.signing_key
             else _gateway_signer(args)
         )
-        with Ledger.open(_db_url(args), signer) as ledger:
+        with Ledger(_db_url(args), signer) as ledger:
             tenant = args.tenant or _only_chain(ledger.chains())
             ledger.export(tenant, args.output, since=args.since, until=args.until)
     except LedgerUnavailable as exc:
@@ -206,7 +206,7 @@ def _verify_db(args: argparse.Namespace) -> int:
 
             keyring, _ = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
-        with Ledger.open(_db_url(args), None) as ledger:
+        with Ledger(_db_url(args), None) as ledger:
             chains = ledger.chains()
             tenants = [_known_chain(args.tenant, chains)] if args.tenant else chains
             reports = [

@@ -604,7 +604,7 @@ def _tampered_copy(
     names = ("tenant", "manifest", "request", "output", "finish_reason", "usage", "validation")
     copy = {name: getattr(original, name) for name in names}
     schema = gateway.ledger.schema(original.manifest["schema_hash"])
-    with Ledger.open(url, gateway.signer, retain_payloads=True) as ledger:
+    with Ledger(url, gateway.signer, retain_payloads=True) as ledger:
         ids = []
         for _ in range(3):
             calls = [{**c, "id": new_call_id()} for c in original.tool_calls]

@@ -435,7 +435,7 @@ def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) 
     finally:
         upstream.terminate()
         upstream.wait(30)
-    ledger = Ledger.open(f"sqlite:///{data / 'ledger.db'}", None)
+    ledger = Ledger(f"sqlite:///{data / 'ledger.db'}", None)
     try:
         assert ledger.latest_checkpoint("acme")["tree_size"] == 3
     finally:

@@ -88,7 +88,7 @@ def hung_db_gateway(
     proxy = FreezableProxy(int(host_port.rsplit(":", 1)[1]))
     url = fresh_postgres_url.replace(host_port, f"127.0.0.1:{proxy.port}")
     settings = gateway_settings(tmp_path, url, db_timeout_s=1.0, key_cache_ttl_s=1.0)
-    ledger = Ledger.open(url, Signer.generate())
+    ledger = Ledger(url, Signer.generate())
     keys = KeyStore.open(url)
     secrets = {role: keys.create(role, "acme")[1] for role in ("agent", "auditor", "admin")}
     base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))

@@ -128,7 +128,7 @@ def append_worker(
     (receipt id, seq) through ``report`` (a Connection) as each append returns."""
     from collections import deque
 
-    led = Ledger.open(url, Signer.from_pem(signer_pem))
+    led = Ledger(url, Signer.from_pem(signer_pem))
     in_flight: deque[Any] = deque()
     for i in range(count):
         if len(in_flight) >= window:
@@ -149,7 +149,7 @@ def migrated(url: str) -> str:
 
 @contextmanager
 def ledger(url: str, signer: Signer | None = None, **options: Any) -> Iterator[Ledger]:
-    led = Ledger.open(url, signer or Signer.generate(), **options)
+    led = Ledger(url, signer or Signer.generate(), **options)
     try:
         yield led
     finally:

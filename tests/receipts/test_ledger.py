@@ -671,7 +671,7 @@ def test_append_async_and_bad_input(fresh_sqlite_url: str) -> None:
             led.append({"tenant": "acme"})  # type: ignore[arg-type]
     with pytest.raises(ReceiptsError, match="closed"):
         led.append(draft())
-    with Ledger.open(fresh_sqlite_url, None) as reader:
+    with Ledger(fresh_sqlite_url, None) as reader:
         assert reader.verify("acme").ok
         with pytest.raises(ReceiptsError, match="without a signer"):
             reader.append(draft())

@@ -62,7 +62,7 @@ def detected(
     on a bundle exported by a read-only ledger (an auditor's export) pinned to the key; or
     the export itself refuses, naming ``seq``, when the receipts are no longer consecutive
     (the offline verifier's report is then None)."""
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T, **verify)
         assert (report.ok, report.first_failure_seq) == (False, seq), report
         assert reason in report.reason
@@ -122,7 +122,7 @@ def test_edited_index_column_only(chain) -> None:
         conn.execute(
             sa.text("UPDATE receipts SET model = 'other' WHERE chain = :c AND seq = 12"), {"c": T}
         )
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T)
     assert report.first_failure_seq == 12 and "'model'" in report.reason
 
@@ -163,7 +163,7 @@ def test_index_rows_that_disagree_with_the_bodies(
     url, _, _ = chain
     with attacker(url) as conn:
         conn.execute(sa.text(statement))
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T)
         assert (report.ok, report.first_failure_seq) == (False, seq), report
         assert says in report.reason
@@ -182,7 +182,7 @@ def test_a_signing_key_row_replaced_by_another_key(chain) -> None:
             sa.text("UPDATE signing_keys SET public_key_pem = :p"),
             {"p": Signer.generate().public_key_pem()},
         )
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T)
     assert not report.ok and report.chain == T
     assert (
@@ -223,7 +223,7 @@ def test_swapped_rows_naively(chain) -> None:
                 sa.text("UPDATE receipts SET body = :b WHERE chain = :c AND seq = :s"),
                 {"b": json.dumps(obj), "c": T, "s": seq},
             )
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T)
     assert report.first_failure_seq == 5 and "'id'" in report.reason
 
@@ -280,7 +280,7 @@ def test_forged_receipt_inserted(chain, tmp_path: Path) -> None:
                 "f": ",".join(h.hex() for h in tree.hashes),
             },
         )
-    with Ledger.open(url, signer) as led:  # the operator's export signs a fresh checkpoint
+    with Ledger(url, signer) as led:  # the operator's export signs a fresh checkpoint
         assert led.verify(T).first_failure_seq == N + 1
         led.export(T, tmp_path / "forged.tar.gz")
     offline = verify_bundle(tmp_path / "forged.tar.gz", signer.public_key_pem())
@@ -311,7 +311,7 @@ def test_resigned_with_a_key_registered_by_the_attacker(chain) -> None:
         )
     pinned = KeyRing()
     pinned.add(signer.public_key)
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T, keyring=pinned)
         assert report.first_failure_seq == 11 and "unknown key" in report.reason
         assert led.verify(T).first_failure_seq in (11, 12)  # the link to 12 breaks anyway
@@ -330,14 +330,14 @@ def test_truncated_tail(chain, tmp_path: Path) -> None:
             {"h": tip, "c": T},
         )
     assert detected(url, signer, tmp_path, 21, "truncated") is None  # the export refuses
-    with Ledger.open(url, signer) as led:  # the operator's own ledger refuses to go on
+    with Ledger(url, signer) as led:  # the operator's own ledger refuses to go on
         with pytest.raises(LedgerUnavailable, match="behind its own checkpoint"):
             led.checkpoint_now(T)
         with pytest.raises(LedgerUnavailable, match="behind its own checkpoint"):
             led.append(draft())
     with attacker(url) as conn:
         conn.execute(sa.text("DELETE FROM checkpoints WHERE chain = :c"), {"c": T})
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         assert led.verify(T).ok  # nothing left in the database to compare with...
         report = led.verify(T, saved=[saved])  # ...but the auditor kept a checkpoint
     assert report.first_failure_seq == 21 and "truncated" in report.reason
@@ -352,7 +352,7 @@ def test_edited_old_checkpoint(chain) -> None:
                     " AND tree_size = :s"),
             {"r": "0" * 64, "c": T, "s": N // 2},
         )  # fmt: skip
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T)
     assert report.first_failure_seq == N // 2
     assert f"stored checkpoint at tree size {N // 2}: checkpoint signature" in report.reason
@@ -382,7 +382,7 @@ def test_proofs_and_exports_that_need_a_deleted_row_say_the_chain_is_damaged(cha
     with attacker(url) as conn:
         conn.execute(sa.text("DELETE FROM receipts WHERE chain = :c AND seq = 3"), {"c": T})
         conn.execute(sa.text("DELETE FROM merkle_nodes WHERE chain = :c"), {"c": T})
-    with Ledger.open(url, signer) as led:
+    with Ledger(url, signer) as led:
         with pytest.raises(ChainDamaged, match="lacks the subtree"):
             led.inclusion_proof(T, 5)
         with pytest.raises(ChainDamaged, match="seq 3 .* is missing"):
@@ -393,7 +393,7 @@ def test_verifying_a_range_over_deleted_merkle_nodes_is_a_failed_report(chain) -
     url, signer, _ = chain
     with attacker(url) as conn:
         conn.execute(sa.text("DELETE FROM merkle_nodes WHERE chain = :c"), {"c": T})
-    with Ledger.open(url, signer) as led:
+    with Ledger(url, signer) as led:
         report = led.verify(T, from_seq=5)
     assert not report.ok and "lacks the subtree" in report.reason, report
 
@@ -409,7 +409,7 @@ def test_a_stored_merkle_node_that_lies(chain, statement: str) -> None:
             conn.execute(sa.text(f"UPDATE merkle_nodes SET hash = :h {where}"), {"h": bytes(32)})
         else:
             conn.execute(sa.text(f"DELETE FROM merkle_nodes {where}"))
-    with Ledger.open(url, None) as led:
+    with Ledger(url, None) as led:
         report = led.verify(T)
         ranged = led.verify(T, 5, 12)
     for r in (report, ranged):
@@ -442,7 +442,7 @@ def test_a_row_moved_into_another_tenants_chain_is_not_shown_to_it(db_url: str) 
         conn.execute(
             sa.text("UPDATE receipts SET id = :i WHERE chain = 'pa' AND seq = 2"), {"i": relabelled}
         )
-    with Ledger.open(db_url, None) as led:
+    with Ledger(db_url, None) as led:
         assert [r.id for r in led.query(ReceiptQuery("pa")).items] == [r.id for r in own]
         by_tool = led.query(ReceiptQuery("pa", tool_name="get_weather")).items
         assert [r.id for r in by_tool] == [r.id for r in own]

@@ -65,7 +65,7 @@ def test_vllm_down_means_503_and_no_receipt_then_recovery(
     caplog.set_level(logging.WARNING, logger="callproof.gateway")
     db_url = f"sqlite:///{tmp_path / 'ledger.db'}"
     upgrade(db_url)
-    ledger = Ledger.open(db_url, Signer.generate(), retain_payloads=True)
+    ledger = Ledger(db_url, Signer.generate(), retain_payloads=True)
     keys = KeyStore.open(db_url)
     agent_key = keys.create("agent", TENANT)[1]
     settings = Settings(data_dir=tmp_path, db=db_url, engine="vllm", default_max_tokens=48)
