@@ -202,7 +202,7 @@ def _verify_db(args: argparse.Namespace) -> int:
     try:
         keyring = None
         if args.public_key:
-            from receipts.bundle import pinned_keys
+            from receipts.trust import pinned_keys
 
             keyring, _ = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
