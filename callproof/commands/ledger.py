@@ -178,7 +178,7 @@ def _known_chain(tenant: str, chains: list[str]) -> str:
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
-    from receipts.bundle import verify_bundle
+    from receipts.bundle_verify import verify_bundle
     from receipts.errors import ReceiptsError
 
     try:

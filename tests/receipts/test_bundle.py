@@ -14,14 +14,15 @@ import pytest
 from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
 import receipts.bundle
+import receipts.bundle_verify
 from receipts.bundle import (
     MANIFEST,
     MAX_SMALL_FILE,
     RECEIPTS,
     key_file,
-    verify_bundle,
     write_bundle,
 )
+from receipts.bundle_verify import verify_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError
@@ -333,9 +334,7 @@ def test_links_are_checked_across_block_boundaries(
 ) -> None:
     """Workers link receipts inside a block and the parent links blocks together: with
     blocks of a few receipts, a deletion or swap at every position is caught at its seq."""
-    import receipts.bundle
-
-    monkeypatch.setattr(receipts.bundle, "BLOCK", 2500)  # a few receipts per block
+    monkeypatch.setattr(receipts.bundle_verify, "BLOCK", 2500)  # a few receipts per block
     pem = signer.public_key_pem()
     report = verify_bundle(bundle, pem, workers=workers)
     assert report.ok and report.checked == N
@@ -356,9 +355,7 @@ def test_lines_longer_than_a_block_and_bare_carriage_returns(
 ) -> None:
     """A receipt line longer than a worker's block is joined, not split; a \r inside a line
     is not a line break (the line is read whole, and fails as not canonical)."""
-    import receipts.bundle
-
-    monkeypatch.setattr(receipts.bundle, "BLOCK", 300)  # lines are ~1,500 bytes
+    monkeypatch.setattr(receipts.bundle_verify, "BLOCK", 300)  # lines are ~1,500 bytes
     pem = signer.public_key_pem()
     assert verify_bundle(bundle, pem, workers=1).ok
     files = read(bundle)
@@ -582,10 +579,10 @@ def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
     def broken(contents: object) -> None:
         raise KeyError("a check that hostile input surprised")
 
-    monkeypatch.setattr(receipts.bundle, "_schemas", broken)
+    monkeypatch.setattr(receipts.bundle_verify, "_schemas", broken)
     with pytest.raises(KeyError):  # the suite's setting (tests/conftest.py): bugs stay visible
         verify_bundle(bundle)
-    monkeypatch.setattr(receipts.bundle, "CONTAIN_UNEXPECTED", True)  # what users run
+    monkeypatch.setattr(receipts.bundle_verify, "CONTAIN_UNEXPECTED", True)  # what users run
     report = verify_bundle(bundle)
     assert not report.ok and report.reason.startswith("the verifier cannot process this bundle")
     assert "KeyError" in report.reason and "bug in callproof" in report.reason
