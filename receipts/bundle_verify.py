@@ -22,13 +22,12 @@ from receipts.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     MANIFEST,
-    MAX_SMALL_FILE,
     RECEIPTS,
     SMALL_FILES,
-    BundleContents,
     announced,
     key_file,
 )
+from receipts.bundle_archive import MAX_SMALL_FILE, BundleContents
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.chain import (
     ChainLinker,
