@@ -240,29 +240,6 @@ def _schemas(contents: BundleContents) -> dict[str, Any]:
     }
 
 
-def _checked(
-    source: IO[bytes],
-    keyring: KeyRing,
-    schemas: dict[str, Any],
-    total: int,
-    workers: int | None,
-) -> Iterator[CheckedBlock]:
-    """The checked blocks of receipts.jsonl, in order; in worker processes for big bundles."""
-    keys = keyring.to_public_keys()
-    if workers is None:  # auto: processes pay for their start-up only on big bundles
-        workers = (os.cpu_count() or 1) if total >= PARALLEL_FROM else 1
-    if workers <= 1:
-        checker = LineChecker(keys, schemas)
-        yield from map(checker.check, _blocks(source))
-        return
-    # fork is fast and imports nothing again, but is only safe without other threads; a
-    # threaded caller (a server) gets spawn, which needs its __main__ guarded as usual
-    method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
-    ctx = multiprocessing.get_context(method)
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
-        yield from pool.imap(_check_in_worker, _blocks(source))
-
-
 class _Proofs(NamedTuple):
     first_seq: int
     prev_entry_hash: str
@@ -302,7 +279,7 @@ def _bundle_key(contents: BundleContents, entry: Mapping[str, Any]) -> dict[str,
     }
 
 
-# ------------------------------------------------------------------ per-receipt checks
+# ------------------------------------------------ per-receipt checks, in worker processes
 
 
 class CheckedBlock(NamedTuple):
@@ -367,6 +344,29 @@ class LineChecker:
             first.chain, first.seq, first.prev_hash, last.entry_hash, len(leaves), b"".join(leaves)
         )
         return CheckedBlock(run, problem)
+
+
+def _checked(
+    source: IO[bytes],
+    keyring: KeyRing,
+    schemas: dict[str, Any],
+    total: int,
+    workers: int | None,
+) -> Iterator[CheckedBlock]:
+    """The checked blocks of receipts.jsonl, in order; in worker processes for big bundles."""
+    keys = keyring.to_public_keys()
+    if workers is None:  # auto: processes pay for their start-up only on big bundles
+        workers = (os.cpu_count() or 1) if total >= PARALLEL_FROM else 1
+    if workers <= 1:
+        checker = LineChecker(keys, schemas)
+        yield from map(checker.check, _blocks(source))
+        return
+    # fork is fast and imports nothing again, but is only safe without other threads; a
+    # threaded caller (a server) gets spawn, which needs its __main__ guarded as usual
+    method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
+    ctx = multiprocessing.get_context(method)
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
+        yield from pool.imap(_check_in_worker, _blocks(source))
 
 
 _worker: LineChecker | None = None
