@@ -24,7 +24,8 @@ from pathlib import Path
 
 import rfc8785
 
-from receipts.bundle import verify_bundle, write_bundle
+from receipts.bundle import write_bundle
+from receipts.bundle_verify import verify_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
 from receipts.merkle import MerkleTree, leaf_hash

@@ -17,6 +17,7 @@ from receipts.errors import ChainDamaged, OutOfRange, ReceiptFormatError, Receip
 from receipts.merkle import CompactRange, compact_range, consistency_proof, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
+from receipts.trust import pinned_note
 
 W = TypeVar("W")
 
@@ -354,9 +355,9 @@ class _CheckedRows:
 
 def _trust_note(keyring: KeyRing, pinned: bool) -> str:
     """On whose authority a passing verification of the database stands."""
-    ids = ", ".join(keyring.key_ids())
     if pinned:
-        return f"trusted only the pinned key(s): {ids}"
+        return pinned_note(keyring)
+    ids = ", ".join(keyring.key_ids())
     return (
         f"trusted the key(s) the database lists ({ids}): someone with write access to it"
         " could add one; pin the operator's key (callproof ledger verify --public-key) to"

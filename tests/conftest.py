@@ -61,6 +61,6 @@ def _bundle_verifier_bugs_raise(monkeypatch: pytest.MonkeyPatch) -> None:
     """verify_bundle reports an exception no check expected as a failed verification (a user
     gets a verdict, not a traceback); in tests it must fail the test instead, so that a bug is
     never taken for a detected tamper."""
-    import receipts.bundle
+    import receipts.bundle_verify
 
-    monkeypatch.setattr(receipts.bundle, "CONTAIN_UNEXPECTED", False)
+    monkeypatch.setattr(receipts.bundle_verify, "CONTAIN_UNEXPECTED", False)

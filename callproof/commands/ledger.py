@@ -178,7 +178,7 @@ def _known_chain(tenant: str, chains: list[str]) -> str:
 
 
 def _verify_bundle(args: argparse.Namespace) -> int:
-    from receipts.bundle import verify_bundle
+    from receipts.bundle_verify import verify_bundle
     from receipts.errors import ReceiptsError
 
     try:
@@ -202,7 +202,7 @@ def _verify_db(args: argparse.Namespace) -> int:
     try:
         keyring = None
         if args.public_key:
-            from receipts.bundle import pinned_keys
+            from receipts.trust import pinned_keys
 
             keyring, _ = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)

@@ -13,15 +13,11 @@ from typing import Any
 import pytest
 from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
-import receipts.bundle
-from receipts.bundle import (
-    MANIFEST,
-    MAX_SMALL_FILE,
-    RECEIPTS,
-    key_file,
-    verify_bundle,
-    write_bundle,
-)
+import receipts.bundle_archive
+import receipts.bundle_verify
+from receipts.bundle import MANIFEST, RECEIPTS, key_file, write_bundle
+from receipts.bundle_archive import MAX_SMALL_FILE
+from receipts.bundle_verify import verify_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import BundleError, ReceiptFormatError
@@ -333,9 +329,7 @@ def test_links_are_checked_across_block_boundaries(
 ) -> None:
     """Workers link receipts inside a block and the parent links blocks together: with
     blocks of a few receipts, a deletion or swap at every position is caught at its seq."""
-    import receipts.bundle
-
-    monkeypatch.setattr(receipts.bundle, "BLOCK", 2500)  # a few receipts per block
+    monkeypatch.setattr(receipts.bundle_verify, "BLOCK", 2500)  # a few receipts per block
     pem = signer.public_key_pem()
     report = verify_bundle(bundle, pem, workers=workers)
     assert report.ok and report.checked == N
@@ -356,9 +350,7 @@ def test_lines_longer_than_a_block_and_bare_carriage_returns(
 ) -> None:
     """A receipt line longer than a worker's block is joined, not split; a \r inside a line
     is not a line break (the line is read whole, and fails as not canonical)."""
-    import receipts.bundle
-
-    monkeypatch.setattr(receipts.bundle, "BLOCK", 300)  # lines are ~1,500 bytes
+    monkeypatch.setattr(receipts.bundle_verify, "BLOCK", 300)  # lines are ~1,500 bytes
     pem = signer.public_key_pem()
     assert verify_bundle(bundle, pem, workers=1).ok
     files = read(bundle)
@@ -493,14 +485,14 @@ def test_verifying_writes_nothing_to_disk(
 def read_counter(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The most uncompressed bytes any archive read has taken so far (one item, updated)."""
     most = [0]
-    read = receipts.bundle._Budget.read
+    read = receipts.bundle_archive._Budget.read
 
     def counted(self: Any, size: int = -1) -> bytes:
         data = read(self, size)
         most[0] = max(most[0], self.count)
         return data
 
-    monkeypatch.setattr(receipts.bundle._Budget, "read", counted)
+    monkeypatch.setattr(receipts.bundle_archive._Budget, "read", counted)
     return most
 
 
@@ -514,7 +506,7 @@ def test_receipts_past_their_limit_are_refused_before_they_are_read(
 ) -> None:
     """A gzip bomb as receipts.jsonl: its declared size is refused before a byte of it is
     decompressed, against MAX_SMALL_FILE per receipt the manifest announces or the ceiling."""
-    monkeypatch.setattr(receipts.bundle, cap, 1 << 16)  # 64 KiB: the bomb is 4 MiB of zeros
+    monkeypatch.setattr(receipts.bundle_archive, cap, 1 << 16)  # 64 KiB: the bomb is 4 MiB of zeros
     most = read_counter(monkeypatch)
     files = read(bundle)
     files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), "receipts": announced})
@@ -541,13 +533,13 @@ def test_small_members_are_limited_in_total_and_number(
 ) -> None:
     """Each small file may be up to 64 MiB, so their sum and their number are bounded too
     (32 schema files of 64 MiB each made 2 GB of memory from a 2 MB bundle)."""
-    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 1 << 20)
+    monkeypatch.setattr(receipts.bundle_archive, "MAX_SMALL_TOTAL", 1 << 20)
     blob = b" " * (300 << 10)
     junk = {f"schemas/{i:064x}.json": blob for i in range(8)}
     report = verify_bundle(rewrite(bundle, {**read(bundle), **junk}))
     assert not report.ok, report
     assert "takes the members other than receipts.jsonl past their limit of 1 MiB" in report.reason
-    monkeypatch.setattr(receipts.bundle, "MAX_MEMBERS", 12)
+    monkeypatch.setattr(receipts.bundle_archive, "MAX_MEMBERS", 12)
     empty = {f"schemas/{i:064x}.json": b"" for i in range(8)}
     report = verify_bundle(rewrite(bundle, {**read(bundle), **empty}))
     assert not report.ok and report.reason == "the bundle has more than 12 members", report
@@ -558,7 +550,7 @@ def test_a_huge_pax_header_is_refused_while_it_is_read(
 ) -> None:
     """tarfile reads a PAX header whole into memory before any member check (a 2 GiB comment
     took 6 GB): the count of uncompressed bytes stops it at the limit."""
-    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 1 << 20)
+    monkeypatch.setattr(receipts.bundle_archive, "MAX_SMALL_TOTAL", 1 << 20)
     most = read_counter(monkeypatch)
     files = read(bundle)
     report = verify_bundle(rewrite(bundle, files, pax={MANIFEST: {"comment": "a" * (4 << 20)}}))
@@ -582,10 +574,10 @@ def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
     def broken(contents: object) -> None:
         raise KeyError("a check that hostile input surprised")
 
-    monkeypatch.setattr(receipts.bundle, "_schemas", broken)
+    monkeypatch.setattr(receipts.bundle_verify, "_schemas", broken)
     with pytest.raises(KeyError):  # the suite's setting (tests/conftest.py): bugs stay visible
         verify_bundle(bundle)
-    monkeypatch.setattr(receipts.bundle, "CONTAIN_UNEXPECTED", True)  # what users run
+    monkeypatch.setattr(receipts.bundle_verify, "CONTAIN_UNEXPECTED", True)  # what users run
     report = verify_bundle(bundle)
     assert not report.ok and report.reason.startswith("the verifier cannot process this bundle")
     assert "KeyError" in report.reason and "bug in callproof" in report.reason
@@ -630,13 +622,13 @@ def test_a_tar_header_tarfile_cannot_parse_is_an_unreadable_bundle(bundle: Path)
 def archive_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many times the verifier has opened the archive (one item, updated)."""
     opened = [0]
-    archive = receipts.bundle._archive
+    archive = receipts.bundle_archive._archive
 
     def counted(path: Path) -> Any:
         opened[0] += 1
         return archive(path)
 
-    monkeypatch.setattr(receipts.bundle, "_archive", counted)
+    monkeypatch.setattr(receipts.bundle_archive, "_archive", counted)
     return opened
 
 

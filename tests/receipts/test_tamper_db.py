@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 from ledger_kit import attacker, body_of, clone, draft, fill, ledger, migrated
 
-from receipts.bundle import verify_bundle
+from receipts.bundle_verify import verify_bundle
 from receipts.errors import ChainDamaged, LedgerUnavailable
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.manifest import schema_hash

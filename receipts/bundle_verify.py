@@ -1,0 +1,402 @@
+"""The offline verifier of export bundles (receipts.bundle has the format): file hashes,
+every signature by a trusted key, every chain link, the Merkle root against the signed
+checkpoint, the schema binding; the first failing seq and why.
+
+The checks of single receipts (hash, signature, manifest, schema binding) are spread over
+worker processes; the cheap sequential part (links, Merkle root) runs in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, Any, NamedTuple
+
+from receipts.bundle import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    MANIFEST,
+    RECEIPTS,
+    SMALL_FILES,
+    announced,
+    key_file,
+)
+from receipts.bundle_archive import MAX_SMALL_FILE, BundleContents
+from receipts.canonical import canonical_json, canonical_plain, loads_plain
+from receipts.chain import (
+    ChainLinker,
+    LinkedRun,
+    ReceiptChecker,
+    VerificationReport,
+    link_problem,
+    saved_checkpoints_note,
+)
+from receipts.errors import BundleError, ReceiptFormatError, SigningKeyError, VerificationError
+from receipts.manifest import is_hex64
+from receipts.merkle import leaf_hash
+from receipts.record import KEY_ID, Receipt
+from receipts.signing import KeyRing
+from receipts.trust import trusted_keys
+
+BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker process
+PARALLEL_FROM = 20_000  # below this, starting worker processes costs more than it saves
+
+Progress = Callable[[int, int], None]
+# verify_bundle turns an exception no check expected into a failed report (a traceback is no
+# verdict); the test suite sets this False so that such an exception fails the test instead.
+CONTAIN_UNEXPECTED = True
+log = logging.getLogger(__name__)
+
+
+def verify_bundle(
+    path: str | os.PathLike[str],
+    pinned: str | bytes | None = None,
+    progress: Progress | None = None,
+    *,
+    workers: int | None = None,
+    allow_range: bool = False,
+    saved: Sequence[Mapping[str, Any]] = (),
+    chain: str | None = None,
+) -> VerificationReport:
+    """Verify a bundle offline: file hashes, every signature (by a trusted key), every chain
+    link, the Merkle root against the signed checkpoint and the schema binding. Reports the
+    first failing seq and why. `progress(done, total)` is called as receipts are checked.
+    `workers` processes check receipts (default: one per CPU for bundles of 20,000+ receipts,
+    else in this process; 1 forces in-process).
+
+    The bundle must hold the whole chain its checkpoint signs (seq 1 to tree_size) unless
+    `allow_range`: proofs.json is not signed, so whoever holds a whole-chain bundle can cut
+    receipts off either end and supply the compact ranges that still reach the signed root.
+    A range is only what its reader asked to check; the report names it either way.
+
+    `pinned`: the keys to trust (receipts.trust.pinned_keys); None trusts the bundle's own.
+
+    `saved`: checkpoints the verifier kept from earlier exports; the bundle's receipts must
+    pass through each one's root (the chain only grew since).
+
+    `chain`: the chain the verifier expects; a bundle of any other (a look-alike name
+    included) fails.
+
+    Raises BundleError when `path` is not a file or `pinned` holds no usable key (and
+    SigningKeyError for a PEM block that is not an Ed25519 public key); everything wrong with
+    the bundle itself is a failed report.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BundleError(f"no bundle at {path}")
+    try:
+        contents = BundleContents(path)
+    except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
+        return _failed(exc)
+    try:
+        report = _verify_contents(contents, pinned, progress, workers, saved, chain)
+    except VerificationError as exc:
+        return VerificationReport.failed(exc.reason, seq=exc.seq)
+    except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
+        return _failed(exc)
+    finally:
+        contents.close()
+    if report.ok and not allow_range and not report.whole_chain:
+        return replace(
+            report,
+            ok=False,
+            reason=f"the bundle holds seq {report.first_seq}..{report.last_seq} of the"
+            f" {report.tree_size} receipts its checkpoint signs, not the whole chain (a range"
+            " export verifies only when asked for: --range)",
+        )
+    return report
+
+
+def _failed(exc: Exception) -> VerificationReport:
+    """The report for an exception out of reading or verifying a bundle. The caller's own
+    input (the pinned keys) raises. An exception no check expected fails the bundle too (a
+    traceback is no verdict), as a bug of callproof, with the traceback in the log."""
+    if isinstance(exc, VerificationError):
+        return VerificationReport.failed(exc.reason, seq=exc.seq)
+    if isinstance(exc, (BundleError, SigningKeyError)) or not CONTAIN_UNEXPECTED:
+        raise exc
+    log.error("verifying a bundle failed unexpectedly", exc_info=exc)
+    return VerificationReport.failed(
+        f"the verifier cannot process this bundle ({type(exc).__name__}: {exc}); it is not"
+        " verified. This is a bug in callproof: please report it with the log's traceback"
+    )
+
+
+def _verify_contents(
+    contents: BundleContents,
+    pinned: str | bytes | None,
+    progress: Progress | None,
+    workers: int | None,
+    saved: Sequence[Mapping[str, Any]],
+    expected_chain: str | None,
+) -> VerificationReport:
+    manifest = contents.json(MANIFEST)
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise VerificationError(f"{MANIFEST} does not describe a {BUNDLE_FORMAT}")
+    if expected_chain is not None and manifest.get("chain") != expected_chain:
+        raise VerificationError(
+            f"the bundle is of chain {manifest.get('chain')!a}, not {expected_chain!a}"
+        )
+    if type(manifest.get("v")) is not int or manifest["v"] != BUNDLE_VERSION:  # true == 1
+        raise VerificationError(
+            f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
+        )
+    for name in SMALL_FILES:
+        contents.json(name)
+    if contents.receipts is None:
+        raise VerificationError(f"bundle lacks {RECEIPTS}")
+    try:
+        keyring, trust = trusted_keys(_bundle_keys(contents), pinned)
+    except VerificationError as exc:  # the report still names the chain the manifest gives
+        chain = manifest.get("chain") if isinstance(manifest.get("chain"), str) else None
+        return VerificationReport.failed(exc.reason, chain=chain)
+    schemas = _schemas(contents)
+    proofs = _proofs(contents.json("proofs.json"))
+    checkpoint = contents.json("checkpoint.json")
+    if checkpoint is None:  # None would mean "no checkpoint" to the linker: no root checked
+        raise VerificationError("checkpoint.json must hold the signed checkpoint, not null")
+    total = manifest.get("receipts") if isinstance(manifest.get("receipts"), int) else 0
+    linker = ChainLinker(
+        keyring,
+        chain=manifest.get("chain"),
+        expected_prev_hash=proofs.prev_entry_hash,
+        start_seq=proofs.first_seq,
+        checkpoint=checkpoint,
+        left=proofs.left,
+        saved=saved,
+    )
+    try:
+        for block in _checked(contents.receipts, keyring, schemas, total, workers):
+            linker.link_run(block.run)
+            if block.problem:
+                raise VerificationError(block.problem, linker.next_seq)
+            if progress is not None:
+                progress(linker.checked, max(total, linker.checked))
+        if linker.checked == 0:
+            raise VerificationError(f"{RECEIPTS} holds no receipts")
+        linker.finish(proofs.right)
+    except VerificationError as exc:
+        problem, seq = exc.reason, exc.seq
+    else:
+        seq = None
+        span = (linker.start_seq, linker.next_seq - 1)
+        problem = _manifest_problem(manifest, contents.digests())
+        if not problem and span[1] > checkpoint["tree_size"]:
+            problem = (
+                f"seq {checkpoint['tree_size'] + 1}..{span[1]} lie past the signed checkpoint's"
+                f" tree size {checkpoint['tree_size']}: no signed root covers them"
+            )
+        if not problem and linker.checked != total:
+            problem = f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
+        if not problem and (manifest.get("first_seq"), manifest.get("last_seq")) != span:
+            problem = (
+                f"{MANIFEST} announces seq {manifest.get('first_seq')}..{manifest.get('last_seq')},"
+                f" {RECEIPTS} holds seq {span[0]}..{span[1]}"
+            )
+    if problem:
+        return VerificationReport.failed(
+            problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)
+        )
+    return replace(linker.report(), notes=(trust, *saved_checkpoints_note(saved)))
+
+
+def _manifest_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """What the manifest misstates, if anything, besides the receipts' seqs: a count that is
+    not an integer (true is 1 to Python, not to the format), or the files and their hashes."""
+    for field in ("receipts", "first_seq", "last_seq"):
+        if announced(manifest, field) is None:
+            return f"{MANIFEST}: {field} must be an integer, not {manifest.get(field)!r}"
+    return _file_problem(manifest, digests)
+
+
+def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:
+    """Disagreement between the files present and the hashes the manifest lists, if any."""
+    listed = manifest.get("files")
+    if not isinstance(listed, dict):
+        return f"{MANIFEST} lists no file hashes"
+    present = {name: digest for name, digest in digests.items() if name != MANIFEST}
+    for name in sorted(set(listed) | set(present)):
+        if name not in present:
+            return f"bundle file {name} is listed in {MANIFEST} but missing"
+        if name not in listed:
+            return f"bundle file {name} is not listed in {MANIFEST}"
+        if listed[name] != present[name]:
+            return f"bundle file {name} does not match its SHA-256 in {MANIFEST}"
+    return None
+
+
+def _schemas(contents: BundleContents) -> dict[str, Any]:
+    """Every schemas/<hash>.json by its hash; one that is not JSON fails the bundle, named."""
+    return {
+        name[len("schemas/") : -len(".json")]: contents.json(name)
+        for name in contents.small
+        if name.startswith("schemas/")
+    }
+
+
+class _Proofs(NamedTuple):
+    first_seq: int
+    prev_entry_hash: str
+    left: list[bytes]
+    right: list[bytes]
+
+
+def _proofs(obj: Any) -> _Proofs:
+    try:
+        first, prev = obj["first_seq"], obj["prev_entry_hash"]
+        left = [bytes.fromhex(h) for h in obj["left"]]
+        right = [bytes.fromhex(h) for h in obj["right"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VerificationError(f"proofs.json is malformed: {exc!r}") from exc
+    if type(first) is not int or first < 1 or not is_hex64(prev):
+        raise VerificationError("proofs.json: first_seq must be >= 1, prev_entry_hash 64 hex")
+    return _Proofs(first, prev, left, right)
+
+
+def _bundle_keys(contents: BundleContents) -> list[dict[str, Any]]:
+    """keys.json joined with the PEM files, in KeyRing.from_public_keys' shape."""
+    listing = contents.json("keys.json")
+    try:
+        return [_bundle_key(contents, entry) for entry in listing["keys"]]
+    except (KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
+
+
+def _bundle_key(contents: BundleContents, entry: Mapping[str, Any]) -> dict[str, Any]:
+    key_id = entry["key_id"]
+    if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
+        raise VerificationError(f"keys.json: {key_id!r} is not a key id (ed25519: + 32 hex)")
+    return {
+        "key_id": key_id,
+        "public_key_pem": contents.small[key_file(key_id)].decode("ascii"),
+        "ranges": entry["ranges"],
+    }
+
+
+# ------------------------------------------------ per-receipt checks, in worker processes
+
+
+class CheckedBlock(NamedTuple):
+    """What a worker reports on a block of lines: the run of receipts that passed and link
+    among themselves, and why the receipt after that run fails (None: the block is done)."""
+
+    run: LinkedRun
+    problem: str | None
+
+
+class LineChecker:
+    """The self-contained checks of receipts.jsonl lines (run in workers or in-process):
+    each receipt on its own, then the links between consecutive receipts of a block."""
+
+    def __init__(self, public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
+        self.checker = ReceiptChecker(KeyRing.from_public_keys(public_keys), schemas)
+
+    def check(self, block: bytes) -> CheckedBlock:
+        """Check the lines of `block` in order, stopping at the first that fails."""
+        first: Receipt | None = None
+        last: Receipt | None = None
+        leaves = []
+        problem = None
+        lines = block.split(b"\n")  # not splitlines: a bare \r is JSON whitespace
+        if lines[-1] == b"":
+            lines.pop()  # the newline that ends the block's last line
+        for line in lines:
+            if not line:
+                problem = f"a blank line in {RECEIPTS}, where each line holds one receipt"
+                break
+            plain = loads_plain(line)
+            try:
+                obj = json.loads(line) if plain is None else plain
+                receipt = Receipt.from_json_obj(obj)
+                spelled = canonical_json(obj) if plain is None else canonical_plain(obj)
+            except (ValueError, ReceiptFormatError) as exc:  # ValueError: not JSON
+                problem = f"malformed receipt: {exc}"
+                break
+            except RecursionError:
+                problem = "malformed receipt: it nests deeper than any receipt does"
+                break
+            if spelled != line:
+                # JSON readers disagree on duplicate keys (Python keeps the last, others the
+                # first): only the one spelling the writer uses leaves nothing to interpret.
+                problem = (
+                    "the receipt line is not the canonical JSON of its receipt (RFC 8785):"
+                    " a duplicate key, another key order or extra whitespace"
+                )
+                break
+            body = None if plain is None else canonical_plain(receipt.body())
+            problem = self.checker.problem(receipt, body)
+            if problem is None and last is not None:
+                problem = link_problem(last.chain, last.seq + 1, last.entry_hash, receipt)
+            if problem:
+                break
+            first = first or receipt
+            last = receipt
+            leaves.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
+        if first is None or last is None:
+            return CheckedBlock(LinkedRun("", 0, "", "", 0, b""), problem)
+        run = LinkedRun(
+            first.chain, first.seq, first.prev_hash, last.entry_hash, len(leaves), b"".join(leaves)
+        )
+        return CheckedBlock(run, problem)
+
+
+def _checked(
+    source: IO[bytes],
+    keyring: KeyRing,
+    schemas: dict[str, Any],
+    total: int,
+    workers: int | None,
+) -> Iterator[CheckedBlock]:
+    """The checked blocks of receipts.jsonl, in order; in worker processes for big bundles."""
+    keys = keyring.to_public_keys()
+    if workers is None:  # auto: processes pay for their start-up only on big bundles
+        workers = (os.cpu_count() or 1) if total >= PARALLEL_FROM else 1
+    if workers <= 1:
+        checker = LineChecker(keys, schemas)
+        yield from map(checker.check, _blocks(source))
+        return
+    # fork is fast and imports nothing again, but is only safe without other threads; a
+    # threaded caller (a server) gets spawn, which needs its __main__ guarded as usual
+    method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
+    ctx = multiprocessing.get_context(method)
+    with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
+        yield from pool.imap(_check_in_worker, _blocks(source))
+
+
+_worker: LineChecker | None = None
+
+
+def _init_worker(public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
+    global _worker
+    _worker = LineChecker(public_keys, schemas)
+
+
+def _check_in_worker(block: bytes) -> CheckedBlock:
+    assert _worker is not None
+    return _worker.check(block)
+
+
+def _blocks(source: IO[bytes]) -> Iterator[bytes]:
+    """receipts.jsonl in blocks of whole lines, about BLOCK bytes each (cut without parsing,
+    so handing a block to a worker costs one bytes object)."""
+    partial: list[bytes] = []  # the start of a line longer than a block, in pieces
+    while data := source.read(BLOCK):
+        cut = data.rfind(b"\n") + 1  # only the new data is searched: linear in the file
+        if not cut:
+            partial.append(data)
+            if len(partial) * BLOCK > MAX_SMALL_FILE:  # a bomb, not a receipt: memory bound
+                raise VerificationError(
+                    f"a line of {RECEIPTS} runs past {MAX_SMALL_FILE >> 20} MiB; no receipt is"
+                    " that long"
+                )
+            continue
+        yield b"".join([*partial, data[:cut]])
+        partial = [data[cut:]]
+    if any(partial):
+        yield b"".join(partial)

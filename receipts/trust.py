@@ -1,0 +1,66 @@
+"""Which keys a verifier trusts: the keys it pins (--public-key) or, unpinned, the keys the
+evidence carries; and the note a report gives saying on what authority it passed."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from receipts.errors import BundleError, ReceiptsError, VerificationError
+from receipts.signing import KeyRing
+
+
+def pinned_keys(pinned: str | bytes) -> tuple[KeyRing, bool]:
+    """The keys a verifier pins, and whether they come with seq ranges.
+
+    Either PEM public keys (one or more blocks; no ranges, so each key is trusted for every
+    seq) or the JSON list `GET /audit/keys` returns, each key with the seq ranges it signed,
+    which are then enforced: a retired key cannot sign past its range."""
+    text = pinned.decode("utf-8", errors="replace") if isinstance(pinned, bytes) else pinned
+    if text.lstrip().startswith("["):
+        try:
+            return KeyRing.from_public_keys(json.loads(text)), True
+        except (ValueError, ReceiptsError) as exc:
+            raise BundleError(f"--public-key is not the JSON of GET /audit/keys: {exc}") from None
+    blocks = re.findall(r"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
+    if not blocks:
+        raise BundleError(
+            "--public-key holds no PEM public key (nor the JSON list of GET /audit/keys)"
+        )
+    ring = KeyRing()
+    for block in blocks:
+        ring.add_pem(block)
+    return ring, False
+
+
+def trusted_keys(
+    bundle_keys: list[dict[str, Any]], pinned: str | bytes | None
+) -> tuple[KeyRing, str]:
+    """The key ring a bundle's verifier trusts and a note saying on what authority.
+
+    Unpinned, the bundle's own keys and ranges are trusted: that proves the bundle is intact
+    and self-consistent, not who made it. Pinned, only the pinned keys are trusted, with the
+    pinned ranges if any: the bundle's keys.json is not signed, so its ranges prove nothing."""
+    if pinned is None:
+        try:
+            bundle_ring = KeyRing.from_public_keys(bundle_keys)
+        except ReceiptsError as exc:
+            raise VerificationError(f"bundle keys: {exc}") from exc
+        return bundle_ring, (
+            "trusted the bundle's own keys: this proves integrity, not origin;"
+            " pin the operator's keys with --public-key"
+        )
+    ring, with_ranges = pinned_keys(pinned)
+    note = pinned_note(ring)
+    if with_ranges:
+        return ring, note + ", each within its pinned seq ranges"
+    return ring, note + (
+        "; a PEM file pins no seq ranges, so each key is trusted for every seq"
+        " (pin the JSON of GET /audit/keys to hold retired keys to their ranges)"
+    )
+
+
+def pinned_note(keyring: KeyRing) -> str:
+    """The note of a verification that trusted only pinned keys, of a bundle or a database."""
+    return f"trusted only the pinned key(s): {', '.join(keyring.key_ids())}"
