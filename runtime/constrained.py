@@ -32,8 +32,9 @@ from runtime.errors import (
     EngineFault,
     StructuredOutputInvalid,
 )
+from runtime.exact_json import EXACT_JSON
+from runtime.schema_check import validate
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
-from runtime.tools import EXACT_JSON, validate
 
 
 class GrammarViolation(EngineFault):

@@ -27,7 +27,15 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnsupportedParameter,
 )
+from runtime.exact_json import load_json
 from runtime.limits import DEFAULT_LIMITS, Limits, unenforceable_regex_feature
+from runtime.output_parsing import (
+    CallIds,
+    ParsedResponse,
+    ToolCall,
+    parse_envelope,
+    parse_native_tool_call,
+)
 from runtime.renderers import (
     HistoryMessage,
     ToolPrompt,
@@ -36,23 +44,17 @@ from runtime.renderers import (
     get_renderer,
 )
 from runtime.renderers.base import json_answer_note
+from runtime.schema_check import validate
 from runtime.thinking import THINK_CLOSE, THINK_OPEN, Enforcement
 from runtime.tools import (
-    CallIds,
-    ParsedResponse,
     ResponseFormat,
-    ToolCall,
     ToolChoice,
     ToolSpec,
     closed_schema,
-    load_json,
-    parse_envelope,
-    parse_native_tool_call,
     parse_response_format,
     parse_tool_choice,
     parse_tools_field,
     union_schema,
-    validate,
 )
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]

@@ -1,5 +1,5 @@
-"""runtime.tools: the tools field, the union schema per tool_choice, call ids, and parsing
-output back into calls with defence-in-depth validation."""
+"""runtime.tools, schema_check and output_parsing: the tools field, the union schema per
+tool_choice, call ids, and parsing output back into calls with defence-in-depth validation."""
 
 from __future__ import annotations
 
@@ -11,20 +11,21 @@ import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
 from runtime.errors import InvalidSchema, InvalidTools, StructuredOutputInvalid, UnknownTool
-from runtime.tools import (
+from runtime.output_parsing import (
     CALL_ID_RE,
     CallIds,
     ToolCall,
-    check_schema,
-    closed_schema,
     new_call_id,
     parse_envelope,
     parse_native_tool_call,
+)
+from runtime.schema_check import check_schema, validate
+from runtime.tools import (
+    closed_schema,
     parse_response_format,
     parse_tools_field,
     union_calls,
     union_schema,
-    validate,
 )
 
 SPECS = parse_tools_field(TOOLS)
