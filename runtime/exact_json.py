@@ -51,9 +51,9 @@ def load_exact(text: str | bytes) -> Any:
     return EXACT_JSON.decode(text.decode() if isinstance(text, bytes) else text)
 
 
-def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
+def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "") -> Any:
     """``json.loads`` of model output whose failure is a StructuredOutputInvalid carrying the
-    schema. Numbers a receipt cannot hold exactly (NaN, overflow, integers past 2**53) fail
+    schema and naming ``param``, the request field that constrained it. Numbers a receipt cannot hold exactly (NaN, overflow, integers past 2**53) fail
     here too: the schema may allow them, the signed receipt could not record them."""
     try:
         return load_exact(text)
@@ -63,7 +63,7 @@ def load_json(text: str, schema: dict[str, Any], *, pointer: str = "") -> Any:
         why = f"output is not valid JSON ({exc.msg}, char {exc.pos})"
     except RecursionError:
         why = "output is not JSON this gateway can read (nested too deep)"
-    raise StructuredOutputInvalid(why, schema=schema, raw_output=text, pointer=pointer)
+    raise StructuredOutputInvalid(why, schema=schema, raw_output=text, pointer=pointer, param=param)
 
 
 __all__ = ["EXACT_JSON", "MAX_EXACT_INTEGER", "InexactNumber", "load_exact", "load_json"]

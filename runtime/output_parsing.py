@@ -116,8 +116,10 @@ def parse_envelope(
 
     ``schema`` (the union) catches what per-part checks cannot, such as an answer under
     tool_choice "required"; ``response_schema`` marks the answer as structured content.
+    A failure names ``tools`` (the field that shaped the envelope), but an answer failing
+    ``response_schema`` names ``response_format``.
     """
-    envelope = load_json(text, schema or {})
+    envelope = load_json(text, schema or {}, param="tools")
     return _from_envelope(envelope, text, tools, schema, response_schema, ids or CallIds())
 
 
@@ -176,7 +178,11 @@ def _from_envelope(
     union = schema or {}
     if not isinstance(envelope, dict):
         raise StructuredOutputInvalid(
-            "tool envelope is not a JSON object", schema=union, raw_output=raw, pointer=""
+            "tool envelope is not a JSON object",
+            schema=union,
+            raw_output=raw,
+            pointer="",
+            param="tools",
         )
     by_name = {t.name: t for t in tools}
     if "tool_calls" in envelope and isinstance(envelope["tool_calls"], list):
@@ -194,9 +200,11 @@ def _from_envelope(
     )
     if not calls and response_schema is not None and "answer" in envelope:
         # before the union, whose anyOf could only say the whole envelope fails
-        validate(envelope["answer"], response_schema, raw, prefix="/answer")
+        validate(
+            envelope["answer"], response_schema, raw, param="response_format", prefix="/answer"
+        )
     if schema is not None:
-        validate(envelope, schema, raw)
+        validate(envelope, schema, raw, param="tools")
     if calls:
         return ParsedResponse("tool_calls", tool_calls=calls)
     if "answer" not in envelope:
@@ -205,13 +213,18 @@ def _from_envelope(
             schema=union,
             raw_output=raw,
             pointer="",
+            param="tools",
         )
     answer = envelope["answer"]
     if response_schema is not None:
         return ParsedResponse("parsed", parsed=answer, content=texts[("answer",)])
     if not isinstance(answer, str):
         raise StructuredOutputInvalid(
-            "'answer' must be a string", schema=union, raw_output=raw, pointer="/answer"
+            "'answer' must be a string",
+            schema=union,
+            raw_output=raw,
+            pointer="/answer",
+            param="tools",
         )
     return ParsedResponse("answer", answer=answer, content=answer)
 
@@ -232,7 +245,11 @@ def _call_from(
 ) -> ToolCall:
     if not isinstance(item, dict):
         raise StructuredOutputInvalid(
-            "a tool call is not a JSON object", schema=union, raw_output=raw, pointer=at
+            "a tool call is not a JSON object",
+            schema=union,
+            raw_output=raw,
+            pointer=at,
+            param="tools",
         )
     name = item.get(name_key)
     tool = by_name.get(name) if isinstance(name, str) else None
@@ -242,11 +259,12 @@ def _call_from(
             schema=union,
             raw_output=raw,
             pointer=f"{at}/{name_key}",
+            param="tools",
         )
     arguments = item.get("arguments", {})
     if isinstance(arguments, str):  # some native formats carry arguments as a JSON string
-        arguments = load_json(arguments, tool.parameters, pointer=f"{at}/arguments")
-    validate(arguments, tool.parameters, raw, prefix=f"{at}/arguments")
+        arguments = load_json(arguments, tool.parameters, param="tools", pointer=f"{at}/arguments")
+    validate(arguments, tool.parameters, raw, param="tools", prefix=f"{at}/arguments")
     return ToolCall(call_id, tool.name, arguments)
 
 
@@ -288,10 +306,12 @@ def parse_native_tool_call(
     for match in pattern.finditer(text):
         at = f"/tool_calls/{len(items)}"
         if family == "llama":
-            arguments = load_json(match["body"].strip() or "{}", {}, pointer=f"{at}/arguments")
+            arguments = load_json(
+                match["body"].strip() or "{}", {}, param="tools", pointer=f"{at}/arguments"
+            )
             items.append({"name": match["name"], "arguments": arguments})
             continue
-        body = load_json(match["body"], {}, pointer=at)
+        body = load_json(match["body"], {}, param="tools", pointer=at)
         several = body.get("tool_calls") if isinstance(body, dict) else None
         items.extend(several if isinstance(several, list) else [body])
     by_name = {t.name: t for t in tools}

@@ -167,8 +167,9 @@ def _validator(canonical: bytes) -> jsonschema_rs.Validator:
     return jsonschema_rs.Draft202012Validator(json.loads(canonical), offline=True)
 
 
-def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") -> None:
-    """Raise StructuredOutputInvalid at the JSON pointer of the first failure."""
+def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix: str = "") -> None:
+    """Raise StructuredOutputInvalid at the JSON pointer of the first failure, naming
+    ``param``, the request field whose schema the value fails."""
     validator = _validator(_canonical(schema))
     if validator.is_valid(value):
         return
@@ -183,6 +184,7 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, prefix: str = "") 
         schema=schema,
         raw_output=raw,
         pointer=pointer,
+        param=param,
     )
 
 

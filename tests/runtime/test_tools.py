@@ -530,10 +530,11 @@ def test_a_failure_at_the_root_is_named_so() -> None:
     """The root's JSON pointer is "" (RFC 6901); the message says "the root", not "/", which
     points at a key named ""."""
     with pytest.raises(StructuredOutputInvalid) as info:
-        validate(1, {"type": "string"}, "1")
+        validate(1, {"type": "string"}, "1", param="response_format")
     assert info.value.pointer == "" and "fails its schema at the root:" in info.value.message
+    assert info.value.param == "response_format"  # the field the caller names
     with pytest.raises(StructuredOutputInvalid) as info:
-        validate({"a/b": 1}, {"properties": {"a/b": {"type": "string"}}}, "{}")
+        validate({"a/b": 1}, {"properties": {"a/b": {"type": "string"}}}, "{}", param="tools")
     assert "fails its schema at '/a~1b':" in info.value.message
 
 
