@@ -53,8 +53,9 @@ def load_exact(text: str | bytes) -> Any:
 
 def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "") -> Any:
     """``json.loads`` of model output whose failure is a StructuredOutputInvalid carrying the
-    schema and naming ``param``, the request field that constrained it. Numbers a receipt cannot hold exactly (NaN, overflow, integers past 2**53) fail
-    here too: the schema may allow them, the signed receipt could not record them."""
+    schema and naming ``param``, the request field that constrained it. Numbers a receipt
+    cannot hold exactly (NaN, overflow, integers past 2**53) fail here too: the schema may
+    allow them, the signed receipt could not record them."""
     try:
         return load_exact(text)
     except InexactNumber as exc:

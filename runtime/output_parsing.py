@@ -112,7 +112,7 @@ def parse_envelope(
     response_schema: dict[str, Any] | None = None,
     ids: CallIds | None = None,
 ) -> ParsedResponse:
-    """Parse and re-validate the JSON envelope produced under :func:`union_schema`.
+    """Parse and re-validate the JSON envelope produced under :func:`runtime.tools.union_schema`.
 
     ``schema`` (the union) catches what per-part checks cannot, such as an answer under
     tool_choice "required"; ``response_schema`` marks the answer as structured content.
