@@ -31,9 +31,9 @@ from receipts.record import Receipt
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
 from runtime.errors import RuntimeInputError, StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
+from runtime.output_parsing import ParsedResponse
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import EnvelopeStreamDecoder
-from runtime.tools import ParsedResponse
 
 _SEED_BOUND = 2**31  # a seed every engine accepts
 # OpenAI parameters the gateway does not implement, accepted at the value that means "off"

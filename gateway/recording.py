@@ -16,8 +16,8 @@ from receipts.canonical import hash_json, sha256_hex
 from receipts.manifest import build_manifest, schema_hash
 from receipts.record import ReceiptDraft
 from runtime.engines.base import EngineIdentity, Generation, Sampling
+from runtime.output_parsing import ParsedResponse
 from runtime.planning import Plan
-from runtime.tools import ParsedResponse
 
 
 def request_record(sent: dict[str, Any], *, retain_payload: bool) -> dict[str, Any]:

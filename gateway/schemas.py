@@ -15,7 +15,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
 from receipts.canonical import MAX_SAFE_INT
 from receipts.record import Receipt
-from runtime.tools import MAX_EXACT_INTEGER
+from runtime.exact_json import MAX_EXACT_INTEGER
 
 # --- errors ---------------------------------------------------------------------------------
 

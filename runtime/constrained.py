@@ -32,8 +32,9 @@ from runtime.errors import (
     EngineFault,
     StructuredOutputInvalid,
 )
+from runtime.exact_json import EXACT_JSON
+from runtime.schema_check import validate
 from runtime.thinking import Enforcement, EnforcementMachine, Phase
-from runtime.tools import EXACT_JSON, validate
 
 
 class GrammarViolation(EngineFault):
@@ -185,12 +186,15 @@ def post_hoc_retry_json(
     prompt: str,
     schema: dict[str, Any],
     max_retries: int = 2,
+    *,
+    param: str,
 ) -> tuple[bool, Any, StructuredOutputInvalid | None]:
     """For constraints no backend can compile: generate freely, check, re-prompt.
 
     Returns ``(True, parsed, None)`` on the first output that validates, else
     ``(False, None, error)`` where the error carries the schema, the last raw output and the
-    failing JSON pointer (raise it to answer ``structured_output_invalid``).
+    failing JSON pointer (raise it to answer ``structured_output_invalid``); it names
+    ``param``, the request field the schema came from.
     """
     attempt_prompt, error = prompt, None
     for _ in range(max_retries + 1):
@@ -199,11 +203,15 @@ def post_hoc_retry_json(
             parsed = _first_json_value(raw)
         except ValueError as exc:
             error = StructuredOutputInvalid(
-                f"the output is not JSON: {exc}", schema=schema, raw_output=raw, pointer=""
+                f"the output is not JSON: {exc}",
+                schema=schema,
+                raw_output=raw,
+                pointer="",
+                param=param,
             )
         else:
             try:  # the validator plan.parse checks the answer with again: the same verdict
-                validate(parsed, schema, raw)
+                validate(parsed, schema, raw, param=param)
             except StructuredOutputInvalid as failure:
                 error = failure
             else:

@@ -74,7 +74,9 @@ class UnsupportedParameter(RuntimeInputError):
 
 
 class StructuredOutputInvalid(RuntimeInputError):
-    """The fallback path could not produce output that validates (non-transient, HTTP 422)."""
+    """Model output fails its constraint (HTTP 422). ``param`` names the request field whose
+    constraint it fails (tools, response_format, regex; max_tokens or stop when one of them
+    cut it short), so each raise site says which: there is no default to be wrong."""
 
     code = "structured_output_invalid"
     status = 422
@@ -86,7 +88,7 @@ class StructuredOutputInvalid(RuntimeInputError):
         schema: Any,
         raw_output: str,
         pointer: str,
-        param: str = "response_format",
+        param: str,
     ):
         super().__init__(message, param=param)
         self.schema = schema

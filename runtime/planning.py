@@ -27,7 +27,15 @@ from runtime.errors import (
     StructuredOutputInvalid,
     UnsupportedParameter,
 )
+from runtime.exact_json import load_json
 from runtime.limits import DEFAULT_LIMITS, Limits, unenforceable_regex_feature
+from runtime.output_parsing import (
+    CallIds,
+    ParsedResponse,
+    ToolCall,
+    parse_envelope,
+    parse_native_tool_call,
+)
 from runtime.renderers import (
     HistoryMessage,
     ToolPrompt,
@@ -36,23 +44,17 @@ from runtime.renderers import (
     get_renderer,
 )
 from runtime.renderers.base import json_answer_note
+from runtime.schema_check import validate
 from runtime.thinking import THINK_CLOSE, THINK_OPEN, Enforcement
 from runtime.tools import (
-    CallIds,
-    ParsedResponse,
     ResponseFormat,
-    ToolCall,
     ToolChoice,
     ToolSpec,
     closed_schema,
-    load_json,
-    parse_envelope,
-    parse_native_tool_call,
     parse_response_format,
     parse_tool_choice,
     parse_tools_field,
     union_schema,
-    validate,
 )
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
@@ -129,8 +131,8 @@ class Plan:
     def _parse_body(self, body: str, ids: CallIds) -> ParsedResponse:
         if self.mode == "json":
             assert self.schema is not None
-            value = load_json(body, self.schema)
-            validate(value, self.schema, body)
+            value = load_json(body, self.schema, param="response_format")
+            validate(value, self.schema, body, param="response_format")
             return ParsedResponse("parsed", parsed=value, content=body)
         if self.mode == "regex":
             assert self.constraint is not None
@@ -142,22 +144,15 @@ class Plan:
         if self.mode != "tools":
             return ParsedResponse("text", content=body)
         assert self.schema is not None and self.tool_choice is not None
-        try:
-            if body.lstrip().startswith("{"):
-                return parse_envelope(
-                    body.strip(),
-                    self.tools,
-                    schema=self.schema,
-                    response_schema=self.answer_schema,
-                    ids=ids,
-                )
-            return self._parse_tagged(body, ids)
-        except StructuredOutputInvalid as exc:
-            # The request's field at fault: `tools`, unless the answer failed response_format.
-            answer = exc.pointer == "/answer" or exc.pointer.startswith("/answer/")
-            if exc.param == "response_format" and not (answer and self.answer_schema):
-                exc.param = "tools"
-            raise
+        if body.lstrip().startswith("{"):
+            return parse_envelope(
+                body.strip(),
+                self.tools,
+                schema=self.schema,
+                response_schema=self.answer_schema,
+                ids=ids,
+            )
+        return self._parse_tagged(body, ids)
 
     def _parse_tagged(self, body: str, ids: CallIds) -> ParsedResponse:
         """Free text with calls in the family's tags: the thinking-model path, where only the
@@ -165,7 +160,7 @@ class Plan:
         family = "llama" if self.renderer == "llama" else "qwen"  # hermes uses qwen tags
         result = parse_native_tool_call(body, family, self.tools, ids=ids)
         if result.kind == "tool_calls":
-            validate(_as_envelope(result.tool_calls), self.schema or {}, body)
+            validate(_as_envelope(result.tool_calls), self.schema or {}, body, param="tools")
             return result
         opener = "<function=" if family == "llama" else "<tool_call>"
         if opener in body:  # a call was begun but is not complete and valid: never an answer
@@ -174,6 +169,7 @@ class Plan:
                 schema=self.schema,
                 raw_output=body,
                 pointer="",
+                param="tools",
             )
         answer = body.strip()
         if (
@@ -187,6 +183,7 @@ class Plan:
             schema=self.schema,
             raw_output=body,
             pointer="",
+            param="tools",
         )
 
 

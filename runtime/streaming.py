@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime.errors import StructuredOutputInvalid
+from runtime.output_parsing import CallIds, ParsedResponse
 from runtime.planning import Plan, split_thinking
 from runtime.thinking import THINK_CLOSE, THINK_OPEN
-from runtime.tools import CallIds, ParsedResponse
 
 _WS = " \t\n\r"
 

@@ -13,6 +13,7 @@ rerun, which is what receipt replay relies on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import threading
@@ -176,7 +177,7 @@ class EmbeddedEngine:
         except BackendCannotCompile:
             if constraint is None or not constraint.is_json:
                 raise
-            generation = await self._post_hoc(messages, constraint.schema(), sampling)
+            generation = await self._post_hoc(messages, constraint, sampling)
             yield TextDelta(generation.text)
             yield generation
             return
@@ -254,12 +255,13 @@ class EmbeddedEngine:
         return replace(sampling, max_tokens=limit - len(prompt))
 
     async def _post_hoc(
-        self, messages: Sequence[ChatMessage], schema: dict[str, Any], sampling: Sampling
+        self, messages: Sequence[ChatMessage], constraint: Constraint, sampling: Sampling
     ) -> Generation:
         """No backend can compile this schema: decode freely, validate, re-prompt with the
         error. Only the validated JSON value is returned (never streamed before it validates,
         stripped of any prose around it); otherwise StructuredOutputInvalid with the schema,
-        the raw output and the failing JSON pointer."""
+        the raw output and the failing JSON pointer, naming the constraint's field."""
+        schema = constraint.schema()
         history = list(messages[:-1]) if messages[-1].role == "user" else list(messages)
         question = messages[-1].content if messages[-1].role == "user" else ""
         attempts: list[Generation] = []
@@ -276,7 +278,15 @@ class EmbeddedEngine:
         loop = asyncio.get_running_loop()
         try:
             ok, parsed, error = await loop.run_in_executor(
-                self._worker, post_hoc_retry_json, attempt, question, schema, POST_HOC_RETRIES
+                self._worker,
+                functools.partial(
+                    post_hoc_retry_json,
+                    attempt,
+                    question,
+                    schema,
+                    POST_HOC_RETRIES,
+                    param=constraint.param,
+                ),
             )
         finally:
             cancelled.set()

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runtime.engines.base import ChatMessage
-from runtime.tools import ToolCall, ToolChoice, ToolSpec
+from runtime.output_parsing import ToolCall
+from runtime.tools import ToolChoice, ToolSpec
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.output_parsing import ToolCall
 from runtime.renderers.base import HistoryMessage, ToolPrompt, dumps
 from runtime.renderers.qwen import QwenRenderer
-from runtime.tools import ToolCall
 
 _CALL_SCHEMA = {
     "properties": {

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from runtime.output_parsing import ToolCall
 from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
-from runtime.tools import ToolCall
 
 
 class QwenRenderer(Renderer):

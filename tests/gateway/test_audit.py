@@ -25,7 +25,7 @@ from receipts.ledger import Ledger
 from receipts.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import ReceiptDraft
 from receipts.signing import KeyRing
-from runtime.tools import new_call_id
+from runtime.output_parsing import new_call_id
 
 pytestmark = pytest.mark.model
 

@@ -20,8 +20,8 @@ from embedded_model import run, shared_engine
 
 from runtime.engines.base import Generation, Sampling
 from runtime.engines.embedded import EmbeddedEngine
+from runtime.output_parsing import ParsedResponse
 from runtime.planning import ChatInput, plan_chat
-from runtime.tools import ParsedResponse
 
 pytestmark = pytest.mark.model
 

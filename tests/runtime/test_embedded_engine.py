@@ -13,7 +13,7 @@ from embedded_model import run, shared_engine
 
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
-from runtime.constraint import Constraint
+from runtime.constraint import Constraint, ConstraintKind
 from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.embedded import EmbeddedEngine
 from runtime.errors import (
@@ -236,12 +236,14 @@ def test_post_hoc_fallback_returns_only_validated_json(engine: EmbeddedEngine) -
     run(llguidance_only.aclose())
 
 
+@pytest.mark.parametrize(("kind", "param"), [("json", "response_format"), ("tools", "tools")])
 def test_post_hoc_fallback_failure_exposes_schema_output_and_pointer(
-    engine: EmbeddedEngine,
+    engine: EmbeddedEngine, kind: ConstraintKind, param: str
 ) -> None:
+    """The 422 names the field the constraint came from, a tool union's too."""
     llguidance_only = sibling(engine, "llguidance")
     schema = {"type": "array", "uniqueItems": True}
-    constraint = Constraint.json_schema(schema)
+    constraint = Constraint.json_schema(schema, kind=kind)
     with pytest.raises(StructuredOutputInvalid) as info:
         run(
             llguidance_only.generate(
@@ -251,6 +253,7 @@ def test_post_hoc_fallback_failure_exposes_schema_output_and_pointer(
     assert info.value.schema == schema
     assert info.value.raw_output
     assert isinstance(info.value.pointer, str)
+    assert info.value.param == param
     run(llguidance_only.aclose())
 
 

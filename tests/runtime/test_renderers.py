@@ -8,13 +8,14 @@ import pytest
 from tool_samples import TOOLS, WEATHER_PARAMS
 
 from runtime.engines.base import ChatMessage
+from runtime.output_parsing import ToolCall
 from runtime.renderers import (
     HistoryMessage,
     ToolPrompt,
     detect_family,
     get_renderer,
 )
-from runtime.tools import ToolCall, ToolChoice, parse_tools_field
+from runtime.tools import ToolChoice, parse_tools_field
 
 SPECS = parse_tools_field(TOOLS)
 WEATHER = SPECS[:1]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tool_samples import ANSWER_SCHEMA, TOOLS
 
 from runtime.errors import StructuredOutputInvalid
+from runtime.output_parsing import CallIds, ParsedResponse
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import (
     AnswerDelta,
@@ -22,7 +23,6 @@ from runtime.streaming import (
     ToolArgumentsDelta,
     ToolCallStart,
 )
-from runtime.tools import CallIds, ParsedResponse
 
 USER = [{"role": "user", "content": "hi"}]
 TOOLS_PLAN = plan_chat(ChatInput(USER, tools=TOOLS))

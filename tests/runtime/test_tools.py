@@ -1,5 +1,5 @@
-"""runtime.tools: the tools field, the union schema per tool_choice, call ids, and parsing
-output back into calls with defence-in-depth validation."""
+"""runtime.tools, schema_check and output_parsing: the tools field, the union schema per
+tool_choice, call ids, and parsing output back into calls with defence-in-depth validation."""
 
 from __future__ import annotations
 
@@ -11,20 +11,21 @@ import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
 from runtime.errors import InvalidSchema, InvalidTools, StructuredOutputInvalid, UnknownTool
-from runtime.tools import (
+from runtime.output_parsing import (
     CALL_ID_RE,
     CallIds,
     ToolCall,
-    check_schema,
-    closed_schema,
     new_call_id,
     parse_envelope,
     parse_native_tool_call,
+)
+from runtime.schema_check import check_schema, validate
+from runtime.tools import (
+    closed_schema,
     parse_response_format,
     parse_tools_field,
     union_calls,
     union_schema,
-    validate,
 )
 
 SPECS = parse_tools_field(TOOLS)
@@ -529,10 +530,11 @@ def test_a_failure_at_the_root_is_named_so() -> None:
     """The root's JSON pointer is "" (RFC 6901); the message says "the root", not "/", which
     points at a key named ""."""
     with pytest.raises(StructuredOutputInvalid) as info:
-        validate(1, {"type": "string"}, "1")
+        validate(1, {"type": "string"}, "1", param="response_format")
     assert info.value.pointer == "" and "fails its schema at the root:" in info.value.message
+    assert info.value.param == "response_format"  # the field the caller names
     with pytest.raises(StructuredOutputInvalid) as info:
-        validate({"a/b": 1}, {"properties": {"a/b": {"type": "string"}}}, "{}")
+        validate({"a/b": 1}, {"properties": {"a/b": {"type": "string"}}}, "{}", param="tools")
     assert "fails its schema at '/a~1b':" in info.value.message
 
 

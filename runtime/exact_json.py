@@ -1,0 +1,70 @@
+"""Exact JSON: the numbers a receipt can record without loss, and the parser that holds model
+output and client schemas to them.
+
+A receipt binds values in RFC 8785 canonical form, which holds I-JSON's exact numbers only
+(RFC 7493 section 2.2): integers within +-(2**53 - 1), finite doubles, no NaN. A value past
+that could be valid against its schema and still not be recorded faithfully, so it is
+refused where the JSON is read rather than rounded in the receipt.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from runtime.errors import StructuredOutputInvalid
+
+# The same bound as receipts/canonical.py's MAX_SAFE_INT (tests/test_layout.py holds them equal).
+MAX_EXACT_INTEGER = 2**53 - 1
+
+
+class InexactNumber(ValueError):
+    """A number in a JSON text that a receipt cannot hold exactly."""
+
+
+def _exact_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > MAX_EXACT_INTEGER:
+        raise InexactNumber(f"the integer {text} is outside +-(2**53 - 1)")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise InexactNumber(f"the number {text} overflows a double")
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise InexactNumber(f"{name} is not JSON")
+
+
+# json's decoder with the exact-number rule; raises InexactNumber (a ValueError) past it
+EXACT_JSON = json.JSONDecoder(
+    parse_int=_exact_int, parse_float=_finite_float, parse_constant=_no_constant
+)
+
+
+def load_exact(text: str | bytes) -> Any:
+    """``text`` decoded by :data:`EXACT_JSON`; raises InexactNumber past the exact-number rule."""
+    return EXACT_JSON.decode(text.decode() if isinstance(text, bytes) else text)
+
+
+def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "") -> Any:
+    """``json.loads`` of model output whose failure is a StructuredOutputInvalid carrying the
+    schema and naming ``param``, the request field that constrained it. Numbers a receipt
+    cannot hold exactly (NaN, overflow, integers past 2**53) fail here too: the schema may
+    allow them, the signed receipt could not record them."""
+    try:
+        return load_exact(text)
+    except InexactNumber as exc:
+        why = f"output holds a number a receipt cannot record exactly ({exc})"
+    except json.JSONDecodeError as exc:
+        why = f"output is not valid JSON ({exc.msg}, char {exc.pos})"
+    except RecursionError:
+        why = "output is not JSON this gateway can read (nested too deep)"
+    raise StructuredOutputInvalid(why, schema=schema, raw_output=text, pointer=pointer, param=param)
+
+
+__all__ = ["EXACT_JSON", "MAX_EXACT_INTEGER", "InexactNumber", "load_exact", "load_json"]

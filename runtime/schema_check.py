@@ -1,0 +1,191 @@
+"""Checking schemas and validating values against them.
+
+:func:`check_schema` decides whether a client's schema (a tool's parameters, a response
+format) is one this gateway can enforce and a receipt can bind: within the size limits, valid
+Draft 2020-12, local ``$ref`` only, exact numbers. :func:`validate` checks a value (model
+output) against a schema and raises StructuredOutputInvalid at the first failing pointer.
+
+Agents send the same tools with every request, and a metaschema check costs milliseconds:
+both caches are keyed by canonical schema text, so each distinct schema is checked and built
+once per process. Failures raise and are never cached. Outputs are validated with
+jsonschema-rs, the validator receipts/binding.py verifies receipts with, so the verdict a
+receipt records and an auditor's re-check come from the same implementation (and it is 50x
+faster than jsonschema per value); the metaschema check keeps jsonschema's messages.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import jsonschema
+import jsonschema_rs
+import msgspec
+
+from runtime.constraint import json_text
+from runtime.errors import ConstraintTooComplex, InvalidSchema, StructuredOutputInvalid
+from runtime.exact_json import InexactNumber, load_exact
+from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds, resolve_ref, schema_patterns
+
+
+def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Reject a schema over the size or depth limit, that is not valid Draft 2020-12, or that
+    points outside itself. The limits come first: the metaschema check is slow on large
+    schemas and its cache keeps what it checked.
+
+    Remote ``$ref`` would make validation fetch URLs (and backends cannot compile them).
+    """
+    if not isinstance(schema, dict):
+        raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
+    try:
+        canonical = _canonical(schema)  # the key of both caches below
+    except (TypeError, ValueError) as exc:  # a Python caller's non-JSON value
+        raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
+    check_schema_bounds(canonical, limits, param)
+    try:
+        _check_metaschema(canonical)
+    except RecursionError:  # jsonschema recurses per level: ~100 levels of properties do it
+        raise ConstraintTooComplex(
+            f"'{param}' nests too deep to check; keep it within max_schema_depth", param=param
+        ) from None
+    except InexactNumber as exc:  # the manifest binds the schema in RFC 8785 canonical form
+        raise InvalidSchema(
+            f"'{param}' holds a number a receipt cannot record exactly ({exc})", param=param
+        ) from None
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise InvalidSchema(
+            f"'{param}' is not a valid JSON schema at {where}: {exc.message}", param=param
+        ) from None
+    for ref in refs_in(schema):
+        if not ref.startswith("#"):
+            raise InvalidSchema(
+                f"'{param}' uses $ref {ref!r}: only local references ('#...') are supported",
+                param=param,
+            )
+        if _loops(schema, ref):
+            raise InvalidSchema(
+                f"'{param}' has $ref {ref!r} leading back to itself through $refs alone: it"
+                " stands for no schema (give the loop a schema with content)",
+                param=param,
+            )
+    try:
+        _validator(canonical)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
+        reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
+        raise InvalidSchema(f"'{param}' cannot be compiled: {reason}", param=param) from None
+
+
+# Keywords that do not constrain the value: a node holding only these besides a $ref (or a
+# one-member allOf of one) stands for its target alone.
+_NOT_CONSTRAINING = frozenset(
+    {
+        "title", "description", "$comment", "examples", "default", "deprecated",
+        "readOnly", "writeOnly", "$anchor", "$id", "$schema", "$defs", "definitions",
+    }
+)  # fmt: skip
+
+
+def _loops(schema: dict[str, Any], ref: str) -> bool:
+    """Whether following ``ref`` through nodes that stand for their target alone comes back
+    to a ref already followed: a loop with no schema in it, which compilers turn into an
+    empty token mask mid-output (a 500) or a crash of the vLLM server's request."""
+    followed: set[str] = set()
+    while ref not in followed:
+        followed.add(ref)
+        target = _alias_of(resolve_ref(schema, ref))
+        if target is None:
+            return False
+        ref = target
+    return True
+
+
+def _alias_of(node: Any) -> str | None:
+    """The $ref a node stands for alone (beside keywords that do not constrain, or as the one
+    member of an allOf), or None."""
+    if not isinstance(node, dict):
+        return None
+    rest = node.keys() - _NOT_CONSTRAINING
+    if rest == {"$ref"}:
+        return node["$ref"] if isinstance(node["$ref"], str) else None
+    if rest == {"allOf"} and isinstance(node["allOf"], list) and len(node["allOf"]) == 1:
+        member = node["allOf"][0]
+        if isinstance(member, dict) and member.keys() - _NOT_CONSTRAINING == {"$ref"}:
+            return member["$ref"] if isinstance(member["$ref"], str) else None
+    return None
+
+
+def refs_in(node: Any) -> Iterable[str]:
+    """Every ``$ref`` string in ``node``, at any depth."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
+        for value in node.values():
+            yield from refs_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from refs_in(value)
+
+
+_sorted_json = msgspec.json.Encoder(order="sorted").encode
+
+
+def _canonical(schema: dict[str, Any]) -> bytes:
+    return json_text(schema, _sorted_json)
+
+
+# Keyed by schemas up to max_schema_bytes (64 KB by default): 1,024 of them stay under 200 MB.
+@functools.lru_cache(maxsize=1024)
+def _check_metaschema(canonical: bytes) -> None:
+    """jsonschema-rs decides (1 ms for a 60 KB schema where python-jsonschema took 0.76 s,
+    on the event loop); python-jsonschema runs only on a schema it refuses, for the message
+    naming where. Always Draft 2020-12's metaschema, from jsonschema-rs's own copy: the
+    schema's ``$schema`` must not choose it (that made it fetch any URL or file)."""
+    schema = load_exact(canonical)
+    if not _metaschema().is_valid(schema):
+        jsonschema.Draft202012Validator.check_schema(schema)
+    for pattern in schema_patterns(schema):  # the limits read patterns with Python's parser
+        try:
+            re.compile(pattern)
+        except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
+            raise jsonschema.SchemaError(f"{pattern!r} is not a valid regex: {exc}") from None
+
+
+@functools.cache
+def _metaschema() -> jsonschema_rs.Validator:
+    return jsonschema_rs.Draft202012Validator(
+        {"$ref": "https://json-schema.org/draft/2020-12/schema"}, offline=True
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _validator(canonical: bytes) -> jsonschema_rs.Validator:
+    return jsonschema_rs.Draft202012Validator(json.loads(canonical), offline=True)
+
+
+def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix: str = "") -> None:
+    """Raise StructuredOutputInvalid at the JSON pointer of the first failure, naming
+    ``param``, the request field whose schema the value fails."""
+    validator = _validator(_canonical(schema))
+    if validator.is_valid(value):
+        return
+    try:
+        error = next(validator.iter_errors(value))
+        path, message = error.instance_path, error.message
+    except (ValueError, StopIteration):  # nested too deep for jsonschema-rs to report where
+        path, message = [], "the value does not match (nested too deep to report where)"
+    pointer = prefix + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    raise StructuredOutputInvalid(
+        f"output fails its schema at {repr(pointer) if pointer else 'the root'}: {message}",
+        schema=schema,
+        raw_output=raw,
+        pointer=pointer,
+        param=param,
+    )
+
+
+__all__ = ["check_schema", "refs_in", "validate"]
