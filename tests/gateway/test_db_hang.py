@@ -102,13 +102,15 @@ def hung_db_gateway(
         proxy.close()
 
 
+def client_as(base: str, secret: str) -> httpx.Client:
+    return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
+
+
 def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
     hung_db_gateway: tuple[str, dict[str, str], FreezableProxy], gateway_engine: Any
 ) -> None:
     base, secrets, proxy = hung_db_gateway
-    client = httpx.Client(
-        base_url=base, headers={"Authorization": f"Bearer {secrets['agent']}"}, timeout=60
-    )
+    client = client_as(base, secrets["agent"])
     body = {
         "model": gateway_engine.identity.model,
         "messages": [{"role": "user", "content": "Ping alpha."}],
@@ -153,9 +155,7 @@ def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(
     hung_db_gateway: tuple[str, dict[str, str], FreezableProxy],
 ) -> None:
     base, secrets, proxy = hung_db_gateway
-    auditor = httpx.Client(
-        base_url=base, headers={"Authorization": f"Bearer {secrets['auditor']}"}, timeout=60
-    )
+    auditor = client_as(base, secrets["auditor"])
     assert auditor.get("/audit/receipts").status_code == 200  # the key is cached, for 1 s
     proxy.frozen.set()  # the read, not the key lookup, meets the hung database
     started = time.monotonic()
@@ -175,9 +175,7 @@ def test_key_management_on_a_hung_database_is_503_in_bounded_time(
 ) -> None:
     """The admin routes wait for the key store within db_timeout_s, as key lookups do."""
     base, secrets, proxy = hung_db_gateway
-    admin = httpx.Client(
-        base_url=base, headers={"Authorization": f"Bearer {secrets['admin']}"}, timeout=60
-    )
+    admin = client_as(base, secrets["admin"])
     assert admin.get("/admin/keys").status_code == 200  # the key is cached, for 1 s
     proxy.frozen.set()
     started = time.monotonic()
