@@ -562,6 +562,26 @@ def test_a_query_parameter_the_route_does_not_take_or_given_twice_is_400(
         assert client.get("/audit/receipts?tool_name=set_alarm&limit=5").status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/audit/proofs/inclusion/1_0", "seq"),  # int() reads 10
+        ("/audit/proofs/inclusion/%D9%A1", "seq"),  # an Arabic-Indic one
+        ("/audit/proofs/inclusion/1?tree_size=+1", "tree_size"),
+        ("/audit/receipts?limit=1e1", "limit"),  # read as 10
+        ("/audit/proofs/consistency?first=1&second=%201", "second"),
+    ],
+)
+def test_an_integer_has_one_spelling(
+    gateway: Any, audited: dict[str, Any], path: str, param: str
+) -> None:
+    with gateway.http("auditor") as client:
+        response = client.get(path)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param
+        assert client.get("/audit/proofs/inclusion/1?tree_size=1").status_code == 200
+
+
 def test_admin_routes_refuse_unknown_query_parameters_too(gateway: Any) -> None:
     with gateway.http("admin") as client:
         response = client.get("/admin/keys?role=agent")
