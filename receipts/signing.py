@@ -242,6 +242,10 @@ class KeyRing:
     def add_pem(self, pem: str | bytes, ranges: Iterable[KeyRange] = ()) -> str:
         return self.add(load_public_key_pem(pem), ranges)
 
+    def unranged(self) -> list[str]:
+        """The ids of keys trusted with no seq range at all (for any seq of any chain)."""
+        return [key_id for key_id, key in self._keys.items() if not key.ranges]
+
     @classmethod
     def from_public_keys(cls, entries: Iterable[Mapping[str, Any]]) -> KeyRing:
         """Build from `[{"key_id", "public_key_pem", "ranges": [{"chain", "first_seq",

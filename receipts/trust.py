@@ -11,16 +11,14 @@ from receipts.errors import BundleError, ReceiptsError, VerificationError
 from receipts.signing import KeyRing
 
 
-def pinned_keys(pinned: str | bytes) -> tuple[KeyRing, bool]:
-    """The keys a verifier pins, and whether they come with seq ranges.
-
-    Either PEM public keys (one or more blocks; no ranges, so each key is trusted for every
-    seq) or the JSON list `GET /audit/keys` returns, each key with the seq ranges it signed,
-    which are then enforced: a retired key cannot sign past its range."""
+def pinned_keys(pinned: str | bytes) -> KeyRing:
+    """The keys a verifier pins: PEM public keys (one or more blocks; no ranges, so each key
+    is trusted for every seq) or the JSON list `GET /audit/keys` returns, each key with the
+    seq ranges it signed, which are then enforced: a retired key cannot sign past its range."""
     text = pinned.decode("utf-8", errors="replace") if isinstance(pinned, bytes) else pinned
     if text.lstrip().startswith("["):
         try:
-            return KeyRing.from_public_keys(json.loads(text)), True
+            return KeyRing.from_public_keys(json.loads(text))
         except (ValueError, ReceiptsError) as exc:
             raise BundleError(f"--public-key is not the JSON of GET /audit/keys: {exc}") from None
     blocks = re.findall(r"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
@@ -31,7 +29,7 @@ def pinned_keys(pinned: str | bytes) -> tuple[KeyRing, bool]:
     ring = KeyRing()
     for block in blocks:
         ring.add_pem(block)
-    return ring, False
+    return ring
 
 
 def trusted_keys(
@@ -51,16 +49,18 @@ def trusted_keys(
             "trusted the bundle's own keys: this proves integrity, not origin;"
             " pin the operator's keys with --public-key"
         )
-    ring, with_ranges = pinned_keys(pinned)
-    note = pinned_note(ring)
-    if with_ranges:
-        return ring, note + ", each within its pinned seq ranges"
-    return ring, note + (
-        "; a PEM file pins no seq ranges, so each key is trusted for every seq"
-        " (pin the JSON of GET /audit/keys to hold retired keys to their ranges)"
-    )
+    ring = pinned_keys(pinned)
+    return ring, pinned_note(ring)
 
 
 def pinned_note(keyring: KeyRing) -> str:
-    """The note of a verification that trusted only pinned keys, of a bundle or a database."""
-    return f"trusted only the pinned key(s): {', '.join(keyring.key_ids())}"
+    """The note of a verification that trusted only pinned keys, of a bundle or a database:
+    whether they were held to seq ranges, which a PEM file cannot give."""
+    note = f"trusted only the pinned key(s): {', '.join(keyring.key_ids())}"
+    unranged = keyring.unranged()
+    if not unranged:
+        return note + ", each within its pinned seq ranges"
+    return note + (
+        f"; a PEM file pins no seq ranges, so {', '.join(unranged)} is trusted for every seq"
+        " (pin the JSON of GET /audit/keys to hold retired keys to their ranges)"
+    )

@@ -204,7 +204,7 @@ def _verify_db(args: argparse.Namespace) -> int:
         if args.public_key:
             from receipts.trust import pinned_keys
 
-            keyring, _ = pinned_keys(args.public_key.read_bytes())
+            keyring = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
         with Ledger(_db_url(args), None) as ledger:
             chains = ledger.chains()

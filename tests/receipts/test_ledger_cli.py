@@ -137,6 +137,12 @@ def test_ledger_verify_json_and_ranges(filled, tmp_path: Path, capsys) -> None:
                        "--from-seq", "5", "--to-seq", "25", "--json")  # fmt: skip
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["checked"] == 21
+    pem = tmp_path / "operator.pem"
+    pem.write_text(signer.public_key_pem())
+    code, out, _ = run(capsys, "ledger", "verify", "--db", url, "--tenant", "acme",
+                       "--public-key", str(pem), "--json")  # fmt: skip
+    (note,) = json.loads(out)["notes"]
+    assert code == 0 and "a PEM file pins no seq ranges, so ed25519:" in note
     code, out, _ = run(capsys, "ledger", "verify", "--db", url, "--json")
     both = json.loads(out)
     assert code == 0 and both["ok"] and [c["chain"] for c in both["chains"]] == ["acme", "globex"]
