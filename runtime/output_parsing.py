@@ -185,18 +185,22 @@ def _from_envelope(
             param="tools",
         )
     by_name = {t.name: t for t in tools}
+    # each call with its JSON pointer (for errors) and its envelope_texts path
+    items: list[tuple[str, tuple[str | int, ...], Any]]
     if "tool_calls" in envelope and isinstance(envelope["tool_calls"], list):
-        items = [(f"/tool_calls/{i}", c) for i, c in enumerate(envelope["tool_calls"])]
+        items = [
+            (f"/tool_calls/{i}", ("tool_calls", i), c) for i, c in enumerate(envelope["tool_calls"])
+        ]
     elif "tool" in envelope:
-        items = [("", envelope)]
+        items = [("", (), envelope)]
     else:
         items = []
     texts = envelope_texts(raw) if items or response_schema is not None else {}
     calls = tuple(
         _call_from(item, at, by_name, raw, union, ids.for_index(i)).written_as(
-            texts.get((*_path(at), "arguments"))
+            texts.get((*path, "arguments"))
         )
-        for i, (at, item) in enumerate(items)
+        for i, (at, path, item) in enumerate(items)
     )
     if not calls and response_schema is not None and "answer" in envelope:
         # before the union, whose anyOf could only say the whole envelope fails
@@ -227,11 +231,6 @@ def _from_envelope(
             param="tools",
         )
     return ParsedResponse("answer", answer=answer, content=answer)
-
-
-def _path(pointer: str) -> tuple[str | int, ...]:
-    """A JSON pointer of the envelope ("/tool_calls/0") as an envelope_texts path."""
-    return tuple(int(p) if p.isdigit() else p for p in pointer.split("/")[1:])
 
 
 def _call_from(
