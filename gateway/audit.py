@@ -26,12 +26,13 @@ from gateway.apikeys import NAME_PATTERN, ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
+from gateway.deadline import within_db_timeout
 from gateway.disconnect import unless_client_leaves
 from gateway.errors import APIError, documented
 from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
-from receipts import record
+from receipts import queries, record
 from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport
 from receipts.checkpoint import Checkpoint
@@ -71,13 +72,9 @@ class LedgerRead:
         self._chain_work = ThreadPoolExecutor(chain_workers, thread_name_prefix="audit-chain")
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await self._run(None, fn, *args)
-        except TimeoutError:
-            raise LedgerUnavailable(
-                f"the ledger database did not answer within db_timeout_s ({self.timeout_s:g} s)"
-            ) from None
+        return await within_db_timeout(
+            self._run(None, fn, *args), self.timeout_s, LedgerUnavailable, "the ledger database"
+        )
 
     async def unbounded(self, fn: Callable[..., T], *args: Any) -> T:
         """Whole-chain work; more than chain_workers at once wait their turn."""
@@ -136,7 +133,8 @@ class AuditController(Controller):
         summary="List receipts (filters, cursor pagination by seq)",
         description=(
             "A page holds at most `limit` receipts and ends early after the receipt that takes"
-            " it past 4 MiB; pass `next_cursor` as `cursor` for the next page (null: the last)."
+            f" it past {queries.PAGE_BYTES // 2**20} MiB; pass `next_cursor` as `cursor` for the"
+            " next page (null: the last)."
             " `call_id`: the receipt that issued that tool call; `answering`: receipts whose"
             " request carried a tool result for it."
         ),
@@ -195,6 +193,12 @@ class AuditController(Controller):
     @get(
         "/calls/{call_id:str}",
         summary="A tool call, its receipt and the receipts answering it",
+        description=(
+            f"`answered_by` holds the first {queries.ANSWERS} receipts whose request carried a"
+            f" tool result for this call (fewer when they pass {queries.PAGE_BYTES // 2**20} MiB);"
+            " `answered_by_next_cursor` continues them through"
+            " `GET /audit/receipts?answering=<call_id>&cursor=<it>`."
+        ),
         responses=documented(),
     )
     async def get_call(

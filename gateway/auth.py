@@ -22,6 +22,7 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Guard
 
 from gateway.apikeys import ApiKey, KeyStore, KeyStoreUnavailable, Role, hash_secret
+from gateway.deadline import within_db_timeout
 from gateway.errors import APIError
 from gateway.query import refuse_unknown_query
 
@@ -37,13 +38,12 @@ class KeyCall:
         self.timeout_s = timeout_s
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                return await asyncio.to_thread(fn, *args)
-        except TimeoutError:
-            raise KeyStoreUnavailable(
-                f"the API key database did not answer within db_timeout_s ({self.timeout_s:g} s)"
-            ) from None
+        return await within_db_timeout(
+            asyncio.to_thread(fn, *args),
+            self.timeout_s,
+            KeyStoreUnavailable,
+            "the API key database",
+        )
 
 
 class Authenticator:

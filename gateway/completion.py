@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 
 from gateway.apikeys import ApiKey
+from gateway.deadline import within_db_timeout
 from gateway.errors import model_not_served
 from gateway.logs import request_id
 from gateway.metrics import Metrics
@@ -201,13 +202,12 @@ class Completions:
         """Append the receipt to the caller's tenant chain; returns once it is durable (raises
         LedgerUnavailable if not, or if the database does not answer within db_timeout_s: a
         hung server fails closed)."""
-        try:
-            async with asyncio.timeout(self.settings.db_timeout_s):
-                return await self._record(prepared, caller, generation, parsed)
-        except TimeoutError:
-            raise LedgerUnavailable(
-                f"no commit within db_timeout_s ({self.settings.db_timeout_s:g} s)"
-            ) from None
+        return await within_db_timeout(
+            self._record(prepared, caller, generation, parsed),
+            self.settings.db_timeout_s,
+            LedgerUnavailable,
+            "the ledger database (the receipt's commit)",
+        )
 
     async def _record(
         self, prepared: PreparedChat, caller: ApiKey, generation: Generation, parsed: ParsedResponse

@@ -266,8 +266,9 @@ class ModelList(Struct):
 
 
 class ReceiptPage(Struct):
-    """At most `limit` receipts, fewer when they pass 4 MiB (the page ends after the receipt
-    that passes it); `next_cursor` (null on the last page) continues after the last one."""
+    """At most `limit` receipts, fewer when they pass the page's byte bound (the page ends
+    after the receipt that passes it); `next_cursor` (null on the last page) continues after
+    the last one."""
 
     items: list[Receipt]
     next_cursor: int | None
@@ -275,7 +276,7 @@ class ReceiptPage(Struct):
 
 class CallRecord(Struct):
     """A tool call, the receipt that issued it and the receipts whose requests answered it:
-    the first 100 of those (fewer when they pass 4 MiB). When there are more,
+    the first of those, as many as one answer holds. When there are more,
     `answered_by_next_cursor` is the cursor of `GET /audit/receipts?answering=<call_id>`
     that lists the rest (null: `answered_by` holds them all)."""
 
