@@ -27,7 +27,7 @@ class HealthController(Controller):
 
     @get(
         "/readyz",
-        summary="Readiness: engine loaded and database reachable (else 503)",
+        summary="Readiness: engine loaded and database taking receipts (else 503)",
         responses={503: ResponseSpec(data_container=Readiness, description="Not ready")},
     )
     async def readyz(self, completions: NamedDependency[Completions]) -> Response[Readiness]:

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from receipts import ledger_proofs, queries
 from receipts.chain import VerificationReport
-from receipts.errors import ReceiptFormatError, ReceiptsError
+from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
 from receipts.ledger_export import export_bundle
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.ledger_verify import verify_stored
@@ -35,6 +35,12 @@ from receipts.signing import KeyRing, PublicKeyEntry, Signer
 from receipts.store import create_engine, transaction
 
 __all__ = ["Ledger", "ReceiptPage", "ReceiptQuery"]
+
+# The reader's own sessions are READ ONLY, so its transaction_read_only says nothing about
+# the writer's; the default that every new session (the writer's too) starts with does.
+_POSTGRES_READ_ONLY = sa.text(
+    "SELECT pg_is_in_recovery() OR current_setting('default_transaction_read_only')::bool"
+)
 
 
 class Ledger:
@@ -87,9 +93,17 @@ class Ledger:
         self.close()
 
     def ping(self) -> None:
-        """Raise LedgerUnavailable unless the database answers."""
+        """Raise LedgerUnavailable unless the database answers and, for a ledger that signs,
+        would take appends: a Postgres standby, or a database whose sessions start read-only,
+        answers every read while refusing every receipt, so it is not a ledger that is up."""
         with self._reading() as conn:
-            conn.execute(sa.text("SELECT 1"))
+            if self.signer is None or conn.dialect.name != "postgresql":
+                conn.execute(sa.text("SELECT 1"))
+            elif conn.execute(_POSTGRES_READ_ONLY).scalar():
+                raise LedgerUnavailable(
+                    "the ledger database is read-only (a standby, or"
+                    " default_transaction_read_only is on): no receipt can commit"
+                )
 
     # ------------------------------------------------------------------ appends
 

@@ -339,6 +339,10 @@ def test_a_stream_whose_receipt_cannot_commit_sends_no_tool_call(gateway: Any) -
         events = streamed_tool_call_events(gateway)
         with pytest.raises(openai.APIError, match="ledger's database is unavailable"):
             list(call_tool(gateway, stream=True))
+        if gateway.db_kind == "postgres":  # it answers reads, but takes no receipt: not ready
+            with gateway.http() as client:
+                ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["database"] is False
     assert "[DONE]" not in events
     chunks = [json.loads(e) for e in events]
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"

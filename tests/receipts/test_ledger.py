@@ -705,6 +705,27 @@ def test_database_outage_fails_closed_then_recovers(fresh_postgres_url: str) -> 
         assert led.verify("acme").ok
 
 
+def test_read_only_database_is_not_up(fresh_postgres_url: str) -> None:
+    """A database whose sessions start read-only (a standby after a failover) answers reads
+    but takes no receipt: ping says so, appends fail closed, and both recover with writes."""
+    migrated(fresh_postgres_url)
+    with ledger(fresh_postgres_url) as led:
+        fill(led, 3)
+        on_server(
+            fresh_postgres_url, 'ALTER DATABASE "{db}" SET default_transaction_read_only = on'
+        )
+        on_server(fresh_postgres_url, TERMINATE_BACKENDS)
+        with pytest.raises(LedgerUnavailable, match="read-only"):
+            led.ping()
+        with pytest.raises(LedgerUnavailable):
+            led.append(draft())
+        assert len(led.query(ReceiptQuery("acme")).items) == 3  # reads still answer
+        on_server(fresh_postgres_url, 'ALTER DATABASE "{db}" RESET default_transaction_read_only')
+        on_server(fresh_postgres_url, TERMINATE_BACKENDS)
+        led.ping()
+        assert fill(led, 1)[-1].seq == 4
+
+
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
