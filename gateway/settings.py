@@ -138,8 +138,10 @@ def _field_names() -> list[str]:
 def _coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or a config-file value into the field's type."""
     hint = get_type_hints(Settings)[name]
-    if raw is None:
-        return None
+    if raw is None:  # YAML `port:` or `port: ~`; as an empty variable, not the default
+        raise SettingsError(
+            f"setting {name!r} is empty in the config file: remove it to get the default"
+        )
     if isinstance(hint, types.UnionType):  # "X | None": coerce to X
         hint = next(a for a in get_args(hint) if a is not type(None))
     kind = hint

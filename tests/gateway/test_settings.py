@@ -81,6 +81,17 @@ def test_a_config_file_number_of_the_wrong_kind_is_refused(tmp_path: Path) -> No
         load_settings({}, {}, config)
 
 
+@pytest.mark.parametrize("setting", ["port", "max_tools", "db_timeout_s", "db", "data_dir"])
+def test_an_empty_yaml_value_is_refused_not_unset(tmp_path: Path, setting: str) -> None:
+    """`key:` and `key: ~` read as null: it once reached the gateway as None (a traceback, a
+    500 on every request with tools, or no database deadline at all)."""
+    config = tmp_path / "c.yaml"
+    for text in (f"{setting}:\n", f"{setting}: ~\n"):
+        config.write_text(text)
+        with pytest.raises(SettingsError, match=f"'{setting}' is empty in the config file"):
+            load_settings({}, {}, config)
+
+
 def test_database_and_vllm_urls_callproof_can_use_are_taken() -> None:
     for url in ("sqlite:////tmp/x.db", "postgresql+psycopg://u:pw@db.internal:5432/callproof"):
         assert load_settings({"db": url}, {}).db_url == url
