@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
+from receipts.errors import SigningKeyError
 from receipts.ledger import Ledger
 from receipts.signing import PublicKeyEntry, Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
@@ -121,9 +122,10 @@ def sqlite_file(url: str) -> Path | None:
 
 def load_signer(settings: Settings) -> Signer:
     """CALLPROOF_SIGNING_KEY (PEM text) when set, else the key file. Only the default file
-    (<data_dir>/signing-key.pem) is generated on first run: a key file named in the settings
-    that is missing (a secret mount that failed) must stop the gateway, not give it a new
-    signing identity."""
+    (<data_dir>/signing-key.pem) is generated, and only on first run: a key file named in the
+    settings that is missing (a secret mount that failed), or a default one gone from a ledger
+    some key already signs (a data directory not mounted, a restore without its key), must
+    stop the gateway, not give it a new signing identity."""
     from_env = signer_from_env()
     if from_env is not None:
         if settings.signing_key_file is not None:  # two keys named: say which one signs
@@ -134,9 +136,26 @@ def load_signer(settings: Settings) -> Signer:
         return from_env
     if settings.signing_key_file is None:
         _private_data_dir(settings)
+        if not settings.signing_key_path.exists():
+            _refuse_new_identity(settings)
     return load_or_create_signer(
         settings.signing_key_path, create=settings.signing_key_file is None
     )
+
+
+def _refuse_new_identity(settings: Settings) -> None:
+    """Raise SigningKeyError when the ledger has registered a signing key: generating one
+    now would quietly start a second identity beside the one whose key went missing."""
+    with Ledger(settings.db_url, None) as ledger:
+        known = [entry["key_id"] for entry in ledger.public_keys()]
+    if known:
+        raise SigningKeyError(
+            f"the signing key file {settings.signing_key_path} is missing, but the ledger at"
+            f" {shown_url(settings.db_url)} holds receipts signed by {', '.join(known)}:"
+            " restore that key file, or name the key to sign with in signing_key_file (to"
+            " rotate to a new key on purpose, make one with `openssl genpkey -algorithm"
+            " ed25519 -out FILE`; docs/deploy.md, key rotation)"
+        )
 
 
 def superseded_key(public_keys: list[PublicKeyEntry], key_id: str) -> dict[str, str]:

@@ -396,6 +396,54 @@ def test_a_signing_key_file_the_environment_overrides_is_named(
     assert not caplog.records
 
 
+def test_a_default_key_gone_from_a_signed_ledger_is_not_replaced(tmp_path: Path) -> None:
+    """The default key file is generated on first run only: once some key has signed the
+    ledger, a missing file (a data directory not mounted, a restore without its key) stops
+    the gateway, naming the key it had, instead of quietly giving it a second identity."""
+    from gateway.boot import load_signer, prepare_database
+    from gateway.settings import Settings
+    from receipts.errors import SigningKeyError
+    from receipts.ledger import Ledger
+    from receipts.manifest import build_manifest
+    from receipts.record import ReceiptDraft
+
+    settings = Settings(data_dir=tmp_path / "data")
+    prepare_database(settings)
+    signer = load_signer(settings)  # first run: generated
+    assert load_signer(settings).key_id == signer.key_id  # then the same key, from its file
+    manifest = build_manifest(
+        schema_hash=None,
+        model="m",
+        weights_digest=None,
+        tokenizer_digest=None,
+        engine="embedded",
+        backend=None,
+        renderer=None,
+        sampling={"temperature": 0.0},
+        constraint_kind="none",
+    )
+    answer = ReceiptDraft(
+        tenant="acme",
+        manifest=manifest,
+        schema=None,
+        request={"messages_sha256": "0" * 64, "params_sha256": "0" * 64},
+        output={"kind": "text", "content_sha256": "0" * 64, "tool_calls": []},
+        finish_reason="stop",
+        usage={"prompt_tokens": 1, "completion_tokens": 1},
+        validation={"valid": True, "errors": []},
+        fallback=None,
+        links=[],
+    )
+    with Ledger(settings.db_url, signer) as ledger:
+        ledger.append(answer)
+    settings.signing_key_path.rename(tmp_path / "moved.pem")
+    with pytest.raises(SigningKeyError, match=f"signed by {signer.key_id}: restore that key"):
+        load_signer(settings)
+    assert not settings.signing_key_path.exists()
+    restored = Settings(data_dir=tmp_path / "data", signing_key_file=tmp_path / "moved.pem")
+    assert load_signer(restored).key_id == signer.key_id
+
+
 def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) -> None:
     """SIGTERM (systemd, kill, an orchestrator without an init) is a graceful stop: the
     ledger closes, signing a checkpoint over the receipts that had none yet. uvicorn raised
