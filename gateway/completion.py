@@ -174,6 +174,7 @@ class Completions:
         generation = await self.engine.generate(
             plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
         )
+        self.count_tokens(generation)
         cut = cut_off(generation)
         try:
             return generation, plan.parse(generation.text, cut=cut)
@@ -228,9 +229,13 @@ class Completions:
         receipt = await self.ledger.append_async(draft)
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.receipts.inc()
+        return receipt
+
+    def count_tokens(self, generation: Generation) -> None:
+        """Count what the engine processed as soon as it is done: a generation that ends in
+        a 422, a 503 or a client gone cost the engine as much as one that is receipted."""
         self.metrics.tokens.labels("prompt").inc(generation.prompt_tokens)
         self.metrics.tokens.labels("completion").inc(generation.completion_tokens)
-        return receipt
 
     async def _links(self, tenant: str, call_ids: tuple[str, ...]) -> list[dict[str, str | None]]:
         """Which receipts issued the calls these tool messages answer (unknown ids: null)."""

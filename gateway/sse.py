@@ -98,6 +98,7 @@ async def stream_completion(
                 generation = item
         if generation is None:
             raise EngineFault("the engine's stream ended without its final result")
+        completions.count_tokens(generation)
         try:
             rest, parsed = decoder.finish(cut=cut_off(generation))
         except StructuredOutputInvalid as exc:

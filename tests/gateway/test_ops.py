@@ -178,6 +178,35 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
             assert f'{name}{{kind="tools"}}' in text, name
 
 
+def test_tokens_count_what_the_engine_did_receipted_or_not(gateway: Any) -> None:
+    """callproof_tokens_total is the engine's work: a tool call cut off by max_tokens (a 422,
+    nothing receipted) counts its tokens, streamed or not."""
+
+    def completion_tokens() -> float:
+        with gateway.http() as client:
+            text = client.get("/metrics").text
+        line = next(
+            x
+            for x in text.splitlines()
+            if x.startswith('callproof_tokens_total{kind="completion"}')
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+    body = {
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": "Ping alpha."}],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "max_tokens": 2,
+    }
+    for stream in (False, True):
+        before = completion_tokens()
+        with gateway.http("agent") as client:
+            response = client.post("/v1/chat/completions", json={**body, "stream": stream})
+        assert "structured_output_invalid" in response.text
+        assert completion_tokens() == before + 2, stream
+
+
 def test_openapi_document_is_served(gateway: Any) -> None:
     with gateway.http() as client:
         document = client.get("/schema/openapi.json").json()
