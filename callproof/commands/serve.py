@@ -6,10 +6,11 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     import uvicorn
@@ -135,7 +136,17 @@ def run(args: argparse.Namespace) -> int:
     finally:
         listener.close()
         asyncio.run(resources.aclose())
-    return 0 if server.started else 3  # 3: the app did not start (uvicorn logged why)
+    _exit_now(0 if server.started else 3)  # 3: the app did not start (uvicorn logged why)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """Exit once everything is closed, without the interpreter's teardown: all that is left
+    for it to do is free the engine's libraries, and triton's (through torch) then prints
+    "nanobind: leaked instances" lines onto stderr, where the JSON log lines go."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _cannot_start(exc: BaseException, code: int) -> int:
