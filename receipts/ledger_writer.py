@@ -83,6 +83,14 @@ class _Pending:
     draft: ReceiptDraft
     future: Future[Receipt]
 
+    def claim(self) -> bool:
+        """Whether someone still waits for this receipt. It stays cancellable (its caller's
+        deadline) until the writer holds the chain's lock and is about to seal it; from then
+        on it is the writer's, which alone resolves it. A caller that gave up while the writer
+        waited for the database lock (another process holding it, a stalled server) is thus
+        never sealed: its 503 has no receipt behind it."""
+        return self.future.running() or self.future.set_running_or_notify_cancel()
+
 
 class LedgerWriter:
     """The one thread that appends to a database's chains for this process (Ledger's write
@@ -159,10 +167,7 @@ class LedgerWriter:
                 item = None
             batch: list[_Pending] = []
             while item is not None and item is not _STOP:
-                # Running from here on, so it can no longer be cancelled (a cancelled
-                # future would refuse its result and kill this thread); one cancelled
-                # before it was taken is dropped: nobody waits for it.
-                if item.future.set_running_or_notify_cancel():
+                if not item.future.cancelled():  # nobody waits for it: dropped
                     batch.append(item)
                 if len(batch) >= self.max_batch:
                     break
@@ -236,7 +241,8 @@ class LedgerWriter:
         connection broke during COMMIT), so the kept heads and the connection go too."""
         self._drop_connection()
         for pending in batch:
-            pending.future.set_exception(error)
+            if pending.claim():  # a cancelled future would refuse it, killing this thread
+                pending.future.set_exception(error)
 
     def _connection(self) -> sa.Connection:
         """The writer's connection, held between batches: a pool checkout with its pre-ping
@@ -308,6 +314,8 @@ class LedgerWriter:
             refused = _refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls else {}
             first_seq = head.seq + 1
             for pending in by_chain[chain]:
+                if not pending.claim():
+                    continue  # its caller gave up while this writer waited: never sealed
                 if pending in refused:
                     outcomes.append((pending, refused[pending]))
                     continue

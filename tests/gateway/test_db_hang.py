@@ -119,7 +119,8 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
         "parallel_tool_calls": False,
         "temperature": 0,
     }
-    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    first = client.post("/v1/chat/completions", json=body)
+    assert first.status_code == 200, first.text
 
     proxy.frozen.set()
     time.sleep(1.1)  # the cached key expires: the lookup goes to the hung database
@@ -149,6 +150,9 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
         assert time.monotonic() < deadline, answer.text
         time.sleep(0.5)
     assert client.get("/readyz").status_code == 200
+    # The 503's receipt was never sealed (it used to commit once the database came back, a
+    # receipt for calls its agent never got), nor any retry's: the chain goes on after `first`.
+    assert answer.json()["receipt"]["seq"] == first.json()["receipt"]["seq"] + 1
 
 
 def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(

@@ -726,6 +726,27 @@ def test_read_only_database_is_not_up(fresh_postgres_url: str) -> None:
         assert fill(led, 1)[-1].seq == 4
 
 
+def test_an_append_its_caller_gave_up_on_while_the_lock_was_held_is_never_sealed(
+    fresh_sqlite_url: str,
+) -> None:
+    """The caller's deadline passes while the writer waits for the database's write lock
+    (another process holds it): the caller answers 503, so its receipt must not commit when
+    the lock frees, as it did once the writer had taken the draft into its batch."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 2)
+        holder = sqlite3.connect(fresh_sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        abandoned = led.submit(draft())
+        time.sleep(0.5)  # the writer has taken it and waits for the lock
+        assert led.queued_appends() == 0
+        assert abandoned.cancel()  # what the gateway's db_timeout_s does
+        holder.execute("ROLLBACK")
+        holder.close()
+        assert led.append(draft()).seq == 3
+        assert led.verify("acme").ok
+
+
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
