@@ -13,7 +13,6 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
@@ -21,6 +20,7 @@ from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
 from receipts.errors import SigningKeyError
 from receipts.ledger import Ledger
+from receipts.ledger_file import sqlite_file
 from receipts.signing import PublicKeyEntry, Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
 
@@ -103,21 +103,6 @@ def database_state(url: str) -> Literal["absent", "unmigrated", "ready"]:
 def shown_url(url: str) -> str:
     """A database URL fit for a message or a log line: its password hidden."""
     return make_url(url).render_as_string(hide_password=True)
-
-
-def sqlite_file(url: str) -> Path | None:
-    """The file a SQLite URL names (None for Postgres and in-memory SQLite), also in the URI
-    form (``sqlite:///file:ledger.db?uri=true``)."""
-    parsed = make_url(url)
-    database = parsed.database
-    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
-        return None
-    if parsed.query.get("uri") == "true" and database.startswith("file:"):
-        uri = urlsplit(database)
-        if parsed.query.get("mode") == "memory" or uri.path in ("", ":memory:"):
-            return None
-        return Path(uri.path)
-    return Path(database)
 
 
 def load_signer(settings: Settings) -> Signer:

@@ -26,6 +26,7 @@ from receipts import ledger_proofs, queries
 from receipts.chain import VerificationReport
 from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
 from receipts.ledger_export import export_bundle
+from receipts.ledger_file import LedgerFile, sqlite_file
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.ledger_verify import verify_stored
 from receipts.ledger_writer import LedgerWriter
@@ -66,6 +67,8 @@ class Ledger:
         self.signer = signer
         self.retain_payloads = retain_payloads
         self._reader = create_engine(url, snapshots=True)
+        path = sqlite_file(url)
+        self._file = LedgerFile(path) if path is not None else None
         self._writer = (
             None
             if signer is None
@@ -75,6 +78,7 @@ class Ledger:
                 checkpoint_every=checkpoint_every,
                 checkpoint_interval_s=checkpoint_interval_s,
                 max_batch=max_batch,
+                file=self._file,
             )
         )
 
@@ -93,9 +97,11 @@ class Ledger:
         self.close()
 
     def ping(self) -> None:
-        """Raise LedgerUnavailable unless the database answers and, for a ledger that signs,
-        would take appends: a Postgres standby, or a database whose sessions start read-only,
+        """Raise LedgerUnavailable unless the database answers (a SQLite file still where it
+        was opened) and, for a ledger that signs, would take appends: a Postgres standby, or a database whose sessions start read-only,
         answers every read while refusing every receipt, so it is not a ledger that is up."""
+        if self._file is not None:
+            self._file.check()
         with self._reading() as conn:
             if self.signer is None or conn.dialect.name != "postgresql":
                 conn.execute(sa.text("SELECT 1"))

@@ -51,6 +51,7 @@ from receipts.canonical import canonical_json
 from receipts.chain_head import ChainHead
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
+from receipts.ledger_file import LedgerFile
 from receipts.merkle import CompactRange
 from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
 from receipts.seal import seal
@@ -104,8 +105,10 @@ class LedgerWriter:
         checkpoint_every: int,
         checkpoint_interval_s: float,
         max_batch: int,
+        file: LedgerFile | None = None,
     ) -> None:
         self.signer = signer
+        self._file = file  # SQLite: checked before each batch
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval_s = checkpoint_interval_s
         self.max_batch = max_batch
@@ -185,6 +188,13 @@ class LedgerWriter:
 
     def _commit(self, batch: list[_Pending]) -> None:
         chains = {pending.draft.tenant for pending in batch}
+        try:
+            if self._file is not None:
+                self._file.check()
+        except LedgerUnavailable as exc:
+            log.error("%s: %d appends refused", exc, len(batch))
+            self._fail(batch, exc)
+            return
         try:
             conn = self._connection()  # first: a replaced connection drops the kept heads
             kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import shutil
 import sqlite3
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -745,6 +747,26 @@ def test_an_append_its_caller_gave_up_on_while_the_lock_was_held_is_never_sealed
         holder.close()
         assert led.append(draft()).seq == 3
         assert led.verify("acme").ok
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_sqlite_file_removed_or_replaced_while_open_fails_closed(
+    fresh_sqlite_url: str, how: str
+) -> None:
+    """The open connection would go on committing into the unlinked file (200s whose receipts
+    no restart finds): appends and ping refuse instead, naming the file."""
+    migrated(fresh_sqlite_url)
+    path = Path(fresh_sqlite_url.removeprefix("sqlite:///"))
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 2)
+        moved = path.with_name("moved.db")
+        path.rename(moved)
+        if how == "replaced":  # a restore copied over it: another file at the same path
+            shutil.copy(moved, path)
+        with pytest.raises(LedgerUnavailable, match=f"{path} was {how}"):
+            led.append(draft())
+        with pytest.raises(LedgerUnavailable, match=f"{path} was {how}"):
+            led.ping()
 
 
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:

@@ -1,0 +1,63 @@
+"""The SQLite ledger's file: where a database URL puts it, and whether the path still names
+the file the ledger opened.
+
+A SQLite connection keeps writing to the file it opened even after that file is removed or
+replaced (a cleanup script, a restore copied over it): every commit then succeeds into an
+unlinked inode that no restart, auditor or backup will ever read, and the gateway would hand
+out tool calls whose receipts are already lost. The writer checks before each batch, and
+readiness before it answers, so that case fails closed instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from sqlalchemy.engine import make_url
+
+from receipts.errors import LedgerUnavailable
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names (None for Postgres and in-memory SQLite), also in the URI
+    form (``sqlite:///file:ledger.db?uri=true``)."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or database in (None, "", ":memory:"):
+        return None
+    if parsed.query.get("uri") == "true" and database.startswith("file:"):
+        uri = urlsplit(database)
+        if parsed.query.get("mode") == "memory" or uri.path in ("", ":memory:"):
+            return None
+        return Path(uri.path)
+    return Path(database)
+
+
+class LedgerFile:
+    """The identity (device, inode) of the SQLite file at `path` when first checked; later
+    checks raise LedgerUnavailable once the path is gone or names another file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._identity: tuple[int, int] | None = None
+        self._identity = self._current()
+
+    def check(self) -> None:
+        """Raise LedgerUnavailable unless `path` still names the file first seen there."""
+        current = self._current()
+        if self._identity is None:  # created since (a ledger opened before its migration)
+            self._identity = current
+        elif current != self._identity:
+            what = "was removed" if current is None else "was replaced by another file"
+            raise LedgerUnavailable(
+                f"the SQLite ledger {self.path} {what} while open: its receipts would go"
+                " where no restart finds them; restore the file and restart the gateway"
+            )
+
+    def _current(self) -> tuple[int, int] | None:
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        return stat.st_dev, stat.st_ino
