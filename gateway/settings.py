@@ -12,6 +12,7 @@ import difflib
 import math
 import os
 import re
+import sys
 import tomllib
 import types
 from collections.abc import Callable, Mapping
@@ -338,5 +339,10 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings of a command given `add_arguments`' flags. Every command that reads
+    settings comes through here, so each names the CALLPROOF_ variables nothing reads, first
+    (a typo may be why settings fail, or why a new ./data appears instead of the real one)."""
+    for variable in unknown_variables(os.environ):
+        print(f"callproof: ignoring {variable}", file=sys.stderr)
     flags = {name: getattr(args, name) for name in _field_names() if hasattr(args, name)}
     return load_settings(flags, config_file=args.config)

@@ -44,7 +44,7 @@ def _with_store(
     import sqlalchemy as sa
 
     from gateway.apikeys import InvalidKeyField, KeyStore, KeyStoreUnavailable
-    from gateway.boot import database_state, prepare_database, shown_url
+    from gateway.boot import database_state, prepare_database, say_ledger, shown_url
     from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args
     from migrations.runner import MigrationError
@@ -58,6 +58,7 @@ def _with_store(
                 f"no gateway database at {shown_url(settings.db_url)}: `callproof keys create`"
                 " or `callproof serve` sets one up"
             )
+        say_ledger(settings.db_url)
         store = KeyStore.open(settings.db_url)
         configure_logging(settings.log_level)  # serve's JSON lines, for the key changes' trail
         try:

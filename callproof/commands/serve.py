@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import os
 import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -67,17 +66,15 @@ def run(args: argparse.Namespace) -> int:
         load_signer,
         open_resources,
         prepare_database,
-        shown_url,
+        say_ledger,
         superseded_key,
     )
     from gateway.logs import configure_logging
-    from gateway.settings import SettingsError, settings_from_args, unknown_variables
+    from gateway.settings import SettingsError, settings_from_args
     from migrations.runner import MigrationError
     from receipts.errors import ReceiptsError
     from runtime.errors import EngineError
 
-    for variable in unknown_variables(os.environ):  # first: a typo may be why settings fail
-        print(f"callproof: ignoring {variable}", file=sys.stderr)
     listener = None
     try:  # everything an operator can get wrong is one line and exit 2, not a traceback
         settings = settings_from_args(args)
@@ -100,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         if listener is not None:
             listener.close()
         return _cannot_start(exc, 2)
-    print(f"callproof: ledger at {shown_url(settings.db_url)}", file=sys.stderr)
+    say_ledger(settings.db_url)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
         moved_on = superseded_key(resources.ledger.public_keys(), signer.key_id)

@@ -21,13 +21,16 @@ from migrations.runner import upgrade
 SECRET = re.compile(r"^cp_[0-9a-f]{48}$")
 
 
-def callproof(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def callproof(
+    *args: str, data_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "callproof", *args, "--data-dir", str(data_dir)],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -84,6 +87,48 @@ def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> 
         ("api_key_revoked", key_id, "agent", "acme", None),
     ]
     assert secret not in created.stderr
+
+
+def test_every_command_that_reads_settings_names_typos_and_the_database_it_used(
+    tmp_path: Path,
+) -> None:
+    """CALLPROOF_DATADIR for CALLPROOF_DATA_DIR: `keys create` made ./data/ledger.db and
+    exited 0 saying nothing; now each command names the variable it ignores and the ledger
+    it used, as serve does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    env["CALLPROOF_DATADIR"] = "/srv/data"
+    data = tmp_path / "data"
+    ignoring = "callproof: ignoring CALLPROOF_DATADIR (did you mean CALLPROOF_DATA_DIR?)"
+    used = f"callproof: ledger at sqlite:///{data / 'ledger.db'}"
+    created = callproof(
+        "keys", "create", "--role", "agent", "--tenant", "acme", data_dir=data, env=env
+    )
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    for done in (
+        created,
+        callproof("keys", "list", data_dir=data, env=env),
+        callproof("keys", "revoke", key_id, data_dir=data, env=env),
+        callproof("ledger", "migrate", data_dir=data, env=env),
+        callproof("ledger", "verify", data_dir=data, env=env),
+        callproof("export", "-o", str(tmp_path / "b.tar.gz"), data_dir=data, env=env),
+    ):
+        assert done.stderr.count(ignoring) == 1 and used in done.stderr, (done.args, done.stderr)
+
+
+def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
+    fresh_sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed 'no chains in the database' with exit 0: an operator who named the wrong
+    database believed it verified. Exit 2, as for a --tenant it does not hold, naming it."""
+    from callproof.cli import main
+
+    assert main(["ledger", "migrate", "--db", fresh_sqlite_url]) == 0
+    capsys.readouterr()
+    for json_flag in ([], ["--json"]):
+        assert main(["ledger", "verify", "--db", fresh_sqlite_url, *json_flag]) == 2
+        out, err = capsys.readouterr()
+        assert not out and f"callproof: ledger at {fresh_sqlite_url}" in err, err
+        assert "no chains in this ledger: nothing to verify" in err, err
 
 
 @pytest.mark.parametrize(
