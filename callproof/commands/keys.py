@@ -10,11 +10,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the import stays inside the handlers: `callproof --help` stays fast
     from gateway.apikeys import KeyStore
 
-_LOCATION = ("data_dir", "db")
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gateway.settings import add_arguments
+    from gateway.settings import DATABASE_SETTINGS, add_arguments
 
     parser = subparsers.add_parser("keys", help="create, list and revoke API keys")
     actions = parser.add_subparsers(dest="keys_action", required=True, metavar="ACTION")
@@ -31,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     revoke.add_argument("key_id", metavar="ID")
     revoke.set_defaults(handler=_revoke)
     for sub in (create, listing, revoke):
-        add_arguments(sub, only=_LOCATION)
+        add_arguments(sub, only=DATABASE_SETTINGS)
 
 
 def _with_store(
@@ -46,11 +44,11 @@ def _with_store(
     from gateway.apikeys import InvalidKeyField, KeyStore, KeyStoreUnavailable
     from gateway.boot import database_state, prepare_database, say_ledger, shown_url
     from gateway.logs import configure_logging
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError
 
-    try:
-        settings = settings_from_args(args)
+    try:  # the database and the log level: serve's other settings are not checked here
+        settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "log_level"))
         if migrate:
             prepare_database(settings)
         elif database_state(settings.db_url) != "ready":

@@ -74,9 +74,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _add_db(parser: argparse.ArgumentParser) -> None:
     """The database `serve` uses, found the same way: --db, --data-dir, --config and their
     environment variables (docs/configuration.md)."""
-    from gateway.settings import add_arguments
+    from gateway.settings import DATABASE_SETTINGS, add_arguments
 
-    add_arguments(parser, only=("data_dir", "db"))
+    add_arguments(parser, only=DATABASE_SETTINGS)
 
 
 def _db_url(settings: Settings) -> str:
@@ -126,13 +126,13 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
     from receipts.signing import Signer
 
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "signing_key_file"))
         signer = (
             Signer.from_pem(args.signing_key.read_bytes())
             if args.signing_key
@@ -211,7 +211,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 
 
 def _verify_db(args: argparse.Namespace) -> int:
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
 
@@ -222,7 +222,8 @@ def _verify_db(args: argparse.Namespace) -> int:
 
             keyring = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
-        with Ledger(_db_url(settings_from_args(args)), None) as ledger:
+        settings = settings_from_args(args, only=DATABASE_SETTINGS)
+        with Ledger(_db_url(settings), None) as ledger:
             chains = ledger.chains()
             tenants = [_known_chain(args.tenant, chains)] if args.tenant else _any_chain(chains)
             reports = [
@@ -242,11 +243,11 @@ def _migrate(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
     from gateway.boot import prepare_database, say_ledger
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError, current
 
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, only=DATABASE_SETTINGS)
         prepare_database(settings)  # as serve does: a new SQLite file is made private first
         say_ledger(settings.db_url)
         print(f"database at revision {current(settings.db_url)}")

@@ -156,6 +156,24 @@ def test_keys_that_cannot_run_say_why_in_one_line(
     assert not (tmp_path / "fresh").exists()
 
 
+def test_keys_and_ledger_need_only_the_database_settings(tmp_path: Path) -> None:
+    """A config file shared with serve (engine vllm, whose URL and model serve has in its
+    environment) and a port keys never opens must not stop the commands that only need the
+    database."""
+    config = tmp_path / "c.yaml"
+    config.write_text("engine: vllm\nhost: 0.0.0.0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    env["CALLPROOF_PORT"] = "none"
+    data, shared = tmp_path / "data", ["--config", str(config)]
+    for argv in (
+        ["keys", "create", "--role", "agent", "--tenant", "acme", *shared],
+        ["keys", "list", *shared],
+        ["ledger", "migrate", *shared],
+    ):
+        done = callproof(*argv, data_dir=data, env=env)
+        assert done.returncode == 0, (argv, done.stderr)
+
+
 @pytest.mark.parametrize("db", ["notaurl", "mysql://u@h/x"])
 @pytest.mark.parametrize(
     "command",
