@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the import stays inside the handlers: `callproof --help` stays fast
@@ -90,16 +91,31 @@ def _create(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     def use(store: KeyStore) -> int:
         keys = store.list()  # before the header: a failing database prints no table
-        print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}{'REVOKED':<27}NAME")
-        for key in keys:
-            revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
-            print(
-                f"{key.id:<22} {key.role:<8} {key.tenant:<20}"
-                f" {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked:<27}{key.name or ''}"
-            )
+        rows = [("ID", "ROLE", "TENANT", "CREATED", "REVOKED", "NAME")]
+        rows += [
+            (key.id, key.role, key.tenant, _when(key.created_at), _when(key.revoked_at), key.name)
+            for key in keys
+        ]
+        print(_table(rows))
         return 0
 
     return _with_store(args, "list", use, migrate=False)
+
+
+def _when(moment: datetime | None) -> str:
+    """One format for every time in the table, in UTC whatever zone the database answers in
+    (a Postgres session's TimeZone); '-' for a key never revoked."""
+    return "-" if moment is None else f"{moment.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Columns as wide as their widest cell and two spaces apart: fixed widths let a long
+    tenant or time run into the next column. The last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[-1]])
+        for row in rows
+    )
 
 
 def _revoke(args: argparse.Namespace) -> int:

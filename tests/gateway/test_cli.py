@@ -68,6 +68,27 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert bad_tenant.returncode == 2 and "Traceback" not in bad_tenant.stderr
 
 
+def test_keys_list_keeps_its_columns_apart_and_its_times_alike(tmp_path: Path) -> None:
+    """A revoked key's 32-character ISO time overran its column into the name
+    ('...+00:00first-run admin'), and CREATED and REVOKED were in two formats."""
+    tenant = "a-tenant-longer-than-twenty-characters"
+    created = callproof(
+        "keys", "create", "--role", "agent", "--tenant", tenant, "--name", "first run",
+        data_dir=tmp_path,
+    )  # fmt: skip
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    assert callproof("keys", "revoke", key_id, data_dir=tmp_path).returncode == 0
+    header, row = callproof("keys", "list", data_dir=tmp_path).stdout.splitlines()
+    time = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+    assert re.fullmatch(
+        rf"{key_id}  agent  {tenant}  {time}  {time}  first run", re.sub(" {2,}", "  ", row)
+    ), row
+    cell_starts = re.compile(r"(?:^|(?<=  ))\S")  # cells are two or more spaces apart
+    assert [m.start() for m in cell_starts.finditer(header)] == [
+        m.start() for m in cell_starts.finditer(row)
+    ], (header, row)
+
+
 def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> None:
     """The same trail as /admin/keys (docs/configuration.md), by_key_id null: the CLI acts
     with the database's credentials, not an admin key; never the secret."""
