@@ -123,10 +123,13 @@ def _revoke(args: argparse.Namespace) -> int:
 
     def use(store: KeyStore) -> int:
         try:
-            key = store.revoke(args.key_id)
+            key, now = store.revoke(args.key_id)
         except KeyNotFound as exc:
             print(f"callproof keys revoke: {exc}", file=sys.stderr)
             return 1
+        if not now:  # the key is revoked, as asked: exit 0, but no revocation in the trail
+            print(f"{key.id} was already revoked at {_when(key.revoked_at)}; nothing changed")
+            return 0
         log_key_change("api key revoked", key, None)
         print(f"revoked {key.id} ({key.role}, tenant {key.tenant!r})")
         return 0

@@ -98,9 +98,14 @@ def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> 
     secret = created.stdout.strip().splitlines()[-1]
     key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
     revoked = callproof("keys", "revoke", key_id, data_dir=tmp_path)
+    again = callproof("keys", "revoke", key_id, data_dir=tmp_path)  # changes nothing: no line
+    assert again.returncode == 0, again.stderr
+    when = re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", again.stdout)
+    assert f"{key_id} was already revoked at {when[0]}; nothing changed" in again.stdout
+    assert when[0] in callproof("keys", "list", data_dir=tmp_path).stdout  # the first time kept
     trail = [
         json.loads(line)
-        for line in (created.stderr + revoked.stderr).splitlines()
+        for line in (created.stderr + revoked.stderr + again.stderr).splitlines()
         if '"event"' in line
     ]
     assert [(e["event"], e["key_id"], e["role"], e["tenant"], e["by_key_id"]) for e in trail] == [
