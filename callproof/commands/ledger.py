@@ -28,7 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--tenant", help="the chain to export (default: the only one)")
     export.add_argument("--from", dest="since", metavar="TIME", help="RFC 3339, inclusive")
     export.add_argument("--to", dest="until", metavar="TIME", help="RFC 3339, exclusive")
-    export.add_argument("-o", "--output", required=True, type=Path, metavar="BUNDLE")
+    export.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="BUNDLE",
+        help="the file to write, mode 0600 (with retain_payloads it holds every prompt)",
+    )
     export.add_argument(
         "--signing-key",
         type=Path,
