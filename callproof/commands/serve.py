@@ -39,7 +39,7 @@ def _announcing_server_class() -> type[uvicorn.Server]:
             await super().startup(sockets)
             if self.started:
                 host, port = self.config.host, self.config.port
-                print(f"callproof listening on http://{host}:{port}", flush=True)
+                print(f"callproof listening on {_url(host, port)}", flush=True)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -51,6 +51,12 @@ def _announcing_server_class() -> type[uvicorn.Server]:
                 self._captured_signals.clear()
 
     return AnnouncingServer
+
+
+def _url(host: str, port: int) -> str:
+    """The gateway's base URL; an IPv6 host is bracketed (RFC 3986), since `http://::1:8000`
+    is no URL a client can use."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def run(args: argparse.Namespace) -> int:

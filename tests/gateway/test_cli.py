@@ -410,6 +410,28 @@ def test_serve_on_a_port_in_use_creates_nothing_and_says_so(tmp_path: Path) -> N
     assert "Traceback" not in done.stderr and not (tmp_path / "data").exists()
 
 
+def test_serve_on_an_ipv6_host_announces_a_url_a_client_can_use(tmp_path: Path) -> None:
+    """It printed `http://::1:PORT`; a URL brackets an IPv6 address. The vLLM engine does not
+    reach its server before serving, so none (and no model) is needed."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "callproof", "serve", "--host", "::1", "--port", str(port),
+         "--data-dir", str(tmp_path / "data"), "--engine", "vllm", "--model", "served",
+         "--vllm-url", "http://127.0.0.1:9"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        while not any("listening" in line for line in lines):
+            line = server.stdout.readline()
+            assert line, f"serve exited early: {lines}"
+            lines.append(line.strip())
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+    assert lines[-1] == f"callproof listening on http://[::1]:{port}", lines
+
+
 def test_a_key_a_newer_one_replaced_is_named() -> None:
     from gateway.boot import superseded_key
 
