@@ -52,7 +52,17 @@ class AdminKeysController(Controller):
         log_key_change("api key created", key, principal.id)
         return CreatedKey(key=_info(key), secret=secret)
 
-    @delete("/{key_id:str}", status_code=200, summary="Revoke an API key", responses=documented())
+    @delete(
+        "/{key_id:str}",
+        status_code=200,
+        summary="Revoke an API key",
+        description=(
+            "Answers the key as revoked. A key already revoked is answered as it is, with the"
+            " `revoked_at` of its revocation, and nothing is logged: revoking is idempotent, so"
+            " a retried DELETE is not an error."
+        ),
+        responses=documented(),
+    )
     async def revoke_key(
         self,
         principal: NamedDependency[ApiKey],
@@ -62,9 +72,10 @@ class AdminKeysController(Controller):
         key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)")],
     ) -> KeyInfo:
         try:
-            revoked = await key_call(keys.revoke, key_id)
+            revoked, now = await key_call(keys.revoke, key_id)
         except KeyNotFound as exc:
             raise APIError(404, str(exc), code="not_found", param="key_id") from None
         authenticator.forget(key_id)
-        log_key_change("api key revoked", revoked, principal.id)
+        if now:
+            log_key_change("api key revoked", revoked, principal.id)
         return _info(revoked)

@@ -165,18 +165,20 @@ class KeyStore:
             rows = conn.execute(sa.select(api_keys).order_by(api_keys.c.created_at)).all()
         return [_row_to_key(row) for row in rows]
 
-    def revoke(self, key_id: str) -> ApiKey:
+    def revoke(self, key_id: str) -> tuple[ApiKey, bool]:
+        """The key, revoked, and whether this call revoked it: False when it already was (its
+        first ``revoked_at`` kept), so that callers log no revocation that changed nothing."""
         now = datetime.now(UTC)
         with self._begin() as conn:
-            conn.execute(
+            changed = conn.execute(
                 api_keys.update()
                 .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
                 .values(revoked_at=now)
-            )
+            ).rowcount
             row = conn.execute(sa.select(api_keys).where(api_keys.c.id == key_id)).first()
         if row is None:
             raise KeyNotFound(f"no API key with id {key_id!r}")
-        return _row_to_key(row)
+        return _row_to_key(row), changed == 1
 
     def lookup(self, secret: str) -> ApiKey | None:
         """The active (not revoked) key with this secret, or None."""

@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -103,6 +104,12 @@ def database_state(url: str) -> Literal["absent", "unmigrated", "ready"]:
 def shown_url(url: str) -> str:
     """A database URL fit for a message or a log line: its password hidden."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+def say_ledger(url: str) -> None:
+    """Which database a command uses, on stderr: a typo in the settings that name it
+    otherwise shows only as an empty ledger, or a new one under ./data."""
+    print(f"callproof: ledger at {shown_url(url)}", file=sys.stderr, flush=True)
 
 
 def load_signer(settings: Settings) -> Signer:

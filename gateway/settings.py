@@ -12,9 +12,10 @@ import difflib
 import math
 import os
 import re
+import sys
 import tomllib
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
@@ -23,6 +24,8 @@ from urllib.parse import urlsplit
 from runtime.limits import DEFAULT_LIMITS, Limits
 
 ENV_PREFIX = "CALLPROOF_"
+# Where the ledger database is: all that `keys`, `ledger` and `export` need of the settings.
+DATABASE_SETTINGS = ("data_dir", "db")
 
 
 class SettingsError(ValueError):
@@ -217,8 +220,13 @@ def load_settings(
     flags: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     config_file: Path | None = None,
+    only: Collection[str] | None = None,
 ) -> Settings:
-    """Merge the sources; ``flags`` holds only the flags the user actually gave (None = unset)."""
+    """Merge the sources; ``flags`` holds only the flags the user actually gave (None = unset).
+
+    ``only``: the settings a command reads (default: all, for `serve`). The others keep their
+    defaults, unchecked, so a config file or environment shared with `serve` (its port, its
+    vLLM engine) cannot stop `callproof keys`; an unknown key in the file still does."""
     env = os.environ if env is None else env
     names = _field_names()
     merged: dict[str, Any] = {}
@@ -238,21 +246,29 @@ def load_settings(
     for name, value in (flags or {}).items():
         if value is not None and name in names:
             merged[name] = value
-    settings = Settings(**{name: _coerce(name, value) for name, value in merged.items()})
-    _check_combinations(settings)
+    used = set(names if only is None else only)
+    settings = Settings(
+        **{name: _coerce(name, value) for name, value in merged.items() if name in used}
+    )
+    _check_combinations(settings, used)
     return settings
 
 
-def _check_combinations(settings: Settings) -> None:
+def _check_combinations(settings: Settings, used: set[str]) -> None:
     """Settings each fine alone but not together: refused here, before `serve` creates a data
-    directory, a ledger or a signing key for a gateway that cannot run."""
-    if settings.default_max_tokens > settings.max_tokens_limit:
+    directory, a ledger or a signing key for a gateway that cannot run; each check only when
+    the command reads the settings it involves."""
+    if {"default_max_tokens", "max_tokens_limit"} <= used and (
+        settings.default_max_tokens > settings.max_tokens_limit
+    ):
         raise SettingsError(
             f"setting 'default_max_tokens' ({settings.default_max_tokens}) is above"
             f" 'max_tokens_limit' ({settings.max_tokens_limit}): every request without"
             " max_tokens would be refused"
         )
-    if settings.engine == "vllm" and not (settings.vllm_url and settings.model):
+    if {"engine", "vllm_url", "model"} <= used and (
+        settings.engine == "vllm" and not (settings.vllm_url and settings.model)
+    ):
         raise SettingsError(
             "--engine vllm needs --vllm-url and --model (the served name), or"
             f" {ENV_PREFIX}VLLM_URL and {ENV_PREFIX}MODEL"
@@ -339,6 +355,12 @@ def add_arguments(parser: argparse.ArgumentParser, only: tuple[str, ...] | None 
             parser.add_argument(flag, default=None, metavar=f.name.upper(), help=helped)
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
+def settings_from_args(args: argparse.Namespace, only: Collection[str] | None = None) -> Settings:
+    """The settings of a command given `add_arguments`' flags (``only``: those it reads, as
+    for `load_settings`). Every command that reads settings comes through here, so each names
+    the CALLPROOF_ variables nothing reads, first (a typo may be why settings fail, or why a
+    new ./data appears instead of the real one)."""
+    for variable in unknown_variables(os.environ):
+        print(f"callproof: ignoring {variable}", file=sys.stderr)
     flags = {name: getattr(args, name) for name in _field_names() if hasattr(args, name)}
-    return load_settings(flags, config_file=args.config)
+    return load_settings(flags, config_file=args.config, only=only)

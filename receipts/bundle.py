@@ -20,6 +20,7 @@ import hashlib
 import io
 import os
 import re
+import stat
 import tarfile
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
@@ -171,9 +172,14 @@ def _write_receipts(
 
 @contextmanager
 def _open_out(out: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
-    """A path is opened and closed here; a caller's file object is left open."""
+    """A path is opened and closed here, a caller's file object left open. A file is private
+    (0600, like the ledger it comes from), an existing one made so too: with retained
+    payloads a bundle holds every prompt. A device (/dev/null, a pipe) is left as it is."""
     if isinstance(out, (str, os.PathLike)):
-        with open(out, "wb") as fh:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with open(fd, "wb") as fh:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0o600)
             yield fh
     else:
         yield out

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the import stays inside the handlers: `callproof --help` stays fast
     from gateway.apikeys import KeyStore
 
-_LOCATION = ("data_dir", "db")
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gateway.settings import add_arguments
+    from gateway.settings import DATABASE_SETTINGS, add_arguments
 
     parser = subparsers.add_parser("keys", help="create, list and revoke API keys")
     actions = parser.add_subparsers(dest="keys_action", required=True, metavar="ACTION")
@@ -31,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     revoke.add_argument("key_id", metavar="ID")
     revoke.set_defaults(handler=_revoke)
     for sub in (create, listing, revoke):
-        add_arguments(sub, only=_LOCATION)
+        add_arguments(sub, only=DATABASE_SETTINGS)
 
 
 def _with_store(
@@ -44,13 +43,13 @@ def _with_store(
     import sqlalchemy as sa
 
     from gateway.apikeys import InvalidKeyField, KeyStore, KeyStoreUnavailable
-    from gateway.boot import database_state, prepare_database, shown_url
+    from gateway.boot import database_state, prepare_database, say_ledger, shown_url
     from gateway.logs import configure_logging
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError
 
-    try:
-        settings = settings_from_args(args)
+    try:  # the database and the log level: serve's other settings are not checked here
+        settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "log_level"))
         if migrate:
             prepare_database(settings)
         elif database_state(settings.db_url) != "ready":
@@ -58,6 +57,7 @@ def _with_store(
                 f"no gateway database at {shown_url(settings.db_url)}: `callproof keys create`"
                 " or `callproof serve` sets one up"
             )
+        say_ledger(settings.db_url)
         store = KeyStore.open(settings.db_url)
         configure_logging(settings.log_level)  # serve's JSON lines, for the key changes' trail
         try:
@@ -91,16 +91,31 @@ def _create(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     def use(store: KeyStore) -> int:
         keys = store.list()  # before the header: a failing database prints no table
-        print(f"{'ID':<22} {'ROLE':<8} {'TENANT':<20} {'CREATED':<21}{'REVOKED':<27}NAME")
-        for key in keys:
-            revoked = key.revoked_at.isoformat() if key.revoked_at else "-"
-            print(
-                f"{key.id:<22} {key.role:<8} {key.tenant:<20}"
-                f" {key.created_at:%Y-%m-%d %H:%M:%S}  {revoked:<27}{key.name or ''}"
-            )
+        rows = [("ID", "ROLE", "TENANT", "CREATED", "REVOKED", "NAME")]
+        rows += [
+            (key.id, key.role, key.tenant, _when(key.created_at), _when(key.revoked_at), key.name)
+            for key in keys
+        ]
+        print(_table(rows))
         return 0
 
     return _with_store(args, "list", use, migrate=False)
+
+
+def _when(moment: datetime | None) -> str:
+    """One format for every time in the table, in UTC whatever zone the database answers in
+    (a Postgres session's TimeZone); '-' for a key never revoked."""
+    return "-" if moment is None else f"{moment.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Columns as wide as their widest cell and two spaces apart: fixed widths let a long
+    tenant or time run into the next column. The last column is not padded."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths)), row[-1]])
+        for row in rows
+    )
 
 
 def _revoke(args: argparse.Namespace) -> int:
@@ -108,10 +123,13 @@ def _revoke(args: argparse.Namespace) -> int:
 
     def use(store: KeyStore) -> int:
         try:
-            key = store.revoke(args.key_id)
+            key, now = store.revoke(args.key_id)
         except KeyNotFound as exc:
             print(f"callproof keys revoke: {exc}", file=sys.stderr)
             return 1
+        if not now:  # the key is revoked, as asked: exit 0, but no revocation in the trail
+            print(f"{key.id} was already revoked at {_when(key.revoked_at)}; nothing changed")
+            return 0
         log_key_change("api key revoked", key, None)
         print(f"revoked {key.id} ({key.role}, tenant {key.tenant!r})")
         return 0

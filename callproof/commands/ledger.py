@@ -1,8 +1,8 @@
 """`callproof export`, `callproof verify` and `callproof ledger verify|migrate`.
 
 Exit codes: 0 everything holds; 1 verification failed (the first failing seq and the reason
-are printed); 2 bad input (arguments, a missing file, a malformed key); 3 the database is
-unavailable. `verify` needs only receipts/ (no database, no server).
+are printed); 2 bad input (arguments, a missing file, a malformed key, no chain to verify);
+3 the database is unavailable. `verify` needs only receipts/ (no database, no server).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from gateway.settings import Settings
     from receipts.signing import Signer
 
 OK, FAILED, BAD_INPUT, UNAVAILABLE = 0, 1, 2, 3
@@ -27,7 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--tenant", help="the chain to export (default: the only one)")
     export.add_argument("--from", dest="since", metavar="TIME", help="RFC 3339, inclusive")
     export.add_argument("--to", dest="until", metavar="TIME", help="RFC 3339, exclusive")
-    export.add_argument("-o", "--output", required=True, type=Path, metavar="BUNDLE")
+    export.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="BUNDLE",
+        help="the file to write, mode 0600 (with retain_payloads it holds every prompt)",
+    )
     export.add_argument(
         "--signing-key",
         type=Path,
@@ -73,22 +81,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _add_db(parser: argparse.ArgumentParser) -> None:
     """The database `serve` uses, found the same way: --db, --data-dir, --config and their
     environment variables (docs/configuration.md)."""
-    from gateway.settings import add_arguments
+    from gateway.settings import DATABASE_SETTINGS, add_arguments
 
-    add_arguments(parser, only=("data_dir", "db"))
+    add_arguments(parser, only=DATABASE_SETTINGS)
 
 
-def _db_url(args: argparse.Namespace) -> str:
-    """The ledger URL; an existing, migrated one only (reading must not create an empty SQLite
-    file, and tables that are not there are a setup step missed, not an outage)."""
+def _db_url(settings: Settings) -> str:
+    """The ledger URL, named on stderr; an existing, migrated one only (reading must not
+    create an empty SQLite file, and tables that are not there are a setup step missed, not
+    an outage)."""
     import sqlalchemy as sa
 
-    from gateway.boot import database_state, shown_url, sqlite_file
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.boot import database_state, say_ledger, shown_url
+    from gateway.settings import SettingsError
     from receipts.errors import LedgerUnavailable
+    from receipts.ledger_file import sqlite_file
     from receipts.store import short_error
 
-    url = settings_from_args(args).db_url
+    url = settings.db_url
     try:
         state = database_state(url)
     except sa.exc.SQLAlchemyError as exc:
@@ -99,6 +109,7 @@ def _db_url(args: argparse.Namespace) -> str:
         raise SettingsError(
             f"no ledger tables in {shown_url(url)}: run `callproof ledger migrate` first"
         )
+    say_ledger(url)
     return url
 
 
@@ -123,18 +134,19 @@ def _add_report_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from gateway.settings import SettingsError
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
     from receipts.signing import Signer
 
     try:
+        settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "signing_key_file"))
         signer = (
             Signer.from_pem(args.signing_key.read_bytes())
             if args.signing_key
-            else _gateway_signer(args)
+            else _gateway_signer(settings)
         )
-        with Ledger(_db_url(args), signer) as ledger:
+        with Ledger(_db_url(settings), signer) as ledger:
             tenant = args.tenant or _only_chain(ledger.chains())
             ledger.export(tenant, args.output, since=args.since, until=args.until)
     except LedgerUnavailable as exc:
@@ -145,15 +157,14 @@ def _export(args: argparse.Namespace) -> int:
     return OK
 
 
-def _gateway_signer(args: argparse.Namespace) -> Signer | None:
+def _gateway_signer(settings: Settings) -> Signer | None:
     """The key `serve` signs with, if this machine has it; never a new one."""
-    from gateway.settings import settings_from_args
     from receipts.signing import load_or_create_signer, signer_from_env
 
     from_env = signer_from_env()
     if from_env is not None:
         return from_env
-    path = settings_from_args(args).signing_key_path
+    path = settings.signing_key_path
     return load_or_create_signer(path, create=False) if path.is_file() else None
 
 
@@ -164,6 +175,19 @@ def _only_chain(chains: list[str]) -> str:
         listed = ", ".join(chains) or "none"
         raise OutOfRange(f"pass --tenant: the database holds chains {listed}")
     return chains[0]
+
+
+def _any_chain(chains: list[str]) -> list[str]:
+    """Every chain, when there is one: a database with none (not the gateway's, named by a
+    typo) printed 'no chains in the database' with exit 0, as if it had verified."""
+    from receipts.errors import OutOfRange
+
+    if not chains:
+        raise OutOfRange(
+            "no chains in this ledger: nothing to verify (is it the gateway's database?"
+            " --db, --data-dir, --config and their CALLPROOF_ variables name it)"
+        )
+    return chains
 
 
 def _known_chain(tenant: str, chains: list[str]) -> str:
@@ -195,7 +219,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
 
 
 def _verify_db(args: argparse.Namespace) -> int:
-    from gateway.settings import SettingsError
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
 
@@ -206,9 +230,10 @@ def _verify_db(args: argparse.Namespace) -> int:
 
             keyring = pinned_keys(args.public_key.read_bytes())
         saved = _saved_checkpoints(args)
-        with Ledger(_db_url(args), None) as ledger:
+        settings = settings_from_args(args, only=DATABASE_SETTINGS)
+        with Ledger(_db_url(settings), None) as ledger:
             chains = ledger.chains()
-            tenants = [_known_chain(args.tenant, chains)] if args.tenant else chains
+            tenants = [_known_chain(args.tenant, chains)] if args.tenant else _any_chain(chains)
             reports = [
                 ledger.verify(
                     tenant, args.from_seq, args.to_seq, keyring=keyring, saved=saved
@@ -225,13 +250,14 @@ def _verify_db(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     import sqlalchemy as sa
 
-    from gateway.boot import prepare_database
-    from gateway.settings import SettingsError, settings_from_args
+    from gateway.boot import prepare_database, say_ledger
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError, current
 
     try:
-        settings = settings_from_args(args)
+        settings = settings_from_args(args, only=DATABASE_SETTINGS)
         prepare_database(settings)  # as serve does: a new SQLite file is made private first
+        say_ledger(settings.db_url)
         print(f"database at revision {current(settings.db_url)}")
     except (SettingsError, MigrationError, OSError) as exc:
         return _fail(BAD_INPUT, exc)
@@ -295,8 +321,6 @@ def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
             print(f"FAILED: chain {chain!a}{where}: {r['reason']}")
         for note in r.get("notes") or ():
             print(f"note: {note}")
-    if not reports:
-        print("no chains in the database")
     return OK if ok else FAILED
 
 

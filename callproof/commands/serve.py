@@ -41,7 +41,7 @@ def _announcing_server_class() -> type[uvicorn.Server]:
             await super().startup(sockets)
             if self.started:
                 host, port = self.config.host, self.config.port
-                print(f"callproof listening on http://{host}:{port}", flush=True)
+                print(f"callproof listening on {_url(host, port)}", flush=True)
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
@@ -53,6 +53,12 @@ def _announcing_server_class() -> type[uvicorn.Server]:
                 self._captured_signals.clear()
 
     return AnnouncingServer
+
+
+def _url(host: str, port: int) -> str:
+    """The gateway's base URL; an IPv6 host is bracketed (RFC 3986), since `http://::1:8000`
+    is no URL a client can use."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,17 +74,15 @@ def run(args: argparse.Namespace) -> int:
         load_signer,
         open_resources,
         prepare_database,
-        shown_url,
+        say_ledger,
         superseded_key,
     )
     from gateway.logs import configure_logging
-    from gateway.settings import SettingsError, settings_from_args, unknown_variables
+    from gateway.settings import SettingsError, settings_from_args
     from migrations.runner import MigrationError
     from receipts.errors import ReceiptsError
     from runtime.errors import EngineError
 
-    for variable in unknown_variables(os.environ):  # first: a typo may be why settings fail
-        print(f"callproof: ignoring {variable}", file=sys.stderr)
     listener = None
     try:  # everything an operator can get wrong is one line and exit 2, not a traceback
         settings = settings_from_args(args)
@@ -101,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if listener is not None:
             listener.close()
         return _cannot_start(exc, 2)
-    print(f"callproof: ledger at {shown_url(settings.db_url)}", file=sys.stderr)
+    say_ledger(settings.db_url)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
         moved_on = superseded_key(resources.ledger.public_keys(), signer.key_id)

@@ -22,13 +22,16 @@ from migrations.runner import upgrade
 SECRET = re.compile(r"^cp_[0-9a-f]{48}$")
 
 
-def callproof(*args: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def callproof(
+    *args: str, data_dir: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "callproof", *args, "--data-dir", str(data_dir)],
         check=False,
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -66,6 +69,27 @@ def test_keys_create_list_revoke(tmp_path: Path) -> None:
     assert bad_tenant.returncode == 2 and "Traceback" not in bad_tenant.stderr
 
 
+def test_keys_list_keeps_its_columns_apart_and_its_times_alike(tmp_path: Path) -> None:
+    """A revoked key's 32-character ISO time overran its column into the name
+    ('...+00:00first-run admin'), and CREATED and REVOKED were in two formats."""
+    tenant = "a-tenant-longer-than-twenty-characters"
+    created = callproof(
+        "keys", "create", "--role", "agent", "--tenant", tenant, "--name", "first run",
+        data_dir=tmp_path,
+    )  # fmt: skip
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    assert callproof("keys", "revoke", key_id, data_dir=tmp_path).returncode == 0
+    header, row = callproof("keys", "list", data_dir=tmp_path).stdout.splitlines()
+    time = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+    assert re.fullmatch(
+        rf"{key_id}  agent  {tenant}  {time}  {time}  first run", re.sub(" {2,}", "  ", row)
+    ), row
+    cell_starts = re.compile(r"(?:^|(?<=  ))\S")  # cells are two or more spaces apart
+    assert [m.start() for m in cell_starts.finditer(header)] == [
+        m.start() for m in cell_starts.finditer(row)
+    ], (header, row)
+
+
 def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> None:
     """The same trail as /admin/keys (docs/configuration.md), by_key_id null: the CLI acts
     with the database's credentials, not an admin key; never the secret."""
@@ -75,9 +99,14 @@ def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> 
     secret = created.stdout.strip().splitlines()[-1]
     key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
     revoked = callproof("keys", "revoke", key_id, data_dir=tmp_path)
+    again = callproof("keys", "revoke", key_id, data_dir=tmp_path)  # changes nothing: no line
+    assert again.returncode == 0, again.stderr
+    when = re.search(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", again.stdout)
+    assert f"{key_id} was already revoked at {when[0]}; nothing changed" in again.stdout
+    assert when[0] in callproof("keys", "list", data_dir=tmp_path).stdout  # the first time kept
     trail = [
         json.loads(line)
-        for line in (created.stderr + revoked.stderr).splitlines()
+        for line in (created.stderr + revoked.stderr + again.stderr).splitlines()
         if '"event"' in line
     ]
     assert [(e["event"], e["key_id"], e["role"], e["tenant"], e["by_key_id"]) for e in trail] == [
@@ -85,6 +114,48 @@ def test_keys_create_and_revoke_log_the_line_admin_keys_logs(tmp_path: Path) -> 
         ("api_key_revoked", key_id, "agent", "acme", None),
     ]
     assert secret not in created.stderr
+
+
+def test_every_command_that_reads_settings_names_typos_and_the_database_it_used(
+    tmp_path: Path,
+) -> None:
+    """CALLPROOF_DATADIR for CALLPROOF_DATA_DIR: `keys create` made ./data/ledger.db and
+    exited 0 saying nothing; now each command names the variable it ignores and the ledger
+    it used, as serve does."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    env["CALLPROOF_DATADIR"] = "/srv/data"
+    data = tmp_path / "data"
+    ignoring = "callproof: ignoring CALLPROOF_DATADIR (did you mean CALLPROOF_DATA_DIR?)"
+    used = f"callproof: ledger at sqlite:///{data / 'ledger.db'}"
+    created = callproof(
+        "keys", "create", "--role", "agent", "--tenant", "acme", data_dir=data, env=env
+    )
+    key_id = re.search(r"\b(key_[0-9a-f]{16})\b", created.stdout).group(1)
+    for done in (
+        created,
+        callproof("keys", "list", data_dir=data, env=env),
+        callproof("keys", "revoke", key_id, data_dir=data, env=env),
+        callproof("ledger", "migrate", data_dir=data, env=env),
+        callproof("ledger", "verify", data_dir=data, env=env),
+        callproof("export", "-o", str(tmp_path / "b.tar.gz"), data_dir=data, env=env),
+    ):
+        assert done.stderr.count(ignoring) == 1 and used in done.stderr, (done.args, done.stderr)
+
+
+def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
+    fresh_sqlite_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed 'no chains in the database' with exit 0: an operator who named the wrong
+    database believed it verified. Exit 2, as for a --tenant it does not hold, naming it."""
+    from callproof.cli import main
+
+    assert main(["ledger", "migrate", "--db", fresh_sqlite_url]) == 0
+    capsys.readouterr()
+    for json_flag in ([], ["--json"]):
+        assert main(["ledger", "verify", "--db", fresh_sqlite_url, *json_flag]) == 2
+        out, err = capsys.readouterr()
+        assert not out and f"callproof: ledger at {fresh_sqlite_url}" in err, err
+        assert "no chains in this ledger: nothing to verify" in err, err
 
 
 @pytest.mark.parametrize(
@@ -110,6 +181,24 @@ def test_keys_that_cannot_run_say_why_in_one_line(
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr and says.format(tmp=tmp_path) in done.stderr, done.stderr
     assert not (tmp_path / "fresh").exists()
+
+
+def test_keys_and_ledger_need_only_the_database_settings(tmp_path: Path) -> None:
+    """A config file shared with serve (engine vllm, whose URL and model serve has in its
+    environment) and a port keys never opens must not stop the commands that only need the
+    database."""
+    config = tmp_path / "c.yaml"
+    config.write_text("engine: vllm\nhost: 0.0.0.0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    env["CALLPROOF_PORT"] = "none"
+    data, shared = tmp_path / "data", ["--config", str(config)]
+    for argv in (
+        ["keys", "create", "--role", "agent", "--tenant", "acme", *shared],
+        ["keys", "list", *shared],
+        ["ledger", "migrate", *shared],
+    ):
+        done = callproof(*argv, data_dir=data, env=env)
+        assert done.returncode == 0, (argv, done.stderr)
 
 
 @pytest.mark.parametrize("db", ["notaurl", "mysql://u@h/x"])
@@ -327,6 +416,28 @@ def test_serve_on_a_port_in_use_creates_nothing_and_says_so(tmp_path: Path) -> N
     assert done.stdout == "", done.stdout  # no admin key, no "listening"
     assert f"callproof serve: cannot start: port {port} on 127.0.0.1 is in use" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "data").exists()
+
+
+def test_serve_on_an_ipv6_host_announces_a_url_a_client_can_use(tmp_path: Path) -> None:
+    """It printed `http://::1:PORT`; a URL brackets an IPv6 address. The vLLM engine does not
+    reach its server before serving, so none (and no model) is needed."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "callproof", "serve", "--host", "::1", "--port", str(port),
+         "--data-dir", str(tmp_path / "data"), "--engine", "vllm", "--model", "served",
+         "--vllm-url", "http://127.0.0.1:9"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        lines: list[str] = []
+        while not any("listening" in line for line in lines):
+            line = server.stdout.readline()
+            assert line, f"serve exited early: {lines}"
+            lines.append(line.strip())
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(30)
+    assert lines[-1] == f"callproof listening on http://[::1]:{port}", lines
 
 
 def test_a_key_a_newer_one_replaced_is_named() -> None:

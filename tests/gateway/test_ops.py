@@ -253,6 +253,8 @@ def test_admin_key_api_and_revocation(gateway: Any, caplog: pytest.LogCaptureFix
         assert revoked.status_code == 200 and revoked.json()["revoked_at"]
         with pytest.raises(openai.AuthenticationError):  # at once: revoking drops the entry
             client.models.list()
+        again = admin.delete(f"/admin/keys/{key['key']['id']}")  # idempotent, and not logged
+        assert again.status_code == 200 and again.json() == revoked.json()
         assert admin.delete("/admin/keys/key_" + "0" * 16).status_code == 404
         assert admin.delete("/admin/keys/not-a-key-id").status_code == 400
         for bad, param in [

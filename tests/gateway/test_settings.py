@@ -141,6 +141,28 @@ def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:
         load_settings({}, {}, tmp_path / "c.ini")
 
 
+def test_a_command_that_reads_only_the_database_checks_only_the_database(tmp_path: Path) -> None:
+    """A config file and environment shared with `serve` (engine vllm, its URL and model in
+    serve's environment only; a port keys never opens) stopped `callproof keys` with
+    '--engine vllm needs --vllm-url', flags keys does not have. Unknown keys in the file,
+    and bad values of the settings read, are still refused."""
+    from gateway.settings import DATABASE_SETTINGS
+
+    config = tmp_path / "c.yaml"
+    config.write_text(f"engine: vllm\ndata_dir: {tmp_path / 'd'}\n")
+    env = {"CALLPROOF_PORT": "http", "CALLPROOF_DEFAULT_MAX_TOKENS": "9999"}
+    settings = load_settings({}, env, config, only=DATABASE_SETTINGS)
+    assert settings.db_url == f"sqlite:///{(tmp_path / 'd' / 'ledger.db').resolve()}"
+    assert settings.port == 8000 and settings.engine == "embedded"  # defaults: not read
+    with pytest.raises(SettingsError, match="needs --vllm-url"):
+        load_settings({}, {}, config)  # serve reads them all
+    with pytest.raises(SettingsError, match="'db': 'notaurl'"):
+        load_settings({}, {"CALLPROOF_DB": "notaurl"}, config, only=DATABASE_SETTINGS)
+    config.write_text("engine: vllm\nprot: 1\n")
+    with pytest.raises(SettingsError, match="unknown setting.*prot"):
+        load_settings({}, {}, config, only=DATABASE_SETTINGS)
+
+
 def test_vllm_engine_gets_every_vllm_setting(tmp_path: Path) -> None:
     from gateway.boot import load_engine
     from runtime.model_store import bundled_model_dir, model_digests

@@ -59,6 +59,26 @@ def test_export_then_verify(filled, tmp_path: Path, capsys) -> None:
     assert code == 1 and report["first_failure_seq"] == 1 and "unknown key" in report["reason"]
 
 
+def test_an_exported_bundle_is_private_as_the_ledger_is(filled, tmp_path: Path, capsys) -> None:
+    """It was written 0644 (the umask) beside a 0600 ledger in a 0700 directory, while with
+    retain_payloads it holds every prompt; a bundle written over is made private too."""
+    import os
+
+    url, _, key = filled
+    fresh, old = tmp_path / "fresh.tar.gz", tmp_path / "old.tar.gz"
+    old.write_bytes(b"an earlier export")
+    old.chmod(0o644)
+    umask = os.umask(0o022)
+    try:
+        for bundle in (fresh, old):
+            code, _, err = run(capsys, "export", "--db", url, "--tenant", "acme", "-o",
+                               str(bundle), "--signing-key", str(key))  # fmt: skip
+            assert code == 0, err
+            assert bundle.stat().st_mode & 0o777 == 0o600, oct(bundle.stat().st_mode)
+    finally:
+        os.umask(umask)
+
+
 def test_a_later_bundle_is_checked_against_a_checkpoint_saved_earlier(
     filled, tmp_path: Path, capsys
 ) -> None:
