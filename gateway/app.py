@@ -19,6 +19,7 @@ from gateway.admin import AdminKeysController
 from gateway.apikeys import KeyStore
 from gateway.audit import AuditController, LedgerRead
 from gateway.auth import Authenticator, KeyCall, current_principal
+from gateway.body_deadline import body_deadline
 from gateway.chat import ChatController
 from gateway.completion import Completions
 from gateway.errors import handle_exception
@@ -86,6 +87,6 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
         debug=False,
     )
     # Outside the router, unlike Litestar's middleware: a request that matches no route is
-    # timed and logged as well.
-    app.asgi_handler = metrics.middleware(app.asgi_handler)
+    # timed and logged as well, and so is a body that never arrives (the 408 inside).
+    app.asgi_handler = metrics.middleware(body_deadline(app.asgi_handler, settings.body_timeout_s))
     return app

@@ -35,6 +35,7 @@ _TYPES = {
     403: "permission_error",
     404: "invalid_request_error",  # as OpenAI types an unknown model
     405: "invalid_request_error",
+    408: "invalid_request_error",  # the client did not send its body in time
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",

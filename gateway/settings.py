@@ -51,6 +51,7 @@ class Settings:
     signing_key_file: Path | None = None  # default <data_dir>/signing-key.pem, made on first run
     retain_payloads: bool = False  # keep request messages+params in receipts (needed by replay)
     max_body_bytes: int = 1_048_576
+    body_timeout_s: float = 30.0  # a request body not all there by then is a 408 (slowloris)
     default_max_tokens: int = 256
     max_tokens_limit: int = 4096
     # limits on constraints (runtime.limits.Limits; same names, same defaults)
@@ -316,6 +317,7 @@ HELP = {
     "retain_payloads": "keep each request's messages and parameters in its receipt (replay"
     " needs them)",
     "max_body_bytes": "larger request bodies are a 413",
+    "body_timeout_s": "a request body not all received this long after the request began is a 408",
     "default_max_tokens": "max_tokens when a request gives none",
     "max_tokens_limit": "larger max_tokens is a 400",
     "max_tools": "more tools in one request is a 400",

@@ -7,6 +7,9 @@ the request (so its exception classes are checked too) and through raw HTTP wher
 from __future__ import annotations
 
 import json
+import socket
+import time
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -674,3 +677,49 @@ def test_an_anonymous_body_is_not_read_before_the_401(
         wrong_role = client.request(method, path, json=body) if path.startswith("/admin") else None
     if wrong_role is not None:
         assert error_of(wrong_role, 403)["code"] == "wrong_role"
+
+
+def test_a_body_that_stops_short_of_its_length_is_408_in_bounded_time(
+    gateway_engine: Any, server_loop: Any, tmp_path: Path, fresh_sqlite_url: str
+) -> None:
+    """A client that sends less than its Content-Length and waits (slowloris) held the
+    connection and its handler with no end: now the body is due within body_timeout_s."""
+    from conftest import gateway_settings
+
+    from gateway.apikeys import KeyStore
+    from gateway.app import create_app
+    from migrations.runner import upgrade
+    from receipts.ledger import Ledger
+    from receipts.signing import Signer
+
+    upgrade(fresh_sqlite_url)
+    settings = gateway_settings(tmp_path, fresh_sqlite_url, body_timeout_s=1.0)
+    ledger = Ledger(fresh_sqlite_url, Signer.generate())
+    keys = KeyStore.open(fresh_sqlite_url)
+    secret = keys.create("agent", "acme")[1]
+    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
+    try:
+        host, port = base.removeprefix("http://").split(":")
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=15) as conn:
+            conn.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+                + f"Authorization: Bearer {secret}\r\n".encode()
+                + b'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"model":'
+            )
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert time.monotonic() - started < 8  # 1 s, on a busy VM
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), answer
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_timeout" and "body_timeout_s (1 s)" in error["message"]
+        assert ledger.last_seq("acme") == 0
+    finally:
+        stop()
+        ledger.close()
+        keys.close()
