@@ -11,7 +11,7 @@ from litestar.params import JSONBody, Parameter
 from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore, log_key_change
 from gateway.auth import BEARER, Authenticator, KeyCall, require_role
 from gateway.bodies import StrictBody
-from gateway.errors import APIError, documented
+from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
 
 
@@ -34,7 +34,7 @@ class AdminKeysController(Controller):
     @post(
         "",
         summary="Create an API key; the secret is returned once",
-        responses=documented(413),
+        responses=documented(*BODY_ERRORS),
         dto=StrictBody[KeyCreate],
         return_dto=None,
     )

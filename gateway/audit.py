@@ -28,7 +28,7 @@ from gateway.bodies import StrictBody
 from gateway.completion import Completions
 from gateway.deadline import within_db_timeout
 from gateway.disconnect import unless_client_leaves
-from gateway.errors import APIError, documented
+from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
@@ -315,7 +315,7 @@ class AuditController(Controller):
         "/verify",
         status_code=200,
         summary="Verify a seq range of this chain",
-        responses=documented(413),
+        responses=documented(*BODY_ERRORS),
         operation_class=OptionalBodyOperation,
         dto=StrictBody[VerifyRequest],
         return_dto=None,
@@ -357,7 +357,7 @@ class AuditController(Controller):
         "/replay/{receipt_id:str}",
         status_code=200,
         summary="Re-run a receipt's request",
-        responses=documented(409, 413, 422),
+        responses=documented(409, *BODY_ERRORS, 422),
         operation_class=OptionalBodyOperation,
         dto=StrictBody[ReplayRequest],
         return_dto=None,

@@ -15,7 +15,7 @@ from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody, decode_as_sent
 from gateway.completion import Completions, receipt_ref, usage_of
 from gateway.disconnect import unless_client_leaves
-from gateway.errors import documented
+from gateway.errors import BODY_ERRORS, documented
 from gateway.openapi import ChatOperation
 from gateway.recording import finish_reason
 from gateway.schemas import (
@@ -47,7 +47,7 @@ class ChatController(Controller):
             "receipt is committed before any tool call leaves. With `stream: true` the body is "
             "`text/event-stream` of chat.completion.chunk objects ending in `data: [DONE]`."
         ),
-        responses=documented(413, 422),
+        responses=documented(*BODY_ERRORS, 422),
         operation_class=ChatOperation,
         dto=StrictBody[ChatCompletionRequest],
         return_dto=None,

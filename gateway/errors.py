@@ -44,9 +44,12 @@ _TYPES = {
 }
 
 
+BODY_ERRORS = (408, 413)  # what a route that reads a body adds: too slow, too large
+
+
 def documented(*extra: int) -> dict[int, ResponseSpec]:
     """OpenAPI entries for the error statuses an authenticated route can answer with; a
-    route that reads a body adds 413."""
+    route that reads a body adds BODY_ERRORS."""
     statuses = sorted({400, 401, 403, 404, 500, 503, *extra})
     return {
         status: ResponseSpec(
