@@ -98,10 +98,9 @@ class Ledger:
 
     def ping(self) -> None:
         """Raise LedgerUnavailable unless the database answers (a SQLite file still where it
-        was opened) and, for a ledger that signs, would take appends: a Postgres standby, or a database whose sessions start read-only,
-        answers every read while refusing every receipt, so it is not a ledger that is up."""
-        if self._file is not None:
-            self._file.check()
+        was opened) and, for a ledger that signs, would take appends: a Postgres standby, or
+        a database whose sessions start read-only, answers every read while refusing every
+        receipt, so it is not a ledger that is up."""
         with self._reading() as conn:
             if self.signer is None or conn.dialect.name != "postgresql":
                 conn.execute(sa.text("SELECT 1"))
@@ -151,6 +150,8 @@ class Ledger:
     # ------------------------------------------------------------------ reads
 
     def _reading(self) -> AbstractContextManager[sa.Connection]:
+        if self._file is not None:  # a SQLite file removed while open: fail, do not recreate
+            self._file.check()
         return transaction(self._reader, "is unavailable")
 
     def query(self, q: ReceiptQuery) -> ReceiptPage:

@@ -4,8 +4,9 @@ the file the ledger opened.
 A SQLite connection keeps writing to the file it opened even after that file is removed or
 replaced (a cleanup script, a restore copied over it): every commit then succeeds into an
 unlinked inode that no restart, auditor or backup will ever read, and the gateway would hand
-out tool calls whose receipts are already lost. The writer checks before each batch, and
-readiness before it answers, so that case fails closed instead.
+out tool calls whose receipts are already lost; and the next new connection would create an
+empty file there. The writer checks before it uses its connection, and every read before it
+takes one, so that case fails closed instead.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ class LedgerFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._identity: tuple[int, int] | None = None
         self._identity = self._current()
 
     def check(self) -> None:
@@ -56,8 +56,14 @@ class LedgerFile:
             )
 
     def _current(self) -> tuple[int, int] | None:
+        """(device, inode) of the file at `path`, None if there is none; a path that cannot
+        be looked at (its directory made unreadable, a stale network mount) fails closed."""
         try:
             stat = os.stat(self.path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise LedgerUnavailable(
+                f"the SQLite ledger {self.path} cannot be looked at: {exc.strerror}"
+            ) from None
         return stat.st_dev, stat.st_ino

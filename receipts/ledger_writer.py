@@ -85,12 +85,14 @@ class _Pending:
     future: Future[Receipt]
 
     def claim(self) -> bool:
-        """Whether someone still waits for this receipt. It stays cancellable (its caller's
-        deadline) until the writer holds the chain's lock and is about to seal it; from then
-        on it is the writer's, which alone resolves it. A caller that gave up while the writer
-        waited for the database lock (another process holding it, a stalled server) is thus
-        never sealed: its 503 has no receipt behind it."""
-        return self.future.running() or self.future.set_running_or_notify_cancel()
+        """Whether someone still waits for this receipt, making it the writer's if so (which
+        alone resolves it from then on); asking again gives the same answer. A draft stays
+        cancellable (its caller's deadline) until the writer is about to seal it: on SQLite
+        once it holds the write lock, on Postgres after the chain's locking read (a kept head
+        has none). A caller that gave up before then is never sealed: its 503 has no receipt
+        behind it."""
+        future = self.future
+        return future.running() or (not future.done() and future.set_running_or_notify_cancel())
 
 
 class LedgerWriter:
@@ -108,7 +110,7 @@ class LedgerWriter:
         file: LedgerFile | None = None,
     ) -> None:
         self.signer = signer
-        self._file = file  # SQLite: checked before each batch
+        self._file = file  # SQLite: checked before every use of the database
         self.checkpoint_every = checkpoint_every
         self.checkpoint_interval_s = checkpoint_interval_s
         self.max_batch = max_batch
@@ -179,7 +181,11 @@ class LedgerWriter:
                 except queue.Empty:
                     item = None
             if batch:
-                self._commit(batch)
+                try:
+                    self._commit(batch)
+                except Exception as exc:  # a bug of its own: fail closed, keep the thread
+                    log.exception("ledger writer failed a batch")
+                    self._fail(batch, LedgerUnavailable(f"the ledger writer failed: {exc!r}"))
             if item is _STOP:
                 return
             if time.monotonic() >= next_tick:  # not only when idle: other chains may be busy
@@ -188,13 +194,6 @@ class LedgerWriter:
 
     def _commit(self, batch: list[_Pending]) -> None:
         chains = {pending.draft.tenant for pending in batch}
-        try:
-            if self._file is not None:
-                self._file.check()
-        except LedgerUnavailable as exc:
-            log.error("%s: %d appends refused", exc, len(batch))
-            self._fail(batch, exc)
-            return
         try:
             conn = self._connection()  # first: a replaced connection drops the kept heads
             kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
@@ -207,6 +206,10 @@ class LedgerWriter:
                 # skipped on the first try). Redo under the lock, refusing those drafts alone.
                 with conn.begin():
                     outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
+        except LedgerUnavailable as exc:  # the SQLite file is gone: say so, no traceback
+            log.error("%s: %d appends refused", exc, len(batch))
+            self._fail(batch, exc)
+            return
         except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
             log.warning(
                 "ledger commit failed, %d appends refused: %s", len(batch), short_error(exc)
@@ -259,6 +262,8 @@ class LedgerWriter:
         costs more than a whole append with a kept head. It is pinged first after an idle
         spell, or at once when the server has spoken on it unasked, so a database that
         restarted or cut its sessions meanwhile costs no failed append."""
+        if self._file is not None:  # before any connection: a new one would create it
+            self._file.check()
         now = time.monotonic()
         if self._conn is not None and (
             now - self._conn_used_at > IDLE_PING_S
@@ -314,6 +319,8 @@ class LedgerWriter:
         schemas: set[str] = set()
         heads = []
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
+            if all(pending.future.cancelled() for pending in by_chain[chain]):
+                continue  # nobody waits: not even a new chain's head row is made for them
             if kept:
                 head = self._heads[chain].kept()
             else:
@@ -321,11 +328,12 @@ class LedgerWriter:
                 known = self._heads.get(chain)
                 if known is not None and known.seq != head.seq:
                     self._shared.add(chain)  # another writer extends it too: lock up front
-            refused = _refuse_duplicate_calls(conn, chain, by_chain[chain]) if check_calls else {}
+            # the drafts someone still waits for; a caller that gave up while this writer
+            # waited for the lock is dropped here, before its receipt is sealed
+            live = [pending for pending in by_chain[chain] if pending.claim()]
+            refused = _refuse_duplicate_calls(conn, chain, live) if check_calls else {}
             first_seq = head.seq + 1
-            for pending in by_chain[chain]:
-                if not pending.claim():
-                    continue  # its caller gave up while this writer waited: never sealed
+            for pending in live:
                 if pending in refused:
                     outcomes.append((pending, refused[pending]))
                     continue
@@ -433,6 +441,8 @@ class LedgerWriter:
 
     def checkpoint_now(self, tenant: str) -> dict[str, Any]:
         """A signed checkpoint at the chain's head: the stored one if it is current."""
+        if self._file is not None:
+            self._file.check()
         with transaction(self._engine, "could not commit") as conn:
             head = self._lock_head(conn, tenant)
             if head.seq == 0:
@@ -524,7 +534,8 @@ def _refuse_duplicate_calls(
         calls = [call["id"] for call in pending.draft.output["tool_calls"]]
         clash = [i for i in calls if i in taken] or [i for i in calls if calls.count(i) > 1]
         if clash:
-            where = f" (seq {taken[clash[0]]})" if clash[0] in taken else ""
+            seq = taken.get(clash[0])
+            where = f" (seq {seq})" if seq is not None else " (by another draft of this batch)"
             refused[pending] = ReceiptFormatError(
                 f"tool call id {clash[0]} is already recorded in chain {chain!r}{where}"
             )

@@ -8,6 +8,7 @@ import itertools
 import json
 import shutil
 import sqlite3
+import subprocess
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -754,10 +755,11 @@ def test_a_sqlite_file_removed_or_replaced_while_open_fails_closed(
     fresh_sqlite_url: str, how: str
 ) -> None:
     """The open connection would go on committing into the unlinked file (200s whose receipts
-    no restart finds): appends and ping refuse instead, naming the file."""
+    no restart finds): appends, reads and ping refuse instead, naming the file, and neither
+    they nor the checkpoint timer make a new empty file at the path."""
     migrated(fresh_sqlite_url)
     path = Path(fresh_sqlite_url.removeprefix("sqlite:///"))
-    with ledger(fresh_sqlite_url) as led:
+    with ledger(fresh_sqlite_url, checkpoint_interval_s=0.1) as led:
         fill(led, 2)
         moved = path.with_name("moved.db")
         path.rename(moved)
@@ -767,6 +769,35 @@ def test_a_sqlite_file_removed_or_replaced_while_open_fails_closed(
             led.append(draft())
         with pytest.raises(LedgerUnavailable, match=f"{path} was {how}"):
             led.ping()
+        with pytest.raises(LedgerUnavailable, match=f"{path} was {how}"):
+            led.query(ReceiptQuery("acme"))
+        time.sleep(1.5)  # the checkpoint timer's ticks, with the chain's checkpoint due
+        assert path.exists() == (how == "replaced")
+
+
+def test_a_draft_given_up_on_survives_a_failed_commit(fresh_sqlite_url: str) -> None:
+    """A draft cancelled while the writer waited for the lock, in a batch whose commit then
+    fails: the writer skipped it once and must skip it again when failing the batch (asking
+    a cancelled future twice raised, and killed the writer thread: every later append hung)."""
+    migrated(fresh_sqlite_url)
+    path = fresh_sqlite_url.removeprefix("sqlite:///")
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 2)
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        abandoned, waited_for = led.submit(draft()), led.submit(draft())
+        time.sleep(0.5)  # both taken into one batch, waiting for the lock
+        assert abandoned.cancel()
+        subprocess.run(["chattr", "+i", f"{path}-wal"], check=True)  # the commit will fail
+        try:
+            holder.execute("ROLLBACK")
+            holder.close()
+            with pytest.raises(LedgerUnavailable):  # its caller is told, not left waiting
+                waited_for.result(timeout=30)
+        finally:
+            subprocess.run(["chattr", "-i", f"{path}-wal"], check=True)
+        assert led.submit(draft()).result(timeout=30).seq == 3
+        assert led.verify("acme").ok
 
 
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
