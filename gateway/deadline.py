@@ -16,10 +16,13 @@ async def within_db_timeout(
 ) -> T:
     """`work`'s result; `unavailable(message)` is raised, naming `database` and the setting,
     when it takes longer than `timeout_s`."""
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline:
             return await work
     except TimeoutError:
+        if not deadline.expired():  # the work's own timeout (a driver's): not this deadline
+            raise
         raise unavailable(
             f"{database} did not answer within db_timeout_s ({timeout_s:g} s)"
         ) from None

@@ -176,10 +176,11 @@ def _open_out(out: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
     (0600, like the ledger it comes from), an existing one made so too: with retained
     payloads a bundle holds every prompt. A device (/dev/null, a pipe) is left as it is."""
     if isinstance(out, (str, os.PathLike)):
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
         with open(fd, "wb") as fh:
             if stat.S_ISREG(os.fstat(fd).st_mode):
-                os.fchmod(fd, 0o600)
+                os.fchmod(fd, 0o600)  # first: one that cannot be made private is left whole
+                os.ftruncate(fd, 0)
             yield fh
     else:
         yield out

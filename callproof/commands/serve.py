@@ -148,8 +148,9 @@ def _exit_now(code: int) -> NoReturn:
     for it to do is free the engine's libraries, and triton's (through torch) then prints
     "nanobind: leaked instances" lines onto stderr, where the JSON log lines go."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a reader that has gone (a closed pipe)
+            stream.flush()
     os._exit(code)
 
 

@@ -189,3 +189,22 @@ def test_key_management_on_a_hung_database_is_503_in_bounded_time(
     assert response.json()["error"]["message"].startswith("the API key database is unavailable")
     assert time.monotonic() - started < 8  # db_timeout_s is 1 s, on a busy VM
     proxy.frozen.clear()
+
+
+def test_the_deadline_names_only_its_own_expiry() -> None:
+    """A TimeoutError the work raises itself (a driver's) is not reported as the database
+    missing db_timeout_s; the deadline's own expiry is, through the error given."""
+    import asyncio
+
+    from gateway.deadline import within_db_timeout
+    from receipts.errors import LedgerUnavailable
+
+    async def own_timeout() -> None:
+        raise TimeoutError("the driver's")
+
+    with pytest.raises(TimeoutError, match="the driver's"):
+        asyncio.run(within_db_timeout(own_timeout(), 5, LedgerUnavailable, "the ledger database"))
+    with pytest.raises(LedgerUnavailable, match=r"ledger database did not answer .*\(0.05 s\)"):
+        asyncio.run(
+            within_db_timeout(asyncio.sleep(5), 0.05, LedgerUnavailable, "the ledger database")
+        )
