@@ -130,6 +130,17 @@ def test_an_auditor_who_leaves_stops_the_replay(gateway: Any) -> None:
         assert time.monotonic() - started < 4
 
 
+def cut_off_call(gateway: Any) -> dict[str, Any]:
+    """A tool call max_tokens cuts off: a 422 (or a stream's error event), nothing receipted."""
+    return {
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": "Ping alpha."}],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "max_tokens": 2,
+    }
+
+
 def test_metrics_in_prometheus_text(gateway: Any) -> None:
     gateway.openai().models.list()
     with gateway.http() as client:
@@ -137,15 +148,7 @@ def test_metrics_in_prometheus_text(gateway: Any) -> None:
         assert client.delete("/healthz").status_code == 405
     with gateway.http("agent") as client:  # cut off by max_tokens after the 200 went out
         streamed = client.post(
-            "/v1/chat/completions",
-            json={
-                "model": gateway.model,
-                "messages": [{"role": "user", "content": "Ping alpha."}],
-                "tools": [TOOL],
-                "tool_choice": "required",
-                "max_tokens": 2,
-                "stream": True,
-            },
+            "/v1/chat/completions", json={**cut_off_call(gateway), "stream": True}
         )
         assert streamed.status_code == 200 and "structured_output_invalid" in streamed.text
     with gateway.http() as client:
@@ -192,13 +195,7 @@ def test_tokens_count_what_the_engine_did_receipted_or_not(gateway: Any) -> None
         )
         return float(line.rsplit(" ", 1)[1])
 
-    body = {
-        "model": gateway.model,
-        "messages": [{"role": "user", "content": "Ping alpha."}],
-        "tools": [TOOL],
-        "tool_choice": "required",
-        "max_tokens": 2,
-    }
+    body = cut_off_call(gateway)
     for stream in (False, True):
         before = completion_tokens()
         with gateway.http("agent") as client:
