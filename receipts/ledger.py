@@ -101,6 +101,8 @@ class Ledger:
         was opened) and, for a ledger that signs, would take appends: a Postgres standby, or
         a database whose sessions start read-only, answers every read while refusing every
         receipt, so it is not a ledger that is up."""
+        if self._writer is not None:
+            self._writer.check_running()
         with self._reading() as conn:
             if self.signer is None or conn.dialect.name != "postgresql":
                 conn.execute(sa.text("SELECT 1"))

@@ -135,11 +135,21 @@ class LedgerWriter:
         with self._lock:
             if self._closed:
                 raise LedgerUnavailable("the ledger is closed: the gateway is shutting down")
+            self.check_running()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
                 self._thread.start()
             self._queue.put(_Pending(draft, future))
         return future
+
+    def check_running(self) -> None:
+        """Raise LedgerUnavailable if the writer thread has died (a BaseException its batch
+        guard does not catch): every append would wait in its queue for nobody."""
+        if self._thread is not None and not self._thread.is_alive() and not self._closed:
+            raise LedgerUnavailable(
+                "the ledger's writer thread has stopped (its error is in the log): restart the"
+                " gateway"
+            )
 
     def queued(self) -> int:
         """Receipts in the queue, not counting the batch being committed (approximate, as

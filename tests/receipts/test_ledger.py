@@ -800,6 +800,28 @@ def test_a_draft_given_up_on_survives_a_failed_commit(fresh_sqlite_url: str) -> 
         assert led.verify("acme").ok
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_dead_writer_thread_is_named_not_waited_for(
+    fresh_sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the writer thread ever dies, appends and ping say so at once instead of queueing
+    receipts for nobody (every caller a 503 after db_timeout_s, /readyz still ready)."""
+    migrated(fresh_sqlite_url)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 1)
+
+        def die(batch: Any) -> None:
+            raise SystemExit  # what no guard in the thread catches
+
+        monkeypatch.setattr(led._writer, "_commit", die)
+        led.submit(draft())
+        led._writer._thread.join(timeout=10)
+        with pytest.raises(LedgerUnavailable, match="writer thread has stopped"):
+            led.submit(draft())
+        with pytest.raises(LedgerUnavailable, match="writer thread has stopped"):
+            led.ping()
+
+
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
