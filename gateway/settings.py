@@ -141,51 +141,66 @@ def _field_names() -> list[str]:
 
 def _coerce(name: str, raw: Any) -> Any:
     """Turn a string (env, flag) or a config-file value into the field's type."""
-    hint = get_type_hints(Settings)[name]
     if raw is None:  # YAML `port:` or `port: ~`; as an empty variable, not the default
         raise SettingsError(
             f"setting {name!r} is empty in the config file: remove it to get the default"
         )
-    if isinstance(hint, types.UnionType):  # "X | None": coerce to X
-        hint = next(a for a in get_args(hint) if a is not type(None))
-    kind = hint
+    kind = get_type_hints(Settings)[name]
+    if isinstance(kind, types.UnionType):  # "X | None": coerce to X
+        kind = next(a for a in get_args(kind) if a is not type(None))
     try:
         if getattr(kind, "__origin__", None) is Literal:
-            if name == "log_level" and isinstance(raw, str):
-                raw = raw.upper()  # logging's own names, in any case
-            if raw not in get_args(kind):
-                raise ValueError(f"must be one of {', '.join(get_args(kind))}")
-            return raw
+            return _one_of(name, raw, get_args(kind))
         if kind is bool:
-            if isinstance(raw, bool):
-                return raw
-            lowered = str(raw).strip().lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError("must be true or false")
+            return _flag(raw)
         if kind in (int, float):
-            if isinstance(raw, bool) or (kind is int and isinstance(raw, float)):
-                raise ValueError(f"must be {'a whole number' if kind is int else 'a number'}")
-            value = kind(raw)
-            if not math.isfinite(value) or value < 0:
-                raise ValueError("must be a finite number, not negative")
-            low, high = _RANGES.get(name, (0, math.inf))
-            if name.endswith("_s") and value == 0:
-                raise ValueError("must be more than 0 (a duration of 0 fails or disables it)")
-            if not low <= value <= high:
-                bounds = f"at least {low:g}" if high == math.inf else f"between {low} and {high}"
-                raise ValueError(f"must be {bounds}")
-            return value
-        if not isinstance(raw, str):  # a config file's `host = 5` is not the host "5"
-            raise TypeError("must be a string")
-        if raw == "":  # an empty variable must not quietly mean the default (a SQLite db)
-            raise ValueError("is empty: unset it to get the default")
-        _TEXT_CHECKS.get(name, lambda _: None)(raw)
-        return kind(raw)
+            return _number(name, raw, kind)
+        return _text(name, raw, kind)
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"setting {name!r}: {_shown(name, raw)!r} {exc}") from None
+
+
+def _one_of(name: str, raw: Any, choices: tuple[str, ...]) -> str:
+    if name == "log_level" and isinstance(raw, str):
+        raw = raw.upper()  # logging's own names, in any case
+    if raw not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}")
+    return raw
+
+
+def _flag(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    lowered = str(raw).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _number(name: str, raw: Any, kind: type[int | float]) -> int | float:
+    if isinstance(raw, bool) or (kind is int and isinstance(raw, float)):
+        raise ValueError(f"must be {'a whole number' if kind is int else 'a number'}")
+    value = kind(raw)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a finite number, not negative")
+    if name.endswith("_s") and value == 0:
+        raise ValueError("must be more than 0 (a duration of 0 fails or disables it)")
+    low, high = _RANGES.get(name, (0, math.inf))
+    if not low <= value <= high:
+        bounds = f"at least {low:g}" if high == math.inf else f"between {low} and {high}"
+        raise ValueError(f"must be {bounds}")
+    return value
+
+
+def _text(name: str, raw: Any, kind: Callable[[str], Any]) -> Any:
+    if not isinstance(raw, str):  # a config file's `host = 5` is not the host "5"
+        raise TypeError("must be a string")
+    if raw == "":  # an empty variable must not quietly mean the default (a SQLite db)
+        raise ValueError("is empty: unset it to get the default")
+    _TEXT_CHECKS.get(name, lambda _: None)(raw)
+    return kind(raw)
 
 
 def _shown(name: str, raw: Any) -> Any:
