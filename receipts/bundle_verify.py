@@ -136,19 +136,7 @@ def _verify_contents(
     saved: Sequence[Mapping[str, Any]],
     expected_chain: str | None,
 ) -> VerificationReport:
-    manifest = contents.json(MANIFEST)
-    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
-        raise VerificationError(f"{MANIFEST} does not describe a {BUNDLE_FORMAT}")
-    if expected_chain is not None and manifest.get("chain") != expected_chain:
-        raise VerificationError(
-            f"the bundle is of chain {manifest.get('chain')!a}, not {expected_chain!a}"
-        )
-    if type(manifest.get("v")) is not int or manifest["v"] != BUNDLE_VERSION:  # true == 1
-        raise VerificationError(
-            f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
-        )
-    for name in SMALL_FILES:
-        contents.json(name)
+    manifest = _manifest(contents, expected_chain)
     if contents.receipts is None:
         raise VerificationError(f"bundle lacks {RECEIPTS}")
     try:
@@ -185,25 +173,54 @@ def _verify_contents(
         problem, seq = exc.reason, exc.seq
     else:
         seq = None
-        span = (linker.start_seq, linker.next_seq - 1)
-        problem = _manifest_problem(manifest, contents.digests())
-        if not problem and span[1] > checkpoint["tree_size"]:
-            problem = (
-                f"seq {checkpoint['tree_size'] + 1}..{span[1]} lie past the signed checkpoint's"
-                f" tree size {checkpoint['tree_size']}: no signed root covers them"
-            )
-        if not problem and linker.checked != total:
-            problem = f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
-        if not problem and (manifest.get("first_seq"), manifest.get("last_seq")) != span:
-            problem = (
-                f"{MANIFEST} announces seq {manifest.get('first_seq')}..{manifest.get('last_seq')},"
-                f" {RECEIPTS} holds seq {span[0]}..{span[1]}"
-            )
+        problem = _manifest_problem(manifest, contents.digests()) or _extent_problem(
+            manifest, checkpoint, linker, total
+        )
     if problem:
         return VerificationReport.failed(
             problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)
         )
     return replace(linker.report(), notes=(trust, *saved_checkpoints_note(saved)))
+
+
+def _manifest(contents: BundleContents, expected_chain: str | None) -> dict[str, Any]:
+    """The bundle's manifest, once it names this format and version (and the chain asked
+    for), and every small file it must hold is there and parses."""
+    manifest = contents.json(MANIFEST)
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise VerificationError(f"{MANIFEST} does not describe a {BUNDLE_FORMAT}")
+    if expected_chain is not None and manifest.get("chain") != expected_chain:
+        raise VerificationError(
+            f"the bundle is of chain {manifest.get('chain')!a}, not {expected_chain!a}"
+        )
+    if type(manifest.get("v")) is not int or manifest["v"] != BUNDLE_VERSION:  # true == 1
+        raise VerificationError(
+            f"bundle format version {manifest.get('v')!r} is not {BUNDLE_VERSION}"
+        )
+    for name in SMALL_FILES:
+        contents.json(name)
+    return manifest
+
+
+def _extent_problem(
+    manifest: Mapping[str, Any], checkpoint: Mapping[str, Any], linker: ChainLinker, total: int
+) -> str | None:
+    """What the checkpoint or the manifest misstates about the receipts linked, if anything:
+    a seq no signed root covers, or a count or seq range the file does not hold."""
+    first, last = linker.start_seq, linker.next_seq - 1
+    if last > checkpoint["tree_size"]:
+        return (
+            f"seq {checkpoint['tree_size'] + 1}..{last} lie past the signed checkpoint's"
+            f" tree size {checkpoint['tree_size']}: no signed root covers them"
+        )
+    if linker.checked != total:
+        return f"{MANIFEST} announces {total} receipts, {RECEIPTS} holds {linker.checked}"
+    if (manifest.get("first_seq"), manifest.get("last_seq")) != (first, last):
+        return (
+            f"{MANIFEST} announces seq {manifest.get('first_seq')}..{manifest.get('last_seq')},"
+            f" {RECEIPTS} holds seq {first}..{last}"
+        )
+    return None
 
 
 def _manifest_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> str | None:

@@ -438,6 +438,8 @@ def test_a_receipt_line_past_any_plausible_size_fails_without_reading_it_whole(
         ({"v": True}, "format version True"),
         ({"first_seq": 2}, "announces seq 2..30"),
         ({"last_seq": 31}, "announces seq 1..31"),
+        ({"receipts": 29}, "announces 29 receipts, receipts.jsonl holds 30"),
+        ({"receipts": True}, "receipts must be an integer, not True"),
     ],
 )
 def test_a_manifest_that_misstates_the_bundle_fails(
@@ -445,7 +447,7 @@ def test_a_manifest_that_misstates_the_bundle_fails(
 ) -> None:
     files = read(bundle)
     files[MANIFEST] = canonical_json({**json.loads(files[MANIFEST]), **change})
-    report = verify_bundle(rewrite(bundle, files))
+    report = verify_bundle(rewrite(bundle, files, fix_manifest=False))  # no other file changed
     assert not report.ok and says in report.reason, report
 
 
