@@ -96,39 +96,62 @@ def verify_stored(
         problems.append((report.first_failure_seq, report.reason))
     if rows.derived_problem:  # after the body's own reasons: at one seq, those say more
         problems.append(rows.derived_problem)
-    if to_seq is None and last > head_seq:
-        problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
     if to_seq is None:
-        stray = queries.index_rows(conn, tenant, end + 1, None)
-        if seq := min(stray.calls.keys() | stray.links.keys(), default=0):
-            problems.append((seq, f"index rows for seq {seq}, which the chain does not hold"))
-    if to_seq is None and rows.seen < end - start + 1 and report.ok:
+        seen_to = start + rows.seen - 1 if report.ok else end
+        problems += _tail_problems(conn, tenant, head_seq, last, end, seen_to)
+    if problems:
+        seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
+        return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
+    notes = _passed_notes(report, _trust_note(keyring, pinned), saved, start, end)
+    return dataclasses.replace(report, notes=notes)
+
+
+def _tail_problems(
+    conn: sa.Connection, tenant: str, head_seq: int, last: int, end: int, seen_to: int
+) -> list[tuple[int, str]]:
+    """What a whole-chain verification finds past what it walked: receipts or index rows
+    beyond the chain's head, or stored receipts that stop short of it (``seen_to``, the
+    last seq the walk reached, is ``end`` when it stopped at a failure of its own)."""
+    problems = []
+    if last > head_seq:
+        problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
+    stray = queries.index_rows(conn, tenant, end + 1, None)
+    if seq := min(stray.calls.keys() | stray.links.keys(), default=0):
+        problems.append((seq, f"index rows for seq {seq}, which the chain does not hold"))
+    if seen_to < end:
         missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
-        problems.append((start + rows.seen, missing))
-    if not problems:
-        outside = [cp for cp in saved if not start - 1 <= cp["tree_size"] <= end]
-        notes = [
-            _trust_note(keyring, pinned),
-            *saved_checkpoints_note([cp for cp in saved if cp not in outside]),
-            *_outside_note(outside, start, end),
-        ]
-        if report.tree_size is None and not any(cp["tree_size"] >= start for cp in saved):
-            notes.append(
-                "no signed checkpoint covers these receipts: their Merkle root was not checked"
-                " and a tail cut off would not show; keep the latest checkpoint and verify"
-                " against it later"
-            )
-        elif (
-            report.tree_size is not None and report.last_seq and report.last_seq > report.tree_size
-        ):
-            notes.append(
-                f"seq {report.tree_size + 1}..{report.last_seq} are past the latest signed"
-                f" checkpoint (tree size {report.tree_size}): their Merkle root is not signed yet"
-                " (POST /audit/checkpoints signs one now)"
-            )
-        return dataclasses.replace(report, notes=tuple(notes))
-    seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
-    return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
+        problems.append((seen_to + 1, missing))
+    return problems
+
+
+def _passed_notes(
+    report: VerificationReport,
+    trust: str,
+    saved: Sequence[Mapping[str, Any]],
+    start: int,
+    end: int,
+) -> tuple[str, ...]:
+    """What a passing report must still say: whose keys were trusted, which saved checkpoints
+    were reached and how, and any receipts no signed root covers."""
+    outside = [cp for cp in saved if not start - 1 <= cp["tree_size"] <= end]
+    notes = [
+        trust,
+        *saved_checkpoints_note([cp for cp in saved if cp not in outside]),
+        *_outside_note(outside, start, end),
+    ]
+    if report.tree_size is None and not any(cp["tree_size"] >= start for cp in saved):
+        notes.append(
+            "no signed checkpoint covers these receipts: their Merkle root was not checked"
+            " and a tail cut off would not show; keep the latest checkpoint and verify"
+            " against it later"
+        )
+    elif report.tree_size is not None and report.last_seq and report.last_seq > report.tree_size:
+        notes.append(
+            f"seq {report.tree_size + 1}..{report.last_seq} are past the latest signed"
+            f" checkpoint (tree size {report.tree_size}): their Merkle root is not signed yet"
+            " (POST /audit/checkpoints signs one now)"
+        )
+    return tuple(notes)
 
 
 def _covering_checkpoint(
