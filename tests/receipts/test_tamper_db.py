@@ -455,3 +455,42 @@ def test_a_row_moved_into_another_tenants_chain_is_not_shown_to_it(db_url: str) 
         assert led.get("pa", own[1].id) is None  # and no row holds that id any more
         report = led.verify("pa")
         assert (report.ok, report.first_failure_seq) == (False, 2), report
+
+
+def test_head_row_rolled_back(chain) -> None:
+    """A genuine receipt appended, then the chain's head row put back as it was before it:
+    the receipt lies past the head the ledger would extend next."""
+    url, signer, _ = chain
+    with attacker(url) as conn:
+        before = conn.execute(sa.text("SELECT * FROM chains WHERE chain = :c"), {"c": T})
+        head = before.mappings().one()
+    with ledger(url, signer, checkpoint_every=10_000) as led:
+        fill(led, 1)
+    with attacker(url) as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE chains SET head_seq = :head_seq, head_hash = :head_hash,"
+                " frontier = :frontier WHERE chain = :chain"
+            ),
+            dict(head),
+        )
+    with Ledger(url, None) as led:
+        report = led.verify(T)
+    assert (report.ok, report.first_failure_seq) == (False, N + 1), report
+    assert f"receipt stored beyond the chain head ({N})" in report.reason
+
+
+def test_tail_and_its_checkpoints_cut_below_the_head(chain) -> None:
+    """The last receipts deleted with every checkpoint that signs them, the head row left as
+    it was: the head row still names them."""
+    url, signer, _ = chain
+    with ledger(url, signer, checkpoint_every=10_000) as led:
+        fill(led, 3)
+    with attacker(url) as conn:
+        cut = {"c": T, "s": N + 1}
+        conn.execute(sa.text("DELETE FROM receipts WHERE chain = :c AND seq > :s"), cut)
+        conn.execute(sa.text("DELETE FROM checkpoints WHERE chain = :c AND tree_size > :s"), cut)
+    with Ledger(url, None) as led:
+        report = led.verify(T)
+    assert (report.ok, report.first_failure_seq) == (False, N + 2), report
+    assert f"the stored receipts end before the chain head ({N + 3})" in report.reason
