@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import Future
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -93,6 +93,22 @@ class _Pending:
         behind it."""
         future = self.future
         return future.running() or (not future.done() and future.set_running_or_notify_cancel())
+
+
+def _no_rows() -> dict[type, list[dict[str, Any]]]:
+    # inserted in this order (a receipt's calls and links after it)
+    tables = (SchemaRow, ReceiptRow, CallRow, LinkRow, MerkleNodeRow, KeyRangeRow, CheckpointRow)
+    return {table: [] for table in tables}
+
+
+@dataclass
+class _BatchWrite:
+    """What one transaction writes, and what each of its drafts gets once it commits."""
+
+    rows: dict[type, list[dict[str, Any]]] = field(default_factory=_no_rows)
+    outcomes: list[tuple[_Pending, Receipt | Exception]] = field(default_factory=list)
+    heads: list[ChainHead] = field(default_factory=list)
+    schemas: set[str] = field(default_factory=set)  # the schema rows it adds
 
 
 class LedgerWriter:
@@ -209,13 +225,13 @@ class LedgerWriter:
             kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
             try:
                 with conn.begin():
-                    outcomes, heads, schemas = self._append_batch(conn, batch, kept=kept)
+                    write = self._append_batch(conn, batch, kept=kept)
             except (IntegrityError, self._sql.integrity_errors):
                 # Another writer extended a kept head (its receipt holds the next seq), or a
                 # call id the chain already holds (rare: ids are random, so that check is
                 # skipped on the first try). Redo under the lock, refusing those drafts alone.
                 with conn.begin():
-                    outcomes, heads, schemas = self._append_batch(conn, batch, check_calls=True)
+                    write = self._append_batch(conn, batch, check_calls=True)
         except LedgerUnavailable as exc:  # the SQLite file is gone: say so, no traceback
             log.error("%s: %d appends refused", exc, len(batch))
             self._fail(batch, exc)
@@ -239,10 +255,10 @@ class LedgerWriter:
             )
             return
         self._key_registered = True
-        self._known_schemas.update(schemas)
-        for head in heads:
+        self._known_schemas.update(write.schemas)
+        for head in write.heads:
             self._note_committed(head)
-        for pending, outcome in outcomes:
+        for pending, outcome in write.outcomes:
             if isinstance(outcome, Exception):
                 pending.future.set_exception(outcome)
             else:
@@ -308,76 +324,84 @@ class LedgerWriter:
         *,
         kept: bool = False,
         check_calls: bool = False,
-    ) -> tuple[list[tuple[_Pending, Receipt | Exception]], list[ChainHead], set[str]]:
-        """Inside one transaction: lock each chain (or take its kept head), seal its drafts,
-        write every row."""
+    ) -> _BatchWrite:
+        """Inside one transaction: seal each chain's drafts onto its head, write every row
+        and commit."""
         by_chain: dict[str, list[_Pending]] = {}
         for pending in batch:
             by_chain.setdefault(pending.draft.tenant, []).append(pending)
         if not self._key_registered:
             self._register_key(conn)
-        rows: dict[type, list[dict[str, Any]]] = {
-            SchemaRow: [],
-            ReceiptRow: [],
-            CallRow: [],
-            LinkRow: [],
-            MerkleNodeRow: [],
-            KeyRangeRow: [],
-            CheckpointRow: [],
-        }  # inserted in this order (a receipt's calls and links after it)
-        outcomes: list[tuple[_Pending, Receipt | Exception]] = []
-        schemas: set[str] = set()
-        heads = []
+        write = _BatchWrite()
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
             if all(pending.future.cancelled() for pending in by_chain[chain]):
                 continue  # nobody waits: not even a new chain's head row is made for them
-            if kept:
-                head = self._heads[chain].kept()
-            else:
-                head = self._lock_head(conn, chain)
-                known = self._heads.get(chain)
-                if known is not None and known.seq != head.seq:
-                    self._shared.add(chain)  # another writer extends it too: lock up front
+            head = self._heads[chain].kept() if kept else self._locked_head(conn, chain)
             # the drafts someone still waits for; a caller that gave up while this writer
             # waited for the lock is dropped here, before its receipt is sealed
             live = [pending for pending in by_chain[chain] if pending.claim()]
             refused = _refuse_duplicate_calls(conn, chain, live) if check_calls else {}
-            first_seq = head.seq + 1
-            for pending in live:
-                if pending in refused:
-                    outcomes.append((pending, refused[pending]))
-                    continue
-                try:
-                    receipt = seal(
-                        pending.draft, seq=head.seq + 1, prev_hash=head.hash, signer=self.signer
-                    )
-                except ReceiptFormatError as exc:  # e.g. a NaN in tool arguments: this one only
-                    outcomes.append((pending, exc))
-                    continue
-                head.add_leaf(receipt.entry_hash)
-                _add_receipt_rows(receipt, rows)
-                bound = receipt.manifest["schema_hash"]
-                if bound is not None and bound not in self._known_schemas and bound not in schemas:
-                    schemas.add(bound)
-                    rows[SchemaRow].append(
-                        {"hash": bound, "body": canonical_json(pending.draft.schema).decode()}
-                    )
-                outcomes.append((pending, receipt))
-            if head.seq < first_seq:
-                continue  # nothing sealed: leave the row alone (a kept head may be stale)
-            if head.key_id != self.signer.key_id:
-                rows[KeyRangeRow].append(
-                    {"chain": chain, "first_seq": first_seq, "key_id": self.signer.key_id}
-                )
-                head.key_id = self.signer.key_id
-            rows[MerkleNodeRow].extend(head.new_nodes)
-            if self._checkpoint_due(head):
-                rows[CheckpointRow].append(_checkpoint_row(self._sign_checkpoint(head)))
-            heads.append(head)
-        tables = {table.__table__: values for table, values in rows.items()}
+            self._seal_onto(head, live, refused, write)
+        tables = {table.__table__: values for table, values in write.rows.items()}
         with closing(_cursor(conn)) as cursor:  # nothing may follow: this commits
-            self._sql.write_and_commit(cursor, tables, [head.row() for head in heads])
-        return outcomes, heads, schemas
+            self._sql.write_and_commit(cursor, tables, [head.row() for head in write.heads])
+        return write
+
+    def _locked_head(self, conn: sa.Connection, chain: str) -> ChainHead:
+        """The chain's head, read under its lock; a head that moved since this writer last
+        committed it marks the chain as shared with another writer."""
+        head = self._lock_head(conn, chain)
+        known = self._heads.get(chain)
+        if known is not None and known.seq != head.seq:
+            self._shared.add(chain)  # another writer extends it too: lock up front
+        return head
+
+    def _seal_onto(
+        self,
+        head: ChainHead,
+        live: list[_Pending],
+        refused: Mapping[_Pending, Exception],
+        write: _BatchWrite,
+    ) -> None:
+        """Seal ``live`` drafts (but the ``refused``) onto ``head`` in order, adding their
+        rows and outcomes, the chain's new tree nodes and key range, and a checkpoint when
+        one falls due, to ``write``."""
+        first_seq = head.seq + 1
+        for pending in live:
+            if pending in refused:
+                write.outcomes.append((pending, refused[pending]))
+                continue
+            try:
+                receipt = seal(
+                    pending.draft, seq=head.seq + 1, prev_hash=head.hash, signer=self.signer
+                )
+            except ReceiptFormatError as exc:  # e.g. a NaN in tool arguments: this one only
+                write.outcomes.append((pending, exc))
+                continue
+            head.add_leaf(receipt.entry_hash)
+            _add_receipt_rows(receipt, write.rows)
+            bound = receipt.manifest["schema_hash"]
+            if (
+                bound is not None
+                and bound not in self._known_schemas
+                and bound not in write.schemas
+            ):
+                write.schemas.add(bound)
+                write.rows[SchemaRow].append(
+                    {"hash": bound, "body": canonical_json(pending.draft.schema).decode()}
+                )
+            write.outcomes.append((pending, receipt))
+        if head.seq < first_seq:
+            return  # nothing sealed: leave the row alone (a kept head may be stale)
+        if head.key_id != self.signer.key_id:
+            write.rows[KeyRangeRow].append(
+                {"chain": head.chain, "first_seq": first_seq, "key_id": self.signer.key_id}
+            )
+            head.key_id = self.signer.key_id
+        write.rows[MerkleNodeRow].extend(head.new_nodes)
+        if self._checkpoint_due(head):
+            write.rows[CheckpointRow].append(_checkpoint_row(self._sign_checkpoint(head)))
+        write.heads.append(head)
 
     def _lock_head(self, conn: sa.Connection, chain: str) -> ChainHead:
         """Lock the chain's head row (creating the chain on its first append) and read it."""
