@@ -99,6 +99,30 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     r = ReceiptRow.__table__.c
     since = rfc3339(q.since) if q.since is not None else None
     until = rfc3339(q.until) if q.until is not None else None
+    where = _filters(q, since, until)
+    sizes = conn.execute(
+        sa.select(r.seq, _octets(conn, r.body)).where(*where).order_by(r.seq).limit(q.limit + 1)
+    ).all()
+    taken = total = 0
+    for _, size in sizes:
+        if taken == q.limit or (taken and total >= PAGE_BYTES):
+            break
+        taken, total = taken + 1, total + (size or 0)
+    if not taken:
+        return ReceiptPage([], None)
+    last = sizes[taken - 1].seq
+    rows = conn.execute(
+        sa.select(r.seq, r.body).where(*where, r.seq <= last).order_by(r.seq).limit(taken)
+    )
+    items = ((row.seq, receipt_from_body(row.body)) for row in rows)
+    matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
+    return ReceiptPage(matching, last if taken < len(sizes) else None)
+
+
+def _filters(q: ReceiptQuery, since: str | None, until: str | None) -> list[sa.ColumnElement[bool]]:
+    """The WHERE clauses of ``q`` on the receipts table (the indexed copies; each body read
+    is checked against the filters again by _body_matches)."""
+    r = ReceiptRow.__table__.c
     where = [r.chain == q.tenant]
     if since is not None:
         where.append(r.created_at >= since)
@@ -120,23 +144,7 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
         where.append(
             sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == q.answering)
         )
-    sizes = conn.execute(
-        sa.select(r.seq, _octets(conn, r.body)).where(*where).order_by(r.seq).limit(q.limit + 1)
-    ).all()
-    taken = total = 0
-    for _, size in sizes:
-        if taken == q.limit or (taken and total >= PAGE_BYTES):
-            break
-        taken, total = taken + 1, total + (size or 0)
-    if not taken:
-        return ReceiptPage([], None)
-    last = sizes[taken - 1].seq
-    rows = conn.execute(
-        sa.select(r.seq, r.body).where(*where, r.seq <= last).order_by(r.seq).limit(taken)
-    )
-    items = ((row.seq, receipt_from_body(row.body)) for row in rows)
-    matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
-    return ReceiptPage(matching, last if taken < len(sizes) else None)
+    return where
 
 
 def _octets(conn: sa.Connection, text: sa.ColumnElement[str]) -> sa.ColumnElement[int]:
