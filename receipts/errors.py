@@ -33,6 +33,13 @@ class LedgerUnavailable(ReceiptsError):
     """The ledger cannot commit or answer right now; the caller must fail closed."""
 
 
+class ChainBehind(LedgerUnavailable):
+    """A chain's head is below receipts it already had: a checkpoint stored in the database,
+    or a head this ledger saw committed (a database restored from a backup, a standby that
+    lagged promoted). Extending or signing it would give those seqs a second history under
+    the same key, so both are refused until an operator looks."""
+
+
 class ChainDamaged(ReceiptsError):
     """The stored chain lacks what an answer is built from (a receipt, a Merkle subtree): not
     the caller's fault, and not transient; verifying the chain names where it is damaged."""

@@ -50,7 +50,13 @@ from receipts.append_sql import AppendSQL
 from receipts.canonical import canonical_json
 from receipts.chain_head import ChainHead
 from receipts.checkpoint import make_checkpoint
-from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError, ReceiptsError
+from receipts.errors import (
+    ChainBehind,
+    LedgerUnavailable,
+    OutOfRange,
+    ReceiptFormatError,
+    ReceiptsError,
+)
 from receipts.ledger_file import LedgerFile
 from receipts.merkle import CompactRange
 from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
@@ -137,6 +143,10 @@ class LedgerWriter:
         self._conn: sa.Connection | None = None
         self._conn_used_at = 0.0
         self._heads: dict[str, ChainHead] = {}  # as this writer last committed them
+        # chain -> the highest head seen committed on it (never dropped: a head found below
+        # it means the database went back in time under this ledger)
+        self._high_water: dict[str, int] = {}
+        self._high_water_lock = threading.Lock()  # the writer and checkpoint_now's callers
         self._shared: set[str] = set()  # chains another writer extends too: always locked
         self._known_schemas: set[str] = set()
         self._key_registered = False
@@ -274,6 +284,12 @@ class LedgerWriter:
             due = head.checkpoint_at / 1000 + self.checkpoint_interval_s
             self._uncheckpointed[head.chain] = due
         self._heads[head.chain] = head.kept()
+        self._raise_high_water(head.chain, head.seq)
+
+    def _raise_high_water(self, chain: str, seq: int) -> None:
+        with self._high_water_lock:
+            if seq > self._high_water.get(chain, 0):
+                self._high_water[chain] = seq
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the
@@ -336,7 +352,11 @@ class LedgerWriter:
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
             if all(pending.future.cancelled() for pending in by_chain[chain]):
                 continue  # nobody waits: not even a new chain's head row is made for them
-            head = self._heads[chain].kept() if kept else self._locked_head(conn, chain)
+            try:
+                head = self._heads[chain].kept() if kept else self._locked_head(conn, chain)
+            except ChainBehind as exc:  # this chain's drafts alone: the others go on
+                write.outcomes.extend((p, exc) for p in by_chain[chain] if p.claim())
+                continue
             # the drafts someone still waits for; a caller that gave up while this writer
             # waited for the lock is dropped here, before its receipt is sealed
             live = [pending for pending in by_chain[chain] if pending.claim()]
@@ -428,6 +448,9 @@ class LedgerWriter:
             raise LedgerUnavailable(f"chain {chain!r} has no head row after creating it")
         if row["head_seq"] < row["checkpoint_size"]:
             raise _behind(chain, row["head_seq"], row["checkpoint_size"])
+        if row["head_seq"] < self._high_water.get(chain, 0):
+            raise _moved_back(chain, row["head_seq"], self._high_water[chain])
+        self._raise_high_water(chain, row["head_seq"])
         frontier = [bytes.fromhex(h) for h in row["frontier"].split(",") if h]
         return ChainHead(
             chain,
@@ -507,6 +530,9 @@ class LedgerWriter:
                     if self._checkpoint_due(head) or (closing and head.seq > head.checkpoint_size):
                         self._save_checkpoint_and_commit(conn, head)
                 self._note_committed(head)
+            except ChainBehind as exc:  # not on the next tick either: an operator must look
+                log.error("checkpoint of chain %r refused: %s", chain, exc)
+                self._uncheckpointed.pop(chain, None)
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, short_error(exc))
                 self._drop_connection()
@@ -618,10 +644,24 @@ def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]
     conn.execute(insert_ignore(table.__table__, conn.dialect), values)
 
 
-def _behind(chain: str, head: int, signed: int) -> LedgerUnavailable:
+def _behind(chain: str, head: int, signed: int) -> ChainBehind:
     """A chain whose head is below a checkpoint already signed lost receipts: it is neither
     extended nor signed again until an operator looks (callproof ledger verify)."""
-    return LedgerUnavailable(
+    return ChainBehind(
         f"chain {chain!r} is behind its own checkpoint (head {head}, signed {signed}):"
         " receipts were removed; refusing to extend or sign it"
+    )
+
+
+def _moved_back(chain: str, head: int, seen: int) -> ChainBehind:
+    """A chain whose head went back below one this ledger saw committed: the database was
+    restored or failed over to a copy that lacks receipts their callers already hold, and
+    maybe checkpoints this key signed. Sealing seq head+1 again would sign a second history."""
+    return ChainBehind(
+        f"chain {chain!r} went back from seq {seen} to seq {head} under this ledger (a"
+        " database restored from a backup, or a standby that lagged promoted): receipts"
+        f" {head + 1}..{seen} are gone, and their callers hold them; refusing to extend or"
+        " sign the chain, which would give those seqs a second history under the same key."
+        " Restore them if a later backup or the WAL has them; to go on without them, restart"
+        " the gateway (docs/deploy.md, backups)"
     )
