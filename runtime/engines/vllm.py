@@ -12,11 +12,14 @@ an xgrammar *structural tag*, so only the tool-call region (``<tool_call>…</to
 constrained and free text, reasoning included, stays free; with "always" enforcement after
 reasoning, the constraint starts when the reasoning region ends.
 
-Faults fail closed and typed: unreachable, timed out, 5xx, or a server that refuses the
-gateway's own credentials or model name -> EngineUnavailable (the gateway answers 503 and
-writes no receipt); a 400/413/422 about the request itself -> EngineRejected with vLLM's
-message, which the gateway passes on as the matching 4xx, except a prompt over the model's
-context window, which is the same ``context_length_exceeded`` the embedded engine raises.
+Faults fail closed and typed: unreachable, timed out, 5xx, a redirect (never followed: it
+would carry the request and the API key elsewhere), a server that refuses the gateway's own
+credentials, model name or URL (a 404 says which setting) -> EngineUnavailable (the gateway
+answers 503 and writes no receipt); a 400/413/422 about the request itself -> EngineRejected
+with vLLM's message, which the gateway passes on as the matching 4xx, except a prompt over the
+model's context window, which is the same ``context_length_exceeded`` the embedded engine
+raises. vLLM refuses a max_tokens over max_model_len outright, so the engine learns the
+window from /v1/models (as readiness checks it) and lowers max_tokens to it first.
 
 The HTTP client is aiohttp: measured against a local server that answers at once, it costs
 0.13 ms of CPU per request where httpx costs 0.62 ms, and 0.08 ms against 2.5 ms with 32
@@ -28,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
@@ -61,6 +66,8 @@ _CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
 TAG_MAX_WHITESPACE = 1
 KEEPALIVE_S = 4.0
 
+log = logging.getLogger(__name__)
+
 
 class VllmEngine:
     """One vLLM server and one served model, through a pooled async HTTP client (one pool
@@ -86,9 +93,11 @@ class VllmEngine:
         records it; the server, not this client, picks it). ``model_dir``: a local copy of the
         served weights to compute the digests from when they are not given. ``think_budget``
         caps the free reasoning region before an "always" constraint (tokens; None: no cap).
-        ``timeout`` bounds each wait for the server (a read, a free connection) and
-        ``request_timeout`` a whole request, stream included: a server that trickles bytes
-        cannot hold a request, and the client that waits on it, for longer.
+        ``timeout`` bounds each wait for the server (a read of a stream or of /v1/models, a
+        free connection) and ``request_timeout`` a whole request, stream included: a server
+        that trickles bytes cannot hold a request, and the client that waits on it, for
+        longer. A non-streaming answer comes in one read once the whole generation is done,
+        so only ``request_timeout`` bounds that read.
         """
         if model_dir is not None and (weights_digest is None or tokenizer_digest is None):
             from runtime.model_store import model_digests
@@ -112,10 +121,17 @@ class VllmEngine:
         self._timeout = aiohttp.ClientTimeout(
             total=request_timeout, connect=timeout, sock_connect=connect_timeout, sock_read=timeout
         )
+        self._whole_answer_timeout = aiohttp.ClientTimeout(
+            total=request_timeout, connect=timeout, sock_connect=connect_timeout
+        )
         self._max_connections = max_connections
         self._client: aiohttp.ClientSession | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        # the served model's context window, from /v1/models (None: not known or not listed)
+        self._max_model_len: int | None = None
+        self._limits_known = False
+        self._reported: str | None = None  # the last problem ready() logged
 
     async def generate(
         self,
@@ -125,8 +141,9 @@ class VllmEngine:
         *,
         enforcement: Enforcement | None = None,
     ) -> Generation:
+        await self._learn_limits()
         body = self.request_body(messages, constraint, sampling, enforcement, stream=False)
-        async with self._call(body) as response:
+        async with self._call(body, timeout=self._whole_answer_timeout) as response:
             data = _json(await response.read())
         choice = _only_choice(data)
         usage = data.get("usage") or {}
@@ -148,6 +165,7 @@ class VllmEngine:
         enforcement: Enforcement | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """TextDelta per SSE chunk as vLLM sends it, then one final Generation."""
+        await self._learn_limits()
         body = self.request_body(messages, constraint, sampling, enforcement, stream=True)
         parts: list[str] = []
         finish: str | None = None
@@ -176,17 +194,60 @@ class VllmEngine:
         )
 
     async def ready(self) -> bool:
-        """The server answers and serves this engine's model (a wrong --model is not ready)."""
-        try:
-            return self.identity.model in await self.served_models()
-        except EngineError:
-            return False
+        """The server answers and serves this engine's model (a wrong --model is not ready).
+        What keeps it from being ready is logged, once until it changes: /readyz only says
+        "not ready", and a wrong URL or model name never heals by itself (ERROR), where a
+        server not answering yet may (WARNING)."""
+        diagnosis = await self._diagnose()
+        problem = None if diagnosis is None else diagnosis[1]
+        if problem != self._reported:
+            self._reported = problem
+            if diagnosis is not None:
+                log.log(diagnosis[0], problem, extra={"event": "engine_not_ready"})
+        return diagnosis is None
 
     async def served_models(self) -> list[str]:
         """The model names the server serves (for error messages and `callproof serve`)."""
+        return list(await self._model_cards())
+
+    async def _model_cards(self) -> dict[str, dict[str, Any]]:
         async with self._request("GET", "/v1/models") as response:
             data = _json(await response.read())
-        return [m["id"] for m in data.get("data", ()) if isinstance(m, dict) and "id" in m]
+        cards = data.get("data")
+        if not isinstance(cards, list):
+            return {}
+        return {m["id"]: m for m in cards if isinstance(m, dict) and isinstance(m.get("id"), str)}
+
+    async def _diagnose(self) -> tuple[int, str] | None:
+        """None when the server serves this engine's model, else a log level and what is
+        wrong, for the operator. Learns the model's max_model_len on the way."""
+        url, model, failure = self._base_url, self.identity.model, ""
+        try:
+            cards: dict[str, dict[str, Any]] | None = await self._model_cards()
+        except EngineError as exc:
+            cards, failure = None, str(exc)
+        if (cards is None or model not in cards) and _ends_in_v1(url):
+            return logging.ERROR, (
+                f"vllm_url {url} ends in /v1: drop the /v1 (give the vLLM server's root URL;"
+                " the engine adds /v1/... itself)"
+            )
+        if cards is None:
+            return logging.WARNING, f"the vLLM server at {url} is not ready: {failure}"
+        if model not in cards:
+            return logging.ERROR, (
+                f"the vLLM server at {url} serves the models {sorted(cards)}, not {model!r}:"
+                " set the gateway's model setting to the server's --served-model-name"
+            )
+        limit = cards[model].get("max_model_len")
+        self._max_model_len = limit if type(limit) is int and limit > 0 else None
+        self._limits_known = True
+        return None
+
+    async def _learn_limits(self) -> None:
+        """The model's context window, once (each readiness check refreshes it): vLLM refuses
+        a max_tokens over max_model_len outright, where the embedded engine lowers it."""
+        if not self._limits_known:
+            await self._diagnose()  # a server that does not answer fails the request itself
 
     async def aclose(self) -> None:
         self._closed = True
@@ -215,7 +276,9 @@ class VllmEngine:
         body: dict[str, Any] = {
             "model": self.identity.model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],
-            "max_tokens": sampling.max_tokens,
+            # lowered to the context window, as the embedded engine does; vLLM itself lowers
+            # it further to the room the prompt leaves (the receipt keeps the value asked for)
+            "max_tokens": min(sampling.max_tokens, self._max_model_len or sampling.max_tokens),
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "stream": stream,
@@ -244,12 +307,27 @@ class VllmEngine:
 
     # ------------------------------------------------------------------ transport
 
-    def _call(self, body: dict[str, Any]) -> _Exchange:
-        return self._request("POST", "/v1/chat/completions", body)
+    def _call(
+        self, body: dict[str, Any], *, timeout: aiohttp.ClientTimeout | None = None
+    ) -> _Exchange:
+        return self._request("POST", "/v1/chat/completions", body, timeout=timeout)
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> _Exchange:
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> _Exchange:
+        """One exchange; ``timeout`` replaces the session's (per-read) one. Redirects are not
+        followed: they would carry the request, and the vLLM API key, to another server."""
         data = None if body is None else msgspec.json.encode(body)
-        return _Exchange(self._http().request(method, self._base_url + path, data=data))
+        options: dict[str, Any] = {"allow_redirects": False}
+        if timeout is not None:
+            options["timeout"] = timeout
+        request = self._http().request(method, self._base_url + path, data=data, **options)
+        return _Exchange(request, self._base_url, self.identity.model)
 
     def _http(self) -> aiohttp.ClientSession:
         """The pooled client of the running event loop. Pooled connections belong to the loop
@@ -278,9 +356,11 @@ class _Exchange:
     failures and unusable statuses are mapped when the response head arrives; read errors
     while the body streams are mapped too, so a server dying mid-stream is EngineUnavailable."""
 
-    def __init__(self, request: Any) -> None:
+    def __init__(self, request: Any, base_url: str, model: str) -> None:
         self._request = request  # aiohttp's _RequestContextManager: sent on __aenter__
         self._response: aiohttp.ClientResponse | None = None
+        self._base_url = base_url  # for what a 404 says
+        self._model = model
 
     async def __aenter__(self) -> aiohttp.ClientResponse:
         try:
@@ -294,7 +374,7 @@ class _Exchange:
                 raw = str(exc).encode()
             finally:
                 response.release()
-            raise _status_error(response.status, raw)
+            raise _status_error(response.status, raw, base_url=self._base_url, model=self._model)
         self._response = response
         return response
 
@@ -321,9 +401,16 @@ def _unavailable(exc: BaseException) -> EngineUnavailable:
 
 
 def _status_error(
-    status: int, raw: bytes
+    status: int, raw: bytes, *, base_url: str = "", model: str = ""
 ) -> RuntimeInputError | EngineRejected | EngineUnavailable:
     message = _error_message(raw)
+    if 300 <= status < 400:
+        return EngineUnavailable(
+            f"the vLLM server answered {status}, a redirect, which the gateway does not follow:"
+            " its vllm_url must name the vLLM server itself"
+        )
+    if status == 404:
+        return EngineUnavailable(_not_found(message, base_url, model))
     if status in CLIENT_FAULT_STATUSES and _CONTEXT_WINDOW_WORDS in message:
         # vLLM lowers max_tokens to the room left (the embedded engine does the same), so only
         # the prompt itself can be too long.
@@ -333,6 +420,22 @@ def _status_error(
     # Not the client's fault: its words about the server's insides (traces, paths) are for
     # the operator, who has the vLLM server's own log; the agent learns the status only.
     return EngineUnavailable(f"the vLLM server answered {status}")
+
+
+def _not_found(message: str, base_url: str, model: str) -> str:
+    """A 404 is the gateway's configuration (its URL or model name), never the request's:
+    the message says which setting to fix, with vLLM's own words."""
+    said = f"the vLLM server answered 404 ({message})"
+    if _ends_in_v1(base_url):
+        return f"{said}: the gateway's vllm_url ends in /v1; drop it (the server's root URL)"
+    if "model" in message.lower():
+        return f"{said}: it does not serve {model!r}, the model the gateway is configured with"
+    return f"{said}: the gateway's vllm_url is not the root URL of a vLLM server"
+
+
+def _ends_in_v1(url: str) -> bool:
+    """An OpenAI-style base URL (``http://host:8000/v1``), where the engine wants the root."""
+    return urlsplit(url).path.rstrip("/").endswith("/v1")
 
 
 def _error_message(raw: bytes) -> str:

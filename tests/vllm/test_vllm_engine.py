@@ -5,6 +5,7 @@ the whole module to seconds once the server is up."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 from typing import Any
 
@@ -276,24 +277,84 @@ def test_identity_ready_and_served_models(vllm_server: VllmServer) -> None:
 def test_a_bad_request_is_rejected_with_vllms_message(vllm_server: VllmServer) -> None:
     async def go() -> None:
         async with engine_for(vllm_server) as engine:
-            await engine.generate(ask("hi"), None, Sampling(max_tokens=100_000))
+            await engine.generate(ask("hi"), None, Sampling(max_tokens=8, seed=2**64))
 
     with pytest.raises(EngineRejected) as info:
         run(go())
     assert info.value.status == 400
-    assert "2048" in info.value.message  # vLLM's own words about --max-model-len
+    assert "seed" in info.value.message  # vLLM's own words
 
 
-def test_a_model_the_server_does_not_serve_is_unavailable(vllm_server: VllmServer) -> None:
-    """A wrong --model is the gateway's fault, not the client's: 503, and not ready."""
+@pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
+def test_max_tokens_past_the_context_window_is_lowered(
+    vllm_server: VllmServer, streaming: bool
+) -> None:
+    """vLLM refuses max_tokens > max_model_len (2048 here) outright, though it lowers one
+    that only overflows with the prompt; the engine lowers it to the window first, as the
+    embedded engine does, and the answer is as with any roomy limit."""
+
+    async def go() -> Generation:
+        async with engine_for(vllm_server) as engine:
+            sampling = Sampling(max_tokens=2049)
+            if not streaming:
+                return await engine.generate(
+                    ask(PROMPTS[0]), Constraint.json_schema(PERSON), sampling
+                )
+            events = [
+                e
+                async for e in engine.stream(
+                    ask(PROMPTS[0]), Constraint.json_schema(PERSON), sampling
+                )
+            ]
+            assert isinstance(events[-1], Generation)
+            return events[-1]
+
+    generation = run(go())
+    assert generation.finish_reason == "stop"
+    jsonschema.validate(json.loads(generation.text), PERSON)
+
+
+def test_a_model_the_server_does_not_serve_is_unavailable(
+    vllm_server: VllmServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong --model is the gateway's fault, not the client's: 503 naming the model, not
+    ready, and the operator's log names the models the server does serve."""
 
     async def go() -> bool:
         async with VllmEngine(vllm_server.url, "no-such-model") as engine:
-            with pytest.raises(EngineUnavailable, match="404"):
+            with pytest.raises(EngineUnavailable, match="404.*does not serve 'no-such-model'"):
+                await engine.generate(ask("hi"), None, SHORT)
+            return await engine.ready() or await engine.ready()
+
+    caplog.set_level(logging.WARNING, logger="runtime.engines.vllm")
+    assert run(go()) is False
+    served = vllm_server.config.served_name
+    expected = (
+        f"the vLLM server at {vllm_server.url} serves the models [{served!r}], not"
+        " 'no-such-model': set the gateway's model setting to the server's --served-model-name"
+    )
+    # once, however often readiness is asked
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.ERROR, expected)]
+
+
+def test_an_openai_style_url_ending_in_v1_is_named(
+    vllm_server: VllmServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--vllm-url http://host:port/v1` (the OpenAI SDK's base URL) reaches /v1/v1/...: the
+    503 and the operator's log say to drop the /v1."""
+
+    async def go() -> bool:
+        engine = engine_for(vllm_server)
+        async with VllmEngine(vllm_server.url + "/v1", engine.identity.model) as engine:
+            with pytest.raises(EngineUnavailable, match="404.*ends in /v1; drop it"):
                 await engine.generate(ask("hi"), None, SHORT)
             return await engine.ready()
 
+    caplog.set_level(logging.WARNING, logger="runtime.engines.vllm")
     assert run(go()) is False
+    [record] = caplog.records
+    assert record.levelno == logging.ERROR
+    assert record.getMessage().startswith(f"vllm_url {vllm_server.url}/v1 ends in /v1")
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])

@@ -5,8 +5,11 @@ for every constraint kind and enforcement mode. Structural tags are also compile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import jsonschema
@@ -14,7 +17,7 @@ import pytest
 import xgrammar
 
 from runtime.constraint import Constraint
-from runtime.engines.base import ChatMessage, Sampling
+from runtime.engines.base import ChatMessage, Generation, Sampling
 from runtime.engines.vllm import (
     VllmEngine,
     _json,
@@ -206,3 +209,144 @@ def test_a_server_fault_reaches_the_client_as_its_status_only() -> None:
     assert isinstance(error, EngineUnavailable)
     assert str(error) == "the vLLM server answered 500"
     assert isinstance(_status_error(400, b'{"error": {"message": "bad n"}}'), EngineRejected)
+
+
+# ---------------------------------------------------------------- odd upstream answers
+# A small real HTTP server per test plays the upstream: what a proxy, a misconfigured URL or
+# a broken server in front of vLLM can send.
+
+Handler = Callable[[bytes], Awaitable[list[bytes]]]
+
+
+def completion(usage: Any = None, **extra: Any) -> dict[str, Any]:
+    """A chat completion as vLLM shapes it, with ``usage`` as given (None: none sent)."""
+    body: dict[str, Any] = {
+        "choices": [{"index": 0, "message": {"content": "ok"}, "finish_reason": "stop"}],
+        **extra,
+    }
+    if usage is not None:
+        body["usage"] = usage
+    return body
+
+
+def answer(data: Any, status: str = "200 OK", headers: str = "") -> list[bytes]:
+    raw = json.dumps(data).encode()
+    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nConnection: close\r\n{headers}"
+    return [f"{head}Content-Length: {len(raw)}\r\n\r\n".encode() + raw]
+
+
+def sse(*events: Any) -> list[bytes]:
+    """An SSE answer, one write per event (each a separate read for the client)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    return [head, *(f"data: {json.dumps(e)}\n\n".encode() for e in events), b"data: [DONE]\n\n"]
+
+
+@contextlib.asynccontextmanager
+async def upstream(handler: Handler, pause_s: float = 0.0) -> AsyncIterator[tuple[str, list]]:
+    """Serves ``handler(request head)``'s writes, ``pause_s`` before each; yields the base
+    URL and the list of requests received (head and body)."""
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length: *(\d+)", head)
+            seen.append(head + await reader.readexactly(int(length.group(1)) if length else 0))
+            for chunk in await handler(head):
+                await asyncio.sleep(pause_s)
+                writer.write(chunk)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
+    finally:
+        server.close()
+
+
+async def generate_or_stream(engine: VllmEngine, streaming: bool) -> Generation:
+    messages, sampling = [ChatMessage("user", "hi")], Sampling(max_tokens=4)
+    if not streaming:
+        return await engine.generate(messages, None, sampling)
+    events = [e async for e in engine.stream(messages, None, sampling)]
+    assert isinstance(events[-1], Generation)
+    return events[-1]
+
+
+def models_or(reply: list[bytes]) -> Handler:
+    """/v1/models lists model "m" (context window 64); every other request gets ``reply``."""
+
+    async def handle(head: bytes) -> list[bytes]:
+        if head.startswith(b"GET /v1/models "):
+            return answer({"data": [{"id": "m", "max_model_len": 64}]})
+        return reply
+
+    return handle
+
+
+def test_a_long_non_streaming_answer_is_bounded_by_the_request_timeout_alone() -> None:
+    """A non-streaming answer comes in one read once the whole generation is done: the
+    per-read bound (`timeout`) would cut off every generation longer than it. A stream that
+    stalls between chunks for that long is still cut off."""
+
+    async def go() -> None:
+        reply = models_or(answer(completion({"prompt_tokens": 3, "completion_tokens": 1})))
+        async with upstream(reply, pause_s=1.5) as (url, _):
+            engine = VllmEngine(url, "m", timeout=0.5, request_timeout=30)
+            try:
+                assert (await generate_or_stream(engine, streaming=False)).text == "ok"
+            finally:
+                await engine.aclose()
+        stalled = models_or(sse({"choices": [{"delta": {"content": "o"}}]}))
+        async with upstream(stalled, pause_s=1.5) as (url, _):
+            engine = VllmEngine(url, "m", timeout=0.5, request_timeout=30)
+            engine._limits_known = True  # the models request would time out first
+            try:
+                with pytest.raises(EngineUnavailable, match="timed out"):
+                    await generate_or_stream(engine, streaming=True)
+            finally:
+                await engine.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_redirect_is_not_followed() -> None:
+    """A 302 from the vLLM URL must not carry the request, and the vLLM API key, elsewhere."""
+
+    async def go() -> list[bytes]:
+        reply = answer(completion({"prompt_tokens": 3, "completion_tokens": 1}))
+        async with upstream(models_or(reply)) as (elsewhere, reached):
+
+            async def redirect(head: bytes) -> list[bytes]:
+                path = head.split()[1].decode()
+                return answer({}, "302 Found", f"Location: {elsewhere}{path}\r\n")
+
+            async with upstream(redirect) as (url, _), VllmEngine(url, "m", api_key="k") as engine:
+                with pytest.raises(EngineUnavailable, match="302, a redirect"):
+                    await generate_or_stream(engine, streaming=False)
+                assert await engine.ready() is False
+            return reached
+
+    assert asyncio.run(go()) == []
+
+
+def test_max_tokens_is_lowered_to_the_context_window_the_server_lists() -> None:
+    """vLLM refuses a max_tokens over max_model_len outright (400); the embedded engine
+    lowers it, and so does this engine once /v1/models has told it the window (64 here)."""
+    hi = [ChatMessage("user", "hi")]
+
+    async def go() -> list[bytes]:
+        async with upstream(models_or(answer(completion()))) as (url, seen):
+            async with VllmEngine(url, "m") as engine:
+                await engine.generate(hi, None, Sampling(max_tokens=65))
+                await engine.generate(hi, None, Sampling(max_tokens=9))
+            return seen
+
+    models, lowered, kept = asyncio.run(go())
+    assert models.startswith(b"GET /v1/models ")  # once: the window is known from then on
+    sent = [json.loads(r.partition(b"\r\n\r\n")[2])["max_tokens"] for r in (lowered, kept)]
+    assert sent == [64, 9]
