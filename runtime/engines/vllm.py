@@ -14,9 +14,10 @@ reasoning, the constraint starts when the reasoning region ends.
 
 Faults fail closed and typed: unreachable, timed out, 5xx, a redirect (never followed: it
 would carry the request and the API key elsewhere), a server that refuses the gateway's own
-credentials, model name or URL (a 404 says which setting) -> EngineUnavailable (the gateway
-answers 503 and writes no receipt); a 400/413/422 about the request itself -> EngineRejected
-with vLLM's message, which the gateway passes on as the matching 4xx, except a prompt over the
+credentials, model name or URL (a 404 says which setting), or an answer that breaks the
+contract (usage that is no token count) -> EngineUnavailable (the gateway answers 503 and
+writes no receipt); a 400/413/422 about the request itself -> EngineRejected with vLLM's
+message (bounded), which the gateway passes on as the matching 4xx, except a prompt over the
 model's context window, which is the same ``context_length_exceeded`` the embedded engine
 raises. vLLM refuses a max_tokens over max_model_len outright, so the engine learns the
 window from /v1/models (as readiness checks it) and lowers max_tokens to it first.
@@ -65,6 +66,11 @@ _CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
 # model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
 TAG_MAX_WHITESPACE = 1
 KEEPALIVE_S = 4.0
+# How much of vLLM's own error message reaches the agent (as for a raw body).
+MAX_MESSAGE_CHARS = 2000
+# No context window comes near this; a usage figure past it (or negative, or not an integer)
+# is an upstream breaking its contract, which a receipt must not record.
+MAX_USAGE_TOKENS = 2**31 - 1
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +152,11 @@ class VllmEngine:
         async with self._call(body, timeout=self._whole_answer_timeout) as response:
             data = _json(await response.read())
         choice = _only_choice(data)
-        usage = data.get("usage") or {}
+        prompt_tokens, completion_tokens = _usage(data.get("usage"))
         return Generation(
             text=(choice.get("message") or {}).get("content") or "",
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             finish_reason=_finish_reason(choice.get("finish_reason")),
             backend=self._enforced_by(constraint),
             matched_stop=_matched_stop(choice.get("stop_reason"), sampling),
@@ -170,10 +176,10 @@ class VllmEngine:
         parts: list[str] = []
         finish: str | None = None
         stop_reason: Any = None
-        usage: dict[str, Any] = {}
+        usage: Any = None
         async with self._call(body) as response:
             async for data in _sse_events(response):
-                if data.get("usage"):
+                if data.get("usage") is not None:  # vLLM sends null until the last chunk
                     usage = data["usage"]
                 for choice in data.get("choices") or ():
                     text = (choice.get("delta") or {}).get("content")
@@ -184,10 +190,11 @@ class VllmEngine:
                     stop_reason = choice.get("stop_reason") or stop_reason
         if finish is None:
             raise EngineUnavailable("the vLLM stream ended before a finish_reason")
+        prompt_tokens, completion_tokens = _usage(usage)
         yield Generation(
             text="".join(parts),
-            prompt_tokens=int(usage.get("prompt_tokens", 0)),
-            completion_tokens=int(usage.get("completion_tokens", 0)),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             finish_reason=_finish_reason(finish),
             backend=self._enforced_by(constraint),
             matched_stop=_matched_stop(stop_reason, sampling),
@@ -439,11 +446,16 @@ def _ends_in_v1(url: str) -> bool:
 
 
 def _error_message(raw: bytes) -> str:
-    """vLLM's own words: ``{"error": {"message": ...}}`` (or FastAPI's ``{"detail": ...}``)."""
+    """vLLM's own words, at most MAX_MESSAGE_CHARS of them: they reach the agent."""
+    return _full_error_message(raw)[:MAX_MESSAGE_CHARS]
+
+
+def _full_error_message(raw: bytes) -> str:
+    """``{"error": {"message": ...}}`` (or FastAPI's ``{"detail": ...}``), else the body."""
     try:
         data = json.loads(raw)
     except ValueError:
-        return raw.decode(errors="replace").strip()[:2000] or "(empty body)"
+        return raw.decode(errors="replace").strip() or "(empty body)"
     if isinstance(data, dict):
         error = data.get("error")
         if isinstance(error, dict) and error.get("message"):
@@ -452,7 +464,26 @@ def _error_message(raw: bytes) -> str:
             return str(data["detail"])
         if isinstance(data.get("message"), str):
             return data["message"]
-    return json.dumps(data)[:2000]
+    return json.dumps(data)
+
+
+def _usage(usage: Any) -> tuple[int, int]:
+    """(prompt, completion) tokens as vLLM reports them. They go into receipts and counters,
+    so each must be a non-negative integer of a sane size, else the upstream broke its
+    contract (503, nothing recorded). A usage (or one of its two figures) not sent at all
+    counts 0, as it always has: a proxy that drops it should not fail every request."""
+    if usage is None:
+        return 0, 0
+    if not isinstance(usage, dict):
+        raise EngineUnavailable("the vLLM server sent a usage that is not an object")
+    counts = []
+    for field in ("prompt_tokens", "completion_tokens"):
+        value = usage.get(field, 0)
+        if type(value) is not int or not 0 <= value <= MAX_USAGE_TOKENS:
+            shown = json.dumps(value)[:40]
+            raise EngineUnavailable(f"the vLLM server reported usage.{field} = {shown}")
+        counts.append(value)
+    return counts[0], counts[1]
 
 
 def _json(raw: bytes) -> dict[str, Any]:

@@ -314,6 +314,49 @@ def test_a_long_non_streaming_answer_is_bounded_by_the_request_timeout_alone() -
     asyncio.run(go())
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": -5, "completion_tokens": 1},
+        {"prompt_tokens": 1.9e300, "completion_tokens": 1},
+        {"prompt_tokens": 3, "completion_tokens": 2**40},
+        {"prompt_tokens": "3", "completion_tokens": 1},
+        {"prompt_tokens": 3, "completion_tokens": True},
+        {"prompt_tokens": 3.0, "completion_tokens": 1},
+        [3, 1],
+    ],
+    ids=["negative", "huge-float", "huge-int", "string", "bool", "float", "not-an-object"],
+)
+def test_usage_that_is_no_token_count_is_engine_unavailable(usage: Any, streaming: bool) -> None:
+    """Usage goes into Prometheus counters (no negatives) and into sealed receipts (no
+    1.9e300): an upstream breaking its contract is a 503 with nothing recorded, not a 500."""
+
+    async def go() -> None:
+        reply = answer(completion(usage))
+        if streaming:
+            chunk = {"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]}
+            reply = sse(chunk, {"choices": [], "usage": usage})
+        async with upstream(models_or(reply)) as (url, _), VllmEngine(url, "m") as engine:
+            with pytest.raises(EngineUnavailable, match="usage"):
+                await generate_or_stream(engine, streaming)
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
+def test_usage_not_sent_counts_zero(streaming: bool) -> None:
+    async def go() -> Generation:
+        reply = answer(completion())
+        if streaming:
+            reply = sse({"choices": [{"delta": {"content": "ok"}, "finish_reason": "stop"}]})
+        async with upstream(models_or(reply)) as (url, _), VllmEngine(url, "m") as engine:
+            return await generate_or_stream(engine, streaming)
+
+    generation = asyncio.run(go())
+    assert (generation.prompt_tokens, generation.completion_tokens) == (0, 0)
+
+
 def test_a_redirect_is_not_followed() -> None:
     """A 302 from the vLLM URL must not carry the request, and the vLLM API key, elsewhere."""
 
@@ -350,3 +393,16 @@ def test_max_tokens_is_lowered_to_the_context_window_the_server_lists() -> None:
     assert models.startswith(b"GET /v1/models ")  # once: the window is known from then on
     sent = [json.loads(r.partition(b"\r\n\r\n")[2])["max_tokens"] for r in (lowered, kept)]
     assert sent == [64, 9]
+
+
+def test_vllms_error_message_is_bounded_before_it_reaches_the_agent() -> None:
+    """Raw bodies were cut at 2,000 characters, vLLM's own error.message was not."""
+    long = "x" * 100_000
+    for raw in (
+        json.dumps({"error": {"message": long}}),
+        json.dumps({"detail": long}),
+        json.dumps({"message": long}),
+        long,
+    ):
+        error = _status_error(400, raw.encode())
+        assert isinstance(error, EngineRejected) and len(error.message) == 2000
