@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from litestar import Controller, Response, get
 from litestar.di import NamedDependency
@@ -12,9 +13,28 @@ from gateway.completion import Completions
 from gateway.metrics import Metrics
 from gateway.schemas import Readiness
 from receipts.errors import LedgerUnavailable
+from runtime.engines.base import Engine
 
 # A probe that hangs is a "not ready" (orchestrators give up on probes after a second or so).
 PROBE_TIMEOUT_S = 2.0
+
+log = logging.getLogger("callproof.gateway")
+
+
+async def check_engine_at_start(engine: Engine) -> None:
+    """Ask the engine once at startup whether it can serve, so that the operator's log says
+    why it cannot (the vLLM engine logs a wrong URL or model name itself) before any request
+    fails; a gateway whose engine comes up later still starts."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            await engine.ready()
+    except Exception as exc:  # noqa: BLE001 - a start-up diagnosis, never a reason to stop
+        log.warning(
+            "the engine did not say whether it is ready within %.0f s of start: %s",
+            PROBE_TIMEOUT_S,
+            type(exc).__name__,
+            extra={"event": "engine_not_ready"},
+        )
 
 
 class HealthController(Controller):

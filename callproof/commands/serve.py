@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
         say_ledger,
         superseded_key,
     )
+    from gateway.health import check_engine_at_start
     from gateway.logs import configure_logging
     from gateway.settings import SettingsError, settings_from_args
     from migrations.runner import MigrationError
@@ -130,6 +132,11 @@ def run(args: argparse.Namespace) -> int:
                 flush=True,
             )
         app = create_app(settings, resources.engine, resources.ledger, resources.keys)
+        # At start, whatever keeps the engine from serving is logged (a wrong vLLM URL or model
+        # name would otherwise show only as 503s); at shutdown the engine closes on the loop
+        # that served, which owns its connections (the closing below runs on a new loop).
+        app.on_startup.append(partial(check_engine_at_start, resources.engine))
+        app.on_shutdown.append(resources.engine.aclose)
         # Everything built so far (engine, app, libraries) lives as long as the process: keep
         # it out of the cyclic GC's full collections, whose pauses were the p99 at load
         # (bench.overhead, concurrency 32: p99 160-180 ms without, 46-78 ms with).

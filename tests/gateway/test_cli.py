@@ -607,3 +607,67 @@ def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) 
         assert ledger.latest_checkpoint("acme")["tree_size"] == 3
     finally:
         ledger.close()
+    # the engine's connection pool was closed on the loop that served (aiohttp logged an
+    # "Unclosed client session" at ERROR on every clean stop), and nothing else went wrong
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    assert [line["msg"] for line in lines if line["level"] == "error"] == []
+
+
+@pytest.mark.parametrize("mistake", ["model", "url"])
+def test_serve_names_a_wrong_vllm_model_or_url_at_start(tmp_path: Path, mistake: str) -> None:
+    """A wrong --model, or an OpenAI-style --vllm-url ending in /v1, used to start without a
+    word and answer 503 to every request; now the log says at start what is wrong (at ERROR),
+    and the gateway still starts (vLLM may be fixed, or come up, later)."""
+    from bench.overhead import MODEL
+
+    upstream_port, port = free_port(), free_port()
+    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    model, url = (
+        ("wrong-model", upstream_url) if mistake == "model" else (MODEL, upstream_url + "/v1")
+    )
+    log = tmp_path / "serve.log"
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port", str(upstream_port),
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        from bench.gateway_process import wait_ready
+
+        wait_ready(upstream_url + "/v1/models", upstream, 60, tmp_path / "none.log")
+        with log.open("wb") as out:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "callproof", "serve", "--data-dir", str(tmp_path / "data"),
+                 "--port", str(port), "--engine", "vllm", "--model", model, "--vllm-url", url],
+                stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + 120
+                while "listening on" not in log.read_text():
+                    assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+                    time.sleep(0.1)
+                ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+                assert ready.status_code == 503 and ready.json()["engine"] is False
+            finally:
+                server.send_signal(signal.SIGTERM)
+                assert server.wait(60) == 0, log.read_text()
+    finally:
+        upstream.terminate()
+        upstream.wait(30)
+    text = log.read_text()
+    started = text[: text.index("callproof listening on")]  # before any readiness probe
+    lines = [json.loads(line) for line in started.splitlines() if line.startswith("{")]
+    errors = [line["msg"] for line in lines if line["level"] == "error"]
+    later = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert [line for line in later if line["level"] == "error"] == [
+        line for line in lines if line["level"] == "error"
+    ]
+    if mistake == "model":
+        wrong = (
+            f"the vLLM server at {upstream_url} serves the models [{MODEL!r}], not 'wrong-model':"
+            " set the gateway's model setting to the server's --served-model-name"
+        )
+        assert errors == [wrong]  # once: at start, not again on each readiness probe
+    else:
+        [error] = errors
+        assert error.startswith(f"vllm_url {url} ends in /v1: drop the /v1")
