@@ -189,6 +189,8 @@ def model_digests(model_path: Path | str, cache_dir: Path | str | None = None) -
         cache.save()
         return ModelDigests(weights=digest, tokenizer=digest)
     weights = sorted({f for pattern in WEIGHTS_PATTERNS for f in path.glob(pattern)})
+    if not weights:  # a mistyped or unmounted directory must not bind the digest of nothing
+        raise FileNotFoundError(f"no model weights ({', '.join(WEIGHTS_PATTERNS)}) in {path}")
     tokenizer = [path / n for n in TOKENIZER_FILES if (path / n).is_file()]
     if not weights or not tokenizer:
         raise EngineUnavailable(f"{path} holds no weights or no tokenizer files")

@@ -77,6 +77,15 @@ def test_digest_cache_rehashes_a_changed_file(tmp_path: Path) -> None:
     )
 
 
+def test_a_directory_without_weights_has_no_digest(tmp_path: Path) -> None:
+    """A mistyped or unmounted model directory (CALLPROOF_VLLM_MODEL_DIR) stops the gateway
+    instead of binding the SHA-256 of an empty listing into every manifest."""
+    (tmp_path / "empty").mkdir()
+    for missing in (tmp_path / "empty", tmp_path / "absent"):
+        with pytest.raises(FileNotFoundError, match="no model weights"):
+            model_digests(missing, cache_dir=tmp_path)
+
+
 def test_missing_model_names_the_command_that_fetches_it(tmp_path: Path, capsys) -> None:
     (tmp_path / ".fetch-interrupted" / "model").mkdir(parents=True)  # a killed fetch's leftovers
     with pytest.raises(ModelNotFetched, match="callproof model fetch"):
