@@ -202,6 +202,16 @@ def load_engine(settings: Settings) -> Engine:
         from runtime.engines.vllm import VllmEngine
 
         assert settings.vllm_url and settings.model  # load_settings refuses vllm without them
+        if settings.weights_digest is None and settings.vllm_model_dir is None:
+            # said at start: manifests would otherwise hold weights_digest null, unnoticed,
+            # and a replay compare null with null
+            log.warning(
+                "receipts will not bind the served weights (weights_digest null in every"
+                " manifest): set vllm_model_dir (CALLPROOF_VLLM_MODEL_DIR) to a read-only copy"
+                " of the served model directory, or weights_digest (CALLPROOF_WEIGHTS_DIGEST);"
+                " docs/deploy.md, manifest identity",
+                extra={"event": "weights_unbound"},
+            )
         return VllmEngine(
             settings.vllm_url,
             settings.model,

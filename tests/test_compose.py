@@ -5,6 +5,7 @@ machine (nor in CI), so the file is checked as data: what `docker compose` would
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,19 @@ def test_gateway_image_builds_from_the_root_dockerfile(services: dict[str, Any])
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert services["gateway"]["build"] == services["migrate"]["build"] == "."
     assert 'ENTRYPOINT ["callproof"]' in dockerfile and "torch==2.13.0" in dockerfile
+
+
+def test_the_gateway_binds_the_weights_vllm_serves(services: dict[str, Any]) -> None:
+    """Without a weights digest every manifest has weights_digest null and a replay compares
+    null with null: the gateway reads the pinned snapshot vLLM serves from its cache volume."""
+    vllm, gateway = services["vllm"], services["gateway"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in vllm["command"] if "=" in a)
+    assert re.fullmatch(r"[0-9a-f]{40}", args["revision"])  # a commit, not a moving branch
+    [cache] = [v.split(":") for v in vllm["volumes"] if v.startswith("hf-cache:")]
+    assert cache[1] == "/root/.cache/huggingface"  # where vllm-openai's hub cache lives
+    [mount] = [v.split(":") for v in gateway["volumes"] if v.startswith("hf-cache:")]
+    assert mount[2] == "ro"  # the gateway never writes the weights
+    repo = "models--" + args["model"].replace("/", "--")
+    snapshot = f"{mount[1]}/hub/{repo}/snapshots/{args['revision']}"
+    assert gateway["environment"]["CALLPROOF_VLLM_MODEL_DIR"] == snapshot
+    assert "CALLPROOF_WEIGHTS_DIGEST" not in gateway["environment"]  # computed, not typed in

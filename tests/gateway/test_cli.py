@@ -611,6 +611,9 @@ def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) 
     # "Unclosed client session" at ERROR on every clean stop), and nothing else went wrong
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert [line["msg"] for line in lines if line["level"] == "error"] == []
+    # no weights digest was given: said at start, since every manifest then binds none
+    [unbound] = [line for line in lines if line.get("event") == "weights_unbound"]
+    assert unbound["level"] == "warning" and "CALLPROOF_VLLM_MODEL_DIR" in unbound["msg"]
 
 
 @pytest.mark.parametrize("mistake", ["model", "url"])
