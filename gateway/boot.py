@@ -89,16 +89,35 @@ def _create_private_file(path: Path, setting: str) -> None:
         ) from None
 
 
-def database_state(url: str) -> Literal["absent", "unmigrated", "ready"]:
-    """Whether the database a command would only read is there and set up, found without
-    creating it (looking must not make an empty SQLite file); one that does not answer
-    raises SQLAlchemyError."""
-    from migrations.runner import current
+DatabaseState = Literal["absent", "unmigrated", "behind", "ready", "newer"]
+
+
+def database_state(url: str) -> tuple[DatabaseState, str | None]:
+    """Whether the database a command would only read is there and set up, and at which
+    revision: "behind" is an older revision of this release's (a later table missing),
+    "newer" one it does not know (a newer release migrated it). Found without creating it
+    (looking must not make an empty SQLite file); one that does not answer raises
+    SQLAlchemyError."""
+    from migrations.runner import current, known_revisions
 
     ledger_file = sqlite_file(url)
     if ledger_file is not None and not ledger_file.exists():
-        return "absent"
-    return "ready" if current(url) is not None else "unmigrated"
+        return "absent", None
+    revision = current(url)
+    revisions = known_revisions()
+    if revision is None:
+        return "unmigrated", None
+    if revision not in revisions:
+        return "newer", revision
+    return ("ready" if revision == revisions[-1] else "behind"), revision
+
+
+def newer_database(url: str, revision: str | None) -> str:
+    """The message for a database a newer callproof migrated: this release may misread it."""
+    return (
+        f"the database at {shown_url(url)} is at revision {revision!r}, which this callproof"
+        " release does not know (a newer release migrated it): use that release"
+    )
 
 
 def shown_url(url: str) -> str:

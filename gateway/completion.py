@@ -10,9 +10,11 @@ on top of the same `prepare` and `record`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from gateway.settings import Settings
 from receipts.errors import CanonicalizationError, LedgerUnavailable
 from receipts.ledger import Ledger
 from receipts.record import Receipt
+from runtime.constraint import validate_constraint
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
 from runtime.errors import RuntimeInputError, StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
@@ -36,6 +39,7 @@ from runtime.output_parsing import ParsedResponse
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import EnvelopeStreamDecoder
 
+log = logging.getLogger("callproof.gateway")
 _SEED_BOUND = 2**31  # a seed every engine accepts
 # OpenAI parameters the gateway does not implement, accepted at the value that means "off"
 _NEUTRAL: dict[str, Any] = {
@@ -106,6 +110,7 @@ def prepare(
     )
     if plan.constraint is not None:
         check_constraint(plan.constraint, limits)
+        validate_constraint(plan.constraint)  # for vLLM too, which compiles on its server
     # Before the record: a max_tokens over the limit is named as such, not as a number the
     # receipt cannot hold exactly.
     sampling = sampling or _sampling(request, settings)
@@ -226,10 +231,39 @@ class Completions:
             links=await self._links(caller.tenant, plan.tool_call_ids_answered),
         )
         started = time.perf_counter()
-        receipt = await self.ledger.append_async(draft)
+        future = self.ledger.submit(draft)
+        try:
+            receipt = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # the deadline passed, or the client went away
+            future.add_done_callback(self._committed_late(request_id.get()))
+            raise
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.receipts.inc()
         return receipt
+
+    def _committed_late(self, request: str | None) -> Callable[[Future[Receipt]], None]:
+        """A receipt whose commit was under way when its request gave up (a 503 at the
+        deadline, a client gone) may still land: the log line and the counter are how an
+        operator reconciles it with the request that never got its tool calls."""
+
+        def landed(future: Future[Receipt]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return  # never sealed: nothing to reconcile
+            receipt = future.result()
+            self.metrics.receipts.inc()
+            self.metrics.receipts_committed_late.inc()
+            log.warning(
+                "receipt committed after its request gave up",
+                extra={
+                    "event": "receipt_committed_late",
+                    "request_id": request,
+                    "receipt_id": receipt.id,
+                    "chain": receipt.chain,
+                    "seq": receipt.seq,
+                },
+            )
+
+        return landed
 
     def count_tokens(self, generation: Generation) -> None:
         """Count what the engine processed as soon as it is done: a generation that ends in

@@ -78,6 +78,12 @@ class Metrics:
             "Receipts committed to the ledger",
             registry=self.registry,
         )
+        self.receipts_committed_late = Counter(
+            "callproof_receipts_committed_late",
+            "Receipts whose commit landed after their request had given up (a 503 at the"
+            " database deadline, a client gone): each is logged with its request id",
+            registry=self.registry,
+        )
         self.append_latency = Histogram(
             "callproof_receipt_append_duration_seconds",
             "Time to commit one receipt",

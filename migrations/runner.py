@@ -56,6 +56,14 @@ def upgrade(url: str, revision: str = "head") -> None:
         engine.dispose()
 
 
+def known_revisions() -> tuple[str, ...]:
+    """This release's revisions, oldest first: the last is the schema it writes."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(alembic_config())
+    return tuple(reversed([rev.revision for rev in script.walk_revisions()]))
+
+
 def current(url: str) -> str | None:
     """The revision the database is at (None before the first migration)."""
     from alembic.runtime.migration import MigrationContext

@@ -241,8 +241,8 @@ class LedgerWriter:
                 with conn.begin():
                     write = self._append_batch(conn, batch, kept=kept)
             except (IntegrityError, self._sql.integrity_errors):
-                # Another writer extended a kept head (its receipt holds the next seq), or a
-                # call id the chain already holds (rare: ids are random, so that check is
+                # A kept head's compare-and-set failed (another writer extended the chain, or
+                # it went back), or a call id the chain already holds (rare: ids are random, so that check is
                 # skipped on the first try). Redo under the lock, refusing those drafts alone.
                 with conn.begin():
                     write = self._append_batch(conn, batch, check_calls=True)

@@ -8,6 +8,7 @@ that differ in property order produce different outputs and are different constr
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,9 +16,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime.errors import InvalidSchema
+from runtime.errors import ConstraintUnsatisfiable, InvalidSchema
 
 ConstraintKind = Literal["json", "regex", "ebnf", "tools"]
+# Strict JSON as every backend enforces it (llguidance's options): no whitespace between tokens
+# (a weak model otherwise loops on whitespace) and only the properties a schema lists, as
+# OpenAI's strict mode does.
+STRICT_JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False}
+_UNSATISFIABLE = "Unsatisfiable schema:"  # how llguidance begins a schema it proved empty
 # The request field each kind of constraint comes from: what an error about it names.
 PARAM_OF_KIND: dict[ConstraintKind, str] = {
     "json": "response_format",
@@ -79,20 +85,25 @@ def json_text(value: Any, encode: Callable[[Any], bytes] = msgspec.json.encode) 
     return data
 
 
+@functools.lru_cache(maxsize=256)  # an agent sends the same constraint again and again
 def validate_constraint(constraint: Constraint) -> None:
-    """Reject malformed input with a typed error before any backend sees it.
+    """Reject malformed or unsatisfiable input with a typed error before any engine or backend
+    sees it, so the embedded engine and vLLM answer bad input alike.
 
     Backends disagree on dialects and report bad input and missing features the same way;
     checking syntax once here is what lets the backend chain treat every later compile failure
     as "unsupported, try the next backend" without looping over a typo.
 
-    * json/tools: a JSON object (or boolean) that passes its metaschema (jsonschema).
+    * json/tools: a JSON object (or boolean) that passes its metaschema (jsonschema), and that
+      admits some value as enforced (objects closed; an empty enum or a minLength over its
+      maxLength does not).
     * regex: Python ``re`` syntax; the pattern must match the whole output.
     * ebnf: the Lark dialect of llguidance (``start: ...``); llama.cpp GBNF (``root ::= ...``)
       is accepted too and converted.
     """
     if constraint.is_json:
         _validate_schema(constraint)
+        _check_satisfiable(constraint)
     elif constraint.kind == "regex":
         _validate_regex(constraint.source)
     elif constraint.kind == "ebnf":
@@ -117,6 +128,25 @@ def _validate_schema(constraint: Constraint) -> None:
         raise InvalidSchema(
             f"invalid JSON schema at {pointer}: {exc.message}", param=param
         ) from None
+
+
+def _check_satisfiable(constraint: Constraint) -> None:
+    """llguidance proves some schemas empty without a tokenizer (sub-millisecond): no backend
+    and no retry could help those (lm-format-enforcer crashed on them, and the post-hoc path
+    decoded for seconds to a 422), and vLLM's xgrammar answered with its source path."""
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        constraint.source, overrides=STRICT_JSON_OPTIONS
+    )
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error and messages[0].startswith(_UNSATISFIABLE):
+        why = messages[0].strip().removeprefix(_UNSATISFIABLE).strip()
+        raise ConstraintUnsatisfiable(
+            f"the {constraint.param} schema, as enforced (objects closed: docs/api.md),"
+            f" admits no value: {why}",
+            param=constraint.param,
+        )
 
 
 def _validate_regex(pattern: str) -> None:

@@ -43,7 +43,7 @@ def _with_store(
     import sqlalchemy as sa
 
     from gateway.apikeys import InvalidKeyField, KeyStore, KeyStoreUnavailable
-    from gateway.boot import database_state, prepare_database, say_ledger, shown_url
+    from gateway.boot import prepare_database, say_ledger
     from gateway.logs import configure_logging
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError
@@ -52,11 +52,8 @@ def _with_store(
         settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "log_level"))
         if migrate:
             prepare_database(settings)
-        elif database_state(settings.db_url) != "ready":
-            raise SettingsError(
-                f"no gateway database at {shown_url(settings.db_url)}: `callproof keys create`"
-                " or `callproof serve` sets one up"
-            )
+        else:
+            _check_readable(settings.db_url)
         say_ledger(settings.db_url)
         store = KeyStore.open(settings.db_url)
         configure_logging(settings.log_level)  # serve's JSON lines, for the key changes' trail
@@ -70,6 +67,27 @@ def _with_store(
         code, message = 3, str(exc).strip().splitlines()[0]
     print(f"callproof keys {action}: {message}", file=sys.stderr)
     return code
+
+
+def _check_readable(url: str) -> None:
+    """`list` and `revoke` need the API key tables of this release, and never make them."""
+    from gateway.boot import database_state, newer_database, shown_url
+    from gateway.settings import SettingsError
+
+    state, revision = database_state(url)
+    if state in ("absent", "unmigrated"):
+        raise SettingsError(
+            f"no gateway database at {shown_url(url)}: `callproof keys create`"
+            " or `callproof serve` sets one up"
+        )
+    if state == "behind":
+        raise SettingsError(
+            f"the database at {shown_url(url)} is at revision {revision!r}, older than this"
+            " release's API key tables: `callproof ledger migrate`, `callproof keys create`"
+            " or `callproof serve` brings it up to date"
+        )
+    if state == "newer":
+        raise SettingsError(newer_database(url, revision))
 
 
 def _create(args: argparse.Namespace) -> int:

@@ -92,7 +92,7 @@ def _db_url(settings: Settings) -> str:
     an outage)."""
     import sqlalchemy as sa
 
-    from gateway.boot import database_state, say_ledger, shown_url
+    from gateway.boot import database_state, newer_database, say_ledger, shown_url
     from gateway.settings import SettingsError
     from receipts.errors import LedgerUnavailable
     from receipts.ledger_file import sqlite_file
@@ -100,7 +100,7 @@ def _db_url(settings: Settings) -> str:
 
     url = settings.db_url
     try:
-        state = database_state(url)
+        state, revision = database_state(url)
     except sa.exc.SQLAlchemyError as exc:
         raise LedgerUnavailable(f"the ledger database is unavailable: {short_error(exc)}") from None
     if state == "absent":
@@ -109,6 +109,8 @@ def _db_url(settings: Settings) -> str:
         raise SettingsError(
             f"no ledger tables in {shown_url(url)}: run `callproof ledger migrate` first"
         )
+    if state == "newer":  # "behind" has the ledger's tables: an older one reads as it was
+        raise SettingsError(newer_database(url, revision))
     say_ledger(url)
     return url
 

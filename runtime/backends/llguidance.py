@@ -15,12 +15,9 @@ import llguidance.hf
 import torch
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, GrammarMatcher
-from runtime.constraint import Constraint, to_lark
-from runtime.errors import BackendCannotCompile, ConstraintUnsatisfiable
+from runtime.constraint import STRICT_JSON_OPTIONS, Constraint, to_lark
+from runtime.errors import BackendCannotCompile
 
-# Strict JSON: no whitespace between tokens (a weak model otherwise loops on whitespace) and
-# only the properties a schema lists, as OpenAI's strict mode does.
-_JSON_OPTIONS = {"whitespace_flexible": False, "coerce_one_of": False}
 _RESOURCE_LIMIT = re.compile(r"too many|\blimit\b", re.IGNORECASE)
 
 
@@ -54,9 +51,6 @@ class LLGuidanceMatcher(GrammarMatcher):
         return error[:300] if _RESOURCE_LIMIT.search(error) else None
 
 
-_UNSATISFIABLE = "Unsatisfiable schema:"  # how llguidance begins a schema it proved empty
-
-
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
 
@@ -69,17 +63,7 @@ class LLGuidanceBackend(GrammarBackend):
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self._lltok
         )
-        if is_error and constraint.is_json and messages[0].startswith(_UNSATISFIABLE):
-            # No backend or retry can help: no value fits (falling through, lm-format-enforcer
-            # crashed on such schemas and the post-hoc path decoded for seconds, to a 422).
-            # Said of the schema as enforced: objects the schema leaves open are closed.
-            why = messages[0].strip().removeprefix(_UNSATISFIABLE).strip()
-            raise ConstraintUnsatisfiable(
-                f"the {constraint.param} schema, as enforced (objects closed: docs/api.md),"
-                f" admits no value: {why}",
-                param=constraint.param,
-            )
-        if is_error:
+        if is_error:  # an unsatisfiable schema never gets here: validate_constraint refuses it
             raise BackendCannotCompile(f"llguidance: {messages[0].strip()}")
         if messages:  # warnings name ignored schema keywords: output could break the schema
             raise BackendCannotCompile("llguidance: " + "; ".join(m.strip() for m in messages))
@@ -94,7 +78,7 @@ class LLGuidanceBackend(GrammarBackend):
     def _grammar(constraint: Constraint) -> str:
         if constraint.is_json:
             return llguidance.LLMatcher.grammar_from_json_schema(
-                constraint.source, overrides=_JSON_OPTIONS
+                constraint.source, overrides=STRICT_JSON_OPTIONS
             )
         if constraint.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(constraint.source)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from callproof.devpg import free_port
 from gateway.apikeys import KeyStore
@@ -181,6 +182,30 @@ def test_keys_that_cannot_run_say_why_in_one_line(
     assert done.returncode == code, done.stderr
     assert "Traceback" not in done.stderr and says.format(tmp=tmp_path) in done.stderr, done.stderr
     assert not (tmp_path / "fresh").exists()
+
+
+def test_a_database_at_another_revision_is_named_not_read(tmp_path: Path) -> None:
+    """One at an older revision lacks the API key tables (`keys list` was a one-line
+    UndefinedTable, exit 3); one a newer release migrated may not read as this release
+    thinks (`keys list` and `ledger verify` used to read it all the same)."""
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    upgrade(url, "0001_ledger")
+    behind = callproof("keys", "list", "--db", url, data_dir=tmp_path)
+    assert behind.returncode == 2, behind.stderr
+    assert "is at revision '0001_ledger', older than this release's API key tables" in (
+        behind.stderr
+    )
+    assert callproof("ledger", "verify", "--db", url, data_dir=tmp_path).returncode == 2  # empty
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '0009_future'")
+    engine.dispose()
+    for argv in (["keys", "list"], ["ledger", "verify"], ["keys", "revoke", "key_0"]):
+        newer = callproof(*argv, "--db", url, data_dir=tmp_path)
+        assert newer.returncode == 2, newer.stderr
+        assert "is at revision '0009_future', which this callproof release does not know" in (
+            newer.stderr
+        )
 
 
 def test_keys_and_ledger_need_only_the_database_settings(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ forever, and service again when it answers, with no restart."""
 
 from __future__ import annotations
 
+import logging
 import selectors
 import socket
 import threading
@@ -19,6 +20,7 @@ from conftest import gateway_settings
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
 from migrations.runner import upgrade
+from receipts import ledger_writer
 from receipts.ledger import Ledger
 from receipts.signing import Signer
 
@@ -153,6 +155,45 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
     # The 503's receipt was never sealed (it used to commit once the database came back, a
     # receipt for calls its agent never got), nor any retry's: the chain goes on after `first`.
     assert answer.json()["receipt"]["seq"] == first.json()["receipt"]["seq"] + 1
+
+
+def test_a_receipt_that_lands_after_its_503_is_logged_and_counted(
+    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy],
+    gateway_engine: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A commit already under way at the deadline may still land (docs/api.md): the request
+    got a 503 and never its tool calls, yet the chain holds its receipt. The operator learns
+    which: a log line naming the request id and the receipt, and a counter."""
+    base, secrets, _ = hung_db_gateway
+    client = client_as(base, secrets["agent"])
+    body = {
+        "model": gateway_engine.identity.model,
+        "messages": [{"role": "user", "content": "Ping alpha."}],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+    }
+    seal = ledger_writer.seal
+
+    def seal_slowly(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(2.0)  # past db_timeout_s (1 s), after the writer claimed the draft
+        return seal(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_writer, "seal", seal_slowly)
+    caplog.set_level(logging.WARNING, logger="callproof.gateway")
+    refused = client.post("/v1/chat/completions", json=body)
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "ledger_unavailable"
+    deadline = time.monotonic() + 30
+    while not (late := [r for r in caplog.records if r.msg.startswith("receipt committed after")]):
+        assert time.monotonic() < deadline, "the late commit was not logged"
+        time.sleep(0.1)
+    assert late[0].request_id == refused.headers["x-request-id"]
+    assert late[0].seq == 1 and late[0].receipt_id.startswith("rcpt_")
+    metrics = client.get("/metrics").text
+    assert "callproof_receipts_committed_late_total 1.0" in metrics
 
 
 def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(

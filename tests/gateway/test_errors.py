@@ -360,6 +360,43 @@ def test_invalid_regex(gateway: Any) -> None:
     assert err["param"] == "regex"
 
 
+def _answer_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "code", "param", "says"),
+    [
+        ({"grammar": "start: foo"}, "invalid_grammar", "grammar", "unknown name"),
+        ({"grammar": "root ::= [a-"}, "invalid_grammar", "grammar", "invalid grammar"),
+        (
+            {"response_format": _answer_schema({"type": "string", "minLength": 5, "maxLength": 2})},
+            "constraint_unsatisfiable",
+            "response_format",
+            "minLength (5) is greater than maxLength (2)",
+        ),
+        (
+            {"response_format": _answer_schema({"enum": []})},
+            "constraint_unsatisfiable",
+            "response_format",
+            "admits no value",
+        ),
+    ],
+    ids=["unknown-rule", "broken-gbnf", "min-over-max", "empty-enum"],
+)
+def test_bad_grammars_and_empty_schemas_are_refused_alike_on_every_engine(
+    gateway: Any, fields: dict[str, Any], code: str, param: str, says: str
+) -> None:
+    """vLLM's own answers to these were 400 upstream_rejected with its compiler's words (a
+    source path and line of xgrammar's among them); each engine now refuses them alike,
+    before any generation, and nothing is recorded."""
+    before = gateway.ledger.last_seq(gateway.tenant)
+    err = error_of(post_chat(gateway, **fields), 400)
+    assert (err["code"], err["param"]) == (code, param), err
+    assert says in err["message"]
+    assert gateway.ledger.last_seq(gateway.tenant) == before
+
+
 def test_unknown_model_is_404(gateway: Any) -> None:
     err = error_of(post_chat(gateway, model="gpt-unknown"), 404)
     assert (err["code"], err["param"]) == ("model_not_found", "model")
