@@ -192,8 +192,8 @@ def model_digests(model_path: Path | str, cache_dir: Path | str | None = None) -
     if not weights:  # a mistyped or unmounted directory must not bind the digest of nothing
         raise FileNotFoundError(f"no model weights ({', '.join(WEIGHTS_PATTERNS)}) in {path}")
     tokenizer = [path / n for n in TOKENIZER_FILES if (path / n).is_file()]
-    if not weights or not tokenizer:
-        raise EngineUnavailable(f"{path} holds no weights or no tokenizer files")
+    if not tokenizer:
+        raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES)}) in {path}")
     digests = ModelDigests(weights=_combined(weights, cache), tokenizer=_combined(tokenizer, cache))
     cache.save()
     return digests
