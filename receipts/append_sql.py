@@ -56,12 +56,16 @@ class AppendSQL:
             .with_for_update(),
             dialect,
         )
-        # head_seq moves only from the seq the writer sealed onto (b_from): a head row that
-        # is anywhere else gets NULL, which its NOT NULL refuses, so the batch fails as an
-        # IntegrityError and is redone under the lock. A kept head on a chain another writer
-        # extended, or that went back (a restore under a pooler, SQLite restored in place),
-        # is never sealed past a gap.
-        moved = sa.case((chains.c.head_seq == sa.bindparam("b_from"), sa.bindparam("head_seq")))
+        # head_seq moves only from the head the writer sealed onto (b_from, b_from_hash): a
+        # head row that is anywhere else gets NULL, which its NOT NULL refuses, so the batch
+        # fails as an IntegrityError and is redone under the lock. A kept head on a chain
+        # another writer extended, or that went back (a restore under a pooler, SQLite
+        # restored in place) and maybe grew again, is never sealed past a gap or a fork.
+        sealed_onto = sa.and_(
+            chains.c.head_seq == sa.bindparam("b_from"),
+            chains.c.head_hash == sa.bindparam("b_from_hash"),
+        )
+        moved = sa.case((sealed_onto, sa.bindparam("head_seq")))
         self._save, self._advance = (
             Statement.compile(
                 sa.update(chains)
@@ -108,7 +112,8 @@ class AppendSQL:
         transaction then ends with nothing left to commit.
 
         A head row without the checkpoint columns updates only the columns an append moves;
-        its ``b_from`` is the seq it was sealed onto, which the stored head must still be.
+        its ``b_from`` and ``b_from_hash`` are the head it was sealed onto, which the stored
+        head must still be.
         Heads go first, in the order given: an UPDATE takes the row lock, so a writer that
         did not lock its heads beforehand still takes every lock before any insert, in the
         same order as everyone else (no deadlock against a writer holding those locks)."""

@@ -24,15 +24,16 @@ class ChainHead:
     checkpoint_size: int
     checkpoint_at: int  # epoch milliseconds of the chain's last checkpoint
     new_nodes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    sealed_onto: int = dataclasses.field(init=False)
-    """The seq this head was read or kept at: the stored head must still be there when the
-    row is written (append_sql's compare-and-set), or another writer or a restore moved it."""
+    sealed_onto: tuple[int, str] = dataclasses.field(init=False)
+    """The seq and entry hash this head was read or kept at: the stored head must still be
+    that when the row is written (append_sql's compare-and-set), or another writer or a
+    restore moved it."""
     stale_checkpoint: bool = False
     """The checkpoint columns come from the writer's own last commit, not a locked read:
     another process may have signed a checkpoint since, so they are not written back."""
 
     def __post_init__(self) -> None:
-        self.sealed_onto = self.tree.size
+        self.sealed_onto = (self.tree.size, self.hash)
 
     @property
     def seq(self) -> int:
@@ -61,7 +62,8 @@ class ChainHead:
             "head_hash": self.hash,
             "frontier": ",".join(h.hex() for h in self.tree.hashes),
             "key_id": self.key_id,
-            "b_from": self.sealed_onto,
+            "b_from": self.sealed_onto[0],
+            "b_from_hash": self.sealed_onto[1],
         }
         if not self.stale_checkpoint:
             row["checkpoint_size"] = self.checkpoint_size

@@ -147,9 +147,10 @@ class LedgerWriter:
         self._conn: sa.Connection | None = None
         self._conn_used_at = 0.0
         self._heads: dict[str, ChainHead] = {}  # as this writer last committed them
-        # chain -> the highest head seen committed on it (never dropped: a head found below
-        # it means the database went back in time under this ledger)
-        self._high_water: dict[str, int] = {}
+        # chain -> the highest head (seq, entry hash) seen committed on it, never dropped: a
+        # head found below it, or at its seq with another hash, means the database went
+        # back in time under this ledger
+        self._high_water: dict[str, tuple[int, str]] = {}
         self._high_water_lock = threading.Lock()  # the writer and checkpoint_now's callers
         self._shared: set[str] = set()  # chains another writer extends too: always locked
         self._known_schemas: set[str] = set()
@@ -288,12 +289,21 @@ class LedgerWriter:
             due = head.checkpoint_at / 1000 + self.checkpoint_interval_s
             self._uncheckpointed[head.chain] = due
         self._heads[head.chain] = head.kept()
-        self._raise_high_water(head.chain, head.seq)
+        self._raise_high_water(head.chain, head.seq, head.hash)
 
-    def _raise_high_water(self, chain: str, seq: int) -> None:
+    def _raise_high_water(self, chain: str, seq: int, entry_hash: str) -> None:
         with self._high_water_lock:
-            if seq > self._high_water.get(chain, 0):
-                self._high_water[chain] = seq
+            if seq > self._high_water.get(chain, (0, ""))[0]:
+                self._high_water[chain] = (seq, entry_hash)
+
+    def _check_high_water(self, chain: str, seq: int, entry_hash: str) -> None:
+        """Raise ChainBehind when the head read under the lock is behind what this ledger
+        saw committed (a lower seq, or the same seq holding another receipt); else raise
+        the mark to it."""
+        seen = self._high_water.get(chain)
+        if seen is not None and (seq < seen[0] or (seq == seen[0] and entry_hash != seen[1])):
+            raise _moved_back(chain, seq, seen[0])
+        self._raise_high_water(chain, seq, entry_hash)
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the
@@ -359,6 +369,7 @@ class LedgerWriter:
             try:
                 head = self._heads[chain].kept() if kept else self._locked_head(conn, chain)
             except ChainBehind as exc:  # this chain's drafts alone: the others go on
+                self._heads.pop(chain, None)  # stale: the next batch must lock and refuse it
                 write.outcomes.extend((p, exc) for p in by_chain[chain] if p.claim())
                 continue
             # the drafts someone still waits for; a caller that gave up while this writer
@@ -452,9 +463,7 @@ class LedgerWriter:
             raise LedgerUnavailable(f"chain {chain!r} has no head row after creating it")
         if row["head_seq"] < row["checkpoint_size"]:
             raise _behind(chain, row["head_seq"], row["checkpoint_size"])
-        if row["head_seq"] < self._high_water.get(chain, 0):
-            raise _moved_back(chain, row["head_seq"], self._high_water[chain])
-        self._raise_high_water(chain, row["head_seq"])
+        self._check_high_water(chain, row["head_seq"], row["head_hash"])
         frontier = [bytes.fromhex(h) for h in row["frontier"].split(",") if h]
         return ChainHead(
             chain,
@@ -537,6 +546,7 @@ class LedgerWriter:
             except ChainBehind as exc:  # not on the next tick either: an operator must look
                 log.error("checkpoint of chain %r refused: %s", chain, exc)
                 self._uncheckpointed.pop(chain, None)
+                self._heads.pop(chain, None)
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, short_error(exc))
                 self._drop_connection()
@@ -658,13 +668,19 @@ def _behind(chain: str, head: int, signed: int) -> ChainBehind:
 
 
 def _moved_back(chain: str, head: int, seen: int) -> ChainBehind:
-    """A chain whose head went back below one this ledger saw committed: the database was
-    restored or failed over to a copy that lacks receipts their callers already hold, and
-    maybe checkpoints this key signed. Sealing seq head+1 again would sign a second history."""
+    """A chain whose head went back below one this ledger saw committed (or holds another
+    receipt at its seq: it went back and grew again): the database was restored or failed
+    over to a copy that lacks receipts their callers already hold, and maybe checkpoints
+    this key signed. Sealing past it would sign a second history."""
+    if head < seen:
+        what = f"went back from seq {seen} to seq {head}"
+        lost = f"receipts {head + 1}..{seen} are gone"
+    else:
+        what = f"holds another receipt at seq {seen} than the one this ledger saw there"
+        lost = "receipts up to it were replaced"
     return ChainBehind(
-        f"chain {chain!r} went back from seq {seen} to seq {head} under this ledger (a"
-        " database restored from a backup, or a standby that lagged promoted): receipts"
-        f" {head + 1}..{seen} are gone, and their callers hold them; refusing to extend or"
+        f"chain {chain!r} {what} (a database restored from a backup, or a standby that"
+        f" lagged promoted): {lost}, and their callers hold them; refusing to extend or"
         " sign the chain, which would give those seqs a second history under the same key."
         " Restore them if a later backup or the WAL has them; to go on without them, restart"
         " the gateway (docs/deploy.md, backups)"

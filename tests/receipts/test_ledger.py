@@ -1027,3 +1027,21 @@ def test_a_database_restored_under_a_running_ledger_is_neither_extended_nor_sign
     with ledger(url, signer) as led:  # restarted: the operator chose to go on without them
         assert [r.seq for r in fill(led, 3)] == [4, 5, 6]  # from the head it has, no gap
         assert led.verify("acme").ok
+
+
+def test_a_chain_restored_then_regrown_by_another_writer_is_refused_too(db_url: str) -> None:
+    """After the restore another writer (a replica that had not seen the lost receipts)
+    appends until the head is back at the seq this ledger saw, with other receipts: the
+    kept head's compare-and-set must not pass on the seq alone, nor the high-water mark."""
+    url = migrated(db_url)
+    signer = Signer.generate()
+    with ledger(url, signer) as led:
+        fill(led, 3)
+        backup = _backup(url, "backup_" + uuid.uuid4().hex[:8])
+        fill(led, 2)
+        _restore(url, backup)
+        with ledger(url, Signer.generate()) as replica:
+            assert [r.seq for r in fill(replica, 2)] == [4, 5]
+        with pytest.raises(ChainBehind, match="holds another receipt at seq 5 than the one"):
+            led.append(draft())
+        assert led.verify("acme").ok  # nothing was sealed onto the other history
