@@ -17,7 +17,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.apikeys import KeyStoreUnavailable
 from gateway.schemas import ErrorBody
-from receipts.errors import ChainDamaged, LedgerUnavailable
+from receipts.errors import ChainBehind, ChainDamaged, LedgerUnavailable
 from runtime.errors import (
     EngineError,
     EngineFault,
@@ -130,6 +130,10 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         else:  # the engine's words about a request may quote it: not logged
             log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
         return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
+    if isinstance(exc, ChainBehind):  # no passing outage: an operator must act
+        log.error("chain behind", extra={"event": "chain_behind", "detail": str(exc)})
+        message = f"the receipt ledger refuses this tenant's chain: {exc}"
+        return 503, error_body(503, message, code="ledger_unavailable", param=None)
     if isinstance(exc, LedgerUnavailable | KeyStoreUnavailable):
         # Fail closed: nothing leaves without its committed receipt.
         log.warning(

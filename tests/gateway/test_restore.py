@@ -1,0 +1,64 @@
+"""A ledger database restored from a backup under a running gateway: the receipts it lost are
+held by the agents that got them, so the gateway refuses the chain (a 503 naming the lost
+seqs) instead of signing a second history for those seqs."""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import gateway_settings
+
+from gateway.apikeys import KeyStore
+from gateway.app import create_app
+from migrations.runner import upgrade
+from receipts.ledger import Ledger
+from receipts.signing import Signer
+
+pytestmark = pytest.mark.model
+
+
+def _copy(source: Path, target: Path) -> None:
+    """SQLite's backup API: a consistent copy of a live database, into the same file."""
+    with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
+        src.backup(dst)
+
+
+def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
+    gateway_engine: Any, server_loop: Any, tmp_path: Path
+) -> None:
+    db = tmp_path / "ledger.db"
+    url = f"sqlite:///{db}"
+    upgrade(url)
+    settings = gateway_settings(tmp_path, url)
+    ledger = Ledger(url, Signer.generate())
+    keys = KeyStore.open(url)
+    _, secret = keys.create("agent", "acme")
+    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
+    body = {
+        "model": gateway_engine.identity.model,
+        "messages": [{"role": "user", "content": "Say hi."}],
+        "max_tokens": 2,
+    }
+    try:
+        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}) as client:
+            assert client.post("/v1/chat/completions", json=body).status_code == 200
+            _copy(db, tmp_path / "backup.db")  # the nightly backup, at seq 1
+            for _ in range(2):
+                assert client.post("/v1/chat/completions", json=body).status_code == 200
+            _copy(tmp_path / "backup.db", db)  # restored in place under the running gateway
+            refused = client.post("/v1/chat/completions", json=body)
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "ledger_unavailable"
+        assert "went back from seq 3 to seq 1" in error["message"], error
+        assert "receipts 2..3 are gone" in error["message"]
+        assert ledger.last_seq("acme") == 1  # nothing sealed onto the restored chain
+    finally:
+        stop()
+        ledger.close()
+        keys.close()
