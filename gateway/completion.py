@@ -31,7 +31,6 @@ from gateway.settings import Settings
 from receipts.errors import CanonicalizationError, LedgerUnavailable
 from receipts.ledger import Ledger
 from receipts.record import Receipt
-from runtime.constraint import validate_constraint
 from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
 from runtime.errors import RuntimeInputError, StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
@@ -110,7 +109,6 @@ def prepare(
     )
     if plan.constraint is not None:
         check_constraint(plan.constraint, limits)
-        validate_constraint(plan.constraint)  # for vLLM too, which compiles on its server
     # Before the record: a max_tokens over the limit is named as such, not as a number the
     # receipt cannot hold exactly.
     sampling = sampling or _sampling(request, settings)

@@ -30,9 +30,9 @@ async def check_engine_at_start(engine: Engine) -> None:
             await engine.ready()
     except Exception as exc:  # noqa: BLE001 - a start-up diagnosis, never a reason to stop
         log.warning(
-            "the engine did not say whether it is ready within %.0f s of start: %s",
-            PROBE_TIMEOUT_S,
+            "the engine could not say whether it is ready at start (%s: %s)",
             type(exc).__name__,
+            exc,
             extra={"event": "engine_not_ready"},
         )
 

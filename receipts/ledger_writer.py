@@ -243,8 +243,9 @@ class LedgerWriter:
                     write = self._append_batch(conn, batch, kept=kept)
             except (IntegrityError, self._sql.integrity_errors):
                 # A kept head's compare-and-set failed (another writer extended the chain, or
-                # it went back), or a call id the chain already holds (rare: ids are random, so that check is
-                # skipped on the first try). Redo under the lock, refusing those drafts alone.
+                # it went back), or a call id the chain already holds (rare: ids are random,
+                # so that check is skipped on the first try). Redo under the lock, refusing
+                # those drafts alone.
                 with conn.begin():
                     write = self._append_batch(conn, batch, check_calls=True)
         except LedgerUnavailable as exc:  # the SQLite file is gone: say so, no traceback

@@ -8,7 +8,6 @@ that differ in property order produce different outputs and are different constr
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,10 +84,10 @@ def json_text(value: Any, encode: Callable[[Any], bytes] = msgspec.json.encode) 
     return data
 
 
-@functools.lru_cache(maxsize=256)  # an agent sends the same constraint again and again
 def validate_constraint(constraint: Constraint) -> None:
     """Reject malformed or unsatisfiable input with a typed error before any engine or backend
-    sees it, so the embedded engine and vLLM answer bad input alike.
+    sees it, so the embedded engine (its grammar cache) and vLLM (runtime.constraint_checks)
+    answer bad input alike.
 
     Backends disagree on dialects and report bad input and missing features the same way;
     checking syntax once here is what lets the backend chain treat every later compile failure
@@ -136,6 +135,8 @@ def _check_satisfiable(constraint: Constraint) -> None:
     decoded for seconds to a 422), and vLLM's xgrammar answered with its source path."""
     import llguidance
 
+    if not constraint.source.startswith("{"):  # true or false: nothing to prove
+        return
     grammar = llguidance.LLMatcher.grammar_from_json_schema(
         constraint.source, overrides=STRICT_JSON_OPTIONS
     )

@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -43,6 +45,7 @@ import aiohttp
 import msgspec
 
 from runtime.constraint import Constraint
+from runtime.constraint_checks import ConstraintChecks
 from runtime.engines.base import (
     NO_BACKEND,
     ChatMessage,
@@ -66,6 +69,7 @@ _CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
 # model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
 TAG_MAX_WHITESPACE = 1
 KEEPALIVE_S = 4.0
+LIMITS_RETRY_S = 5.0  # how often a request asks /v1/models for the window until it answers
 # How much of vLLM's own error message reaches the agent (as for a raw body).
 MAX_MESSAGE_CHARS = 2000
 # No context window comes near this; a usage figure past it (or negative, or not an integer)
@@ -134,9 +138,10 @@ class VllmEngine:
         self._client: aiohttp.ClientSession | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
+        self._checks = ConstraintChecks()
         # the served model's context window, from /v1/models (None: not known or not listed)
         self._max_model_len: int | None = None
-        self._limits_known = False
+        self._limits_due = 0.0  # when to ask /v1/models for the window next (inf: known)
         self._reported: str | None = None  # the last problem ready() logged
 
     async def generate(
@@ -147,7 +152,7 @@ class VllmEngine:
         *,
         enforcement: Enforcement | None = None,
     ) -> Generation:
-        await self._learn_limits()
+        await self._prepare(constraint)
         body = self.request_body(messages, constraint, sampling, enforcement, stream=False)
         async with self._call(body, timeout=self._whole_answer_timeout) as response:
             data = _json(await response.read())
@@ -171,7 +176,7 @@ class VllmEngine:
         enforcement: Enforcement | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """TextDelta per SSE chunk as vLLM sends it, then one final Generation."""
-        await self._learn_limits()
+        await self._prepare(constraint)
         body = self.request_body(messages, constraint, sampling, enforcement, stream=True)
         parts: list[str] = []
         finish: str | None = None
@@ -247,17 +252,29 @@ class VllmEngine:
             )
         limit = cards[model].get("max_model_len")
         self._max_model_len = limit if type(limit) is int and limit > 0 else None
-        self._limits_known = True
+        self._limits_due = math.inf
         return None
+
+    async def _prepare(self, constraint: Constraint | None) -> None:
+        """Before a request: refuse a bad constraint as the embedded engine does (vLLM's own
+        answers named its compiler's insides, or let an empty schema through to decode), and
+        know the context window."""
+        if constraint is not None:
+            await self._checks.check(constraint)
+        await self._learn_limits()
 
     async def _learn_limits(self) -> None:
         """The model's context window, once (each readiness check refreshes it): vLLM refuses
-        a max_tokens over max_model_len outright, where the embedded engine lowers it."""
-        if not self._limits_known:
+        a max_tokens over max_model_len outright, where the embedded engine lowers it. Until
+        /v1/models answers, asked at most every LIMITS_RETRY_S, not on every request."""
+        now = time.monotonic()
+        if now >= self._limits_due:
+            self._limits_due = now + LIMITS_RETRY_S
             await self._diagnose()  # a server that does not answer fails the request itself
 
     async def aclose(self) -> None:
         self._closed = True
+        self._checks.close()
         client, self._client = self._client, None
         if client is not None and self._client_loop is asyncio.get_running_loop():
             await client.close()  # a pool of another (finished) loop cannot be closed here

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -304,7 +305,7 @@ def test_a_long_non_streaming_answer_is_bounded_by_the_request_timeout_alone() -
         stalled = models_or(sse({"choices": [{"delta": {"content": "o"}}]}))
         async with upstream(stalled, pause_s=1.5) as (url, _):
             engine = VllmEngine(url, "m", timeout=0.5, request_timeout=30)
-            engine._limits_known = True  # the models request would time out first
+            engine._limits_due = math.inf  # the models request would time out first
             try:
                 with pytest.raises(EngineUnavailable, match="timed out"):
                     await generate_or_stream(engine, streaming=True)
