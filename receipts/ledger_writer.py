@@ -13,7 +13,7 @@ Write path (why it looks like this):
   chain.
 - Once the writer has committed to a chain it keeps that head and seals the next batch onto
   it without the locking read: the head's UPDATE, sent first, takes the lock, and it is a
-  compare-and-set on the seq the batch was sealed onto. If another writer extended the chain
+  compare-and-set on the head (seq, entry hash) the batch was sealed onto. If another writer extended the chain
   meanwhile (or it went back), the UPDATE fails on NOT NULL and the batch is redone under the
   lock. A chain where that happened is shared with another writer and is locked up front
   from then on. This saves a round trip per batch for the usual case of one writer per chain.
