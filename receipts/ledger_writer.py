@@ -13,10 +13,11 @@ Write path (why it looks like this):
   chain.
 - Once the writer has committed to a chain it keeps that head and seals the next batch onto
   it without the locking read: the head's UPDATE, sent first, takes the lock, and it is a
-  compare-and-set on the head (seq, entry hash) the batch was sealed onto. If another writer extended the chain
-  meanwhile (or it went back), the UPDATE fails on NOT NULL and the batch is redone under the
-  lock. A chain where that happened is shared with another writer and is locked up front
-  from then on. This saves a round trip per batch for the usual case of one writer per chain.
+  compare-and-set on the head (seq, entry hash) the batch was sealed onto. If another writer
+  extended the chain meanwhile (or it went back), the UPDATE fails on NOT NULL and the batch
+  is redone under the lock. A chain where that happened is shared with another writer and is
+  locked up front from then on. This saves a round trip per batch for the usual case of one
+  writer per chain.
 - A chain's head only grows. The writer remembers the highest head it saw on each chain; a
   head found below it (a database restored from a backup, a lagging standby promoted) lost
   receipts whose callers hold them, and the chain is neither extended nor signed again by
