@@ -46,6 +46,15 @@ def serve_once(
     )
 
 
+def stand_in_upstream(port: int) -> subprocess.Popen[bytes]:
+    """bench.overhead's stand-in for a vLLM server (answers at once), on ``port``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port", str(port),
+         "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
 def test_keys_create_list_revoke(tmp_path: Path) -> None:
     created = callproof(
         "keys", "create", "--role", "auditor", "--tenant", "acme", "--name", "q3 audit",
@@ -603,11 +612,7 @@ def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) 
     key = agent.stdout.strip().splitlines()[-1]
     upstream_port, port = free_port(), free_port()
     log = tmp_path / "serve.log"
-    upstream = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port", str(upstream_port),
-         "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    upstream = stand_in_upstream(upstream_port)
     try:
         with log.open("wb") as out:
             server = subprocess.Popen(
@@ -654,11 +659,7 @@ def test_serve_names_a_wrong_vllm_model_or_url_at_start(tmp_path: Path, mistake:
         ("wrong-model", upstream_url) if mistake == "model" else (MODEL, upstream_url + "/v1")
     )
     log = tmp_path / "serve.log"
-    upstream = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port", str(upstream_port),
-         "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    upstream = stand_in_upstream(upstream_port)
     try:
         from bench.gateway_process import wait_ready
 

@@ -104,6 +104,18 @@ def hung_db_gateway(
         proxy.close()
 
 
+def ping(engine: Any) -> dict[str, Any]:
+    """A greedy request for one call of TOOL: a receipt at stake."""
+    return {
+        "model": engine.identity.model,
+        "messages": [{"role": "user", "content": "Ping alpha."}],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+    }
+
+
 def client_as(base: str, secret: str) -> httpx.Client:
     return httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}, timeout=60)
 
@@ -113,14 +125,7 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
 ) -> None:
     base, secrets, proxy = hung_db_gateway
     client = client_as(base, secrets["agent"])
-    body = {
-        "model": gateway_engine.identity.model,
-        "messages": [{"role": "user", "content": "Ping alpha."}],
-        "tools": [TOOL],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "temperature": 0,
-    }
+    body = ping(gateway_engine)
     first = client.post("/v1/chat/completions", json=body)
     assert first.status_code == 200, first.text
 
@@ -168,14 +173,7 @@ def test_a_receipt_that_lands_after_its_503_is_logged_and_counted(
     which: a log line naming the request id and the receipt, and a counter."""
     base, secrets, _ = hung_db_gateway
     client = client_as(base, secrets["agent"])
-    body = {
-        "model": gateway_engine.identity.model,
-        "messages": [{"role": "user", "content": "Ping alpha."}],
-        "tools": [TOOL],
-        "tool_choice": "required",
-        "parallel_tool_calls": False,
-        "temperature": 0,
-    }
+    body = ping(gateway_engine)
     seal = ledger_writer.seal
 
     def seal_slowly(*args: Any, **kwargs: Any) -> Any:
