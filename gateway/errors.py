@@ -25,6 +25,7 @@ from runtime.errors import (
     RuntimeInputError,
     StructuredOutputInvalid,
 )
+from runtime.model_store import ModelNotFetched
 
 log = logging.getLogger("callproof.gateway")
 
@@ -170,11 +171,17 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
 
 
 RETRY_AFTER_S = "1"  # a 503 is a passing outage; the OpenAI SDK honours Retry-After
+# 503s no retry can heal (a chain an operator must look at, a model never fetched): the
+# OpenAI SDK obeys `x-should-retry: false` instead of sending the request twice more.
+_LASTING = (ChainBehind, ModelNotFetched)
 
 
 def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
     status, body = error_for(exc)
-    headers = {"Retry-After": RETRY_AFTER_S} if status == 503 else None
+    headers = None
+    if status == 503:
+        lasting = isinstance(exc, _LASTING)
+        headers = {"x-should-retry": "false"} if lasting else {"Retry-After": RETRY_AFTER_S}
     return Response(body, status_code=status, media_type=MediaType.JSON, headers=headers)
 
 

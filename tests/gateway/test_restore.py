@@ -1,6 +1,7 @@
 """A ledger database restored from a backup under a running gateway: the receipts it lost are
 held by the agents that got them, so the gateway refuses the chain (a 503 naming the lost
-seqs) instead of signing a second history for those seqs."""
+seqs, which tells the OpenAI SDK not to retry) instead of signing a second history for those
+seqs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import gateway_settings
+from openai import InternalServerError, OpenAI
 
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
@@ -26,6 +28,15 @@ def _copy(source: Path, target: Path) -> None:
     """SQLite's backup API: a consistent copy of a live database, into the same file."""
     with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
         src.backup(dst)
+
+
+def _refusals(client: httpx.Client) -> float:
+    """How many chat completions the gateway answered 503, from its /metrics."""
+    for line in client.get("/metrics").text.splitlines():
+        labels = ('status="503"', 'route="/v1/chat/completions"')
+        if line.startswith("callproof_http_requests_total{") and all(x in line for x in labels):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
@@ -52,6 +63,14 @@ def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
                 assert client.post("/v1/chat/completions", json=body).status_code == 200
             _copy(tmp_path / "backup.db", db)  # restored in place under the running gateway
             refused = client.post("/v1/chat/completions", json=body)
+            # the SDK would send it twice more after a Retry-After; it obeys this header
+            assert refused.headers.get("x-should-retry") == "false", refused.headers
+            assert "retry-after" not in refused.headers
+            before = _refusals(client)
+            sdk = OpenAI(base_url=f"{base}/v1", api_key=secret)  # max_retries 2, its default
+            with pytest.raises(InternalServerError):
+                sdk.chat.completions.create(**body)
+            assert _refusals(client) == before + 1  # one request, no retries
         assert refused.status_code == 503, refused.text
         error = refused.json()["error"]
         assert error["code"] == "ledger_unavailable"
