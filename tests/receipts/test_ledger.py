@@ -1004,6 +1004,14 @@ def _cut_sessions(url: str) -> None:
         time.sleep(0.02)
 
 
+def _five_backed_up_at_three(led: Ledger, url: str) -> str:
+    """Five receipts on acme, with a backup taken after the third: the URL of that backup."""
+    fill(led, 3)
+    backup = _backup(url, "backup_" + uuid.uuid4().hex[:8])
+    fill(led, 2)
+    return backup
+
+
 def test_a_database_restored_under_a_running_ledger_is_neither_extended_nor_signed(
     db_url: str,
 ) -> None:
@@ -1014,9 +1022,7 @@ def test_a_database_restored_under_a_running_ledger_is_neither_extended_nor_sign
     url = migrated(db_url)
     signer = Signer.generate()
     with ledger(url, signer) as led:
-        fill(led, 3)
-        backup = _backup(url, "backup_" + uuid.uuid4().hex[:8])
-        fill(led, 2)
+        backup = _five_backed_up_at_three(led, url)
         assert led.checkpoint_now("acme")["tree_size"] == 5
         _restore(url, backup)
         with pytest.raises(ChainBehind, match="went back from seq 5 to seq 3"):
@@ -1034,11 +1040,8 @@ def test_a_chain_restored_then_regrown_by_another_writer_is_refused_too(db_url: 
     appends until the head is back at the seq this ledger saw, with other receipts: the
     kept head's compare-and-set must not pass on the seq alone, nor the high-water mark."""
     url = migrated(db_url)
-    signer = Signer.generate()
-    with ledger(url, signer) as led:
-        fill(led, 3)
-        backup = _backup(url, "backup_" + uuid.uuid4().hex[:8])
-        fill(led, 2)
+    with ledger(url) as led:
+        backup = _five_backed_up_at_three(led, url)
         _restore(url, backup)
         with ledger(url, Signer.generate()) as replica:
             assert [r.seq for r in fill(replica, 2)] == [4, 5]
