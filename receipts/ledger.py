@@ -11,7 +11,6 @@ everything done with them. It holds no logic of its own; each concern has its mo
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
@@ -121,10 +120,6 @@ class Ledger:
         ReceiptFormatError for a draft the chain refuses (a call id it already recorded).
         """
         return self.submit(draft).result()
-
-    async def append_async(self, draft: ReceiptDraft) -> Receipt:
-        """``append`` for asyncio callers: the event loop never waits on the commit."""
-        return await asyncio.wrap_future(self.submit(draft))
 
     def submit(self, draft: ReceiptDraft) -> Future[Receipt]:
         """Queue ``draft`` for the next group commit; the future resolves after the commit.

@@ -640,14 +640,13 @@ def test_payloads_are_dropped_unless_retained(fresh_sqlite_url: str) -> None:
 PAYLOAD = {"messages": [{"role": "user", "content": "hi"}], "params": {"n": 1}}
 
 
-def test_append_async_and_bad_input(fresh_sqlite_url: str) -> None:
+def test_concurrent_submits_and_bad_input(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
 
-        async def many() -> list[int]:
-            return [
-                r.seq for r in await asyncio.gather(*(led.append_async(draft()) for _ in range(20)))
-            ]
+        async def many() -> list[int]:  # as the gateway awaits its commits
+            futures = [asyncio.wrap_future(led.submit(draft())) for _ in range(20)]
+            return [r.seq for r in await asyncio.gather(*futures)]
 
         assert sorted(asyncio.run(many())) == list(range(1, 21))
         with pytest.raises(ReceiptFormatError, match="ReceiptDraft"):
