@@ -127,6 +127,14 @@ def _validate_schema(constraint: Constraint) -> None:
         raise InvalidSchema(
             f"invalid JSON schema at {pointer}: {exc.message}", param=param
         ) from None
+    from runtime.limits import regex_problem, schema_patterns
+
+    for pattern in schema_patterns(schema):
+        problem = regex_problem(pattern)
+        if problem is not None:
+            raise InvalidSchema(
+                f"invalid JSON schema: the pattern {pattern!r} {problem}", param=param
+            )
 
 
 def _check_satisfiable(constraint: Constraint) -> None:
@@ -151,14 +159,12 @@ def _check_satisfiable(constraint: Constraint) -> None:
 
 
 def _validate_regex(pattern: str) -> None:
-    import re
-
     from runtime.errors import InvalidRegex
+    from runtime.limits import regex_problem
 
-    try:
-        re.compile(pattern)
-    except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
-        raise InvalidRegex(f"invalid regex: {exc}", param="regex") from None
+    problem = regex_problem(pattern)
+    if problem is not None:
+        raise InvalidRegex(f"invalid regex: {problem}", param="regex")
 
 
 def _validate_grammar(grammar: str) -> None:

@@ -412,6 +412,8 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
             param=param,
         )
+    if _ambiguous_class(pattern) is not None:
+        return  # validation refuses it (and Python's parser would warn on stderr)
     try:
         re_parser.parse(pattern)
     except OverflowError:
@@ -449,17 +451,12 @@ def repeated_copies(pattern: str) -> int:
     )
 
 
-def uses_lookaround(constraint: Constraint) -> bool:
-    """Whether a regex constraint, or a pattern in a JSON schema, holds a lookahead or a
-    lookbehind: automaton backends cannot enforce them, and two of ours dropped them
-    silently (``(?=a)a`` let any text through)."""
+def constraint_patterns(constraint: Constraint) -> list[str]:
+    """The regexes an automaton is built from: a regex constraint, or a JSON schema's
+    patterns (none for a grammar, whose terminals its own parser reads)."""
     if constraint.kind == "regex":
-        patterns = [constraint.source]
-    elif constraint.is_json:
-        patterns = schema_patterns(constraint.schema())
-    else:
-        return False
-    return any(op in _LOOKAROUNDS for pattern in patterns for op, _, _ in _regex_nodes(pattern))
+        return [constraint.source]
+    return schema_patterns(constraint.schema()) if constraint.is_json else []
 
 
 _LOOKAROUNDS = (re_constants.ASSERT, re_constants.ASSERT_NOT)
@@ -478,6 +475,56 @@ def unenforceable_regex_feature(pattern: str) -> str | None:
             return "a backreference"
         if op is re_constants.AT and argument in _WORD_BOUNDARIES:
             return "a word boundary (\\b or \\B)"
+    return None
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a constraint's regex, or None: Python's ``re`` (what reads
+    and limits every regex here) does not compile it, or it writes a character class that
+    the decoders' engines read one way and the output checks another."""
+    ambiguous = _ambiguous_class(pattern)  # first: Python warns on some of these
+    if ambiguous is not None:
+        return ambiguous
+    try:
+        re.compile(pattern)
+    except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
+        return f"does not compile: {exc}"
+    return None
+
+
+_CLASS_OPERATORS = ("&&", "--", "~~", "||")
+
+
+def _ambiguous_class(pattern: str) -> str | None:
+    """A ``[`` or a doubled ``&``, ``-``, ``~`` or ``|`` inside a character class: Rust's
+    ``regex`` (llguidance) reads a nested class or a set operation there, Python's ``re`` and
+    ECMA patterns the characters themselves (``[a-z&&[^aeiou]]``: consonants to one, any of
+    ``a-z&[^aeiou`` then ``]`` to the other)."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if not in_class:
+            if ch == "[":
+                in_class = True
+                i += 1 + pattern.startswith("^", i + 1)
+                i += pattern.startswith("]", i)  # a "]" first is the character
+                continue
+        elif ch == "]":
+            in_class = False
+        elif ch == "[":
+            return (
+                f"a '[' inside a character class at {i} (a nested class to some regex"
+                " engines, the character to others): write \\[ for the character"
+            )
+        elif pattern.startswith(_CLASS_OPERATORS, i):
+            return (
+                f"{pattern[i : i + 2]!r} inside a character class at {i} (a set operation to some"
+                f" regex engines, two characters to others): escape them, as \\{ch}\\{ch}"
+            )
+        i += 1
     return None
 
 

@@ -28,7 +28,7 @@ from runtime.errors import (
     UnsupportedParameter,
 )
 from runtime.exact_json import load_json
-from runtime.limits import DEFAULT_LIMITS, Limits, unenforceable_regex_feature
+from runtime.limits import DEFAULT_LIMITS, Limits, regex_problem, unenforceable_regex_feature
 from runtime.output_parsing import (
     CallIds,
     ParsedResponse,
@@ -355,10 +355,9 @@ def _regex_mismatch(pattern: str, text: str) -> str | None:
 def _regex(pattern: Any) -> Constraint:
     if not isinstance(pattern, str) or not pattern:
         raise InvalidRegex("'regex' must be a non-empty string", param="regex")
-    try:
-        re.compile(pattern)
-    except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
-        raise InvalidRegex(f"'regex' does not compile: {exc}", param="regex") from None
+    problem = regex_problem(pattern)
+    if problem is not None:
+        raise InvalidRegex(f"'regex' {problem}", param="regex")
     feature = unenforceable_regex_feature(pattern)
     if feature is not None:
         raise BackendCannotCompile(

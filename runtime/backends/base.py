@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from runtime.backends.schema_keywords import refuse_keywords
+from runtime.backends.schema_keywords import overlapping_one_of, refuse_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
-from runtime.limits import uses_lookaround
+from runtime.limits import constraint_patterns, unenforceable_regex_feature
 
 
 class GrammarMatcher(ABC):
@@ -81,6 +81,8 @@ class GrammarBackend(ABC):
     kinds: ClassVar[frozenset[str]] = frozenset({"json", "tools", "regex", "ebnf"})
     # JSON-schema keywords the library would ignore; schemas using them are refused
     unenforced: ClassVar[frozenset[str]] = frozenset()
+    # whether oneOf means "exactly one branch" (else overlapping oneOf schemas are refused)
+    exact_one_of: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
@@ -92,8 +94,17 @@ class GrammarBackend(ABC):
             raise BackendCannotCompile(f"{self.name}: no {constraint.kind} support")
         if constraint.is_json and self.unenforced:
             refuse_keywords(self.name, constraint.schema(), self.unenforced)
-        if uses_lookaround(constraint):
-            raise BackendCannotCompile(f"{self.name}: lookaheads and lookbehinds are not enforced")
+        if constraint.is_json and not self.exact_one_of:
+            pointer = overlapping_one_of(constraint.schema())
+            if pointer is not None:
+                raise BackendCannotCompile(
+                    f"{self.name}: enforces oneOf as anyOf, and the branches of {pointer} may"
+                    " overlap"
+                )
+        for pattern in constraint_patterns(constraint):
+            feature = unenforceable_regex_feature(pattern)
+            if feature is not None:  # two backends dropped lookarounds silently, one crashed
+                raise BackendCannotCompile(f"{self.name}: {pattern!r} uses {feature}")
         return self._compile(constraint)
 
     @abstractmethod

@@ -53,6 +53,7 @@ class LLGuidanceMatcher(GrammarMatcher):
 
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
+    exact_one_of = True  # it refuses a oneOf it cannot prove disjoint itself
 
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)

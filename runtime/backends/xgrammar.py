@@ -4,7 +4,9 @@ Lark grammars compile with ``compile_lark``, GBNF with ``compile_grammar`` (its 
 Its JSON-schema converter silently ignores keywords it does not implement (``not``,
 ``uniqueItems``, ...), which would let through output that breaks the schema; such schemas
 are refused (``unenforced``, checked by GrammarBackend.compile) so the chain moves on rather
-than enforce less than was asked.
+than enforce less than was asked. What it drops only in some combinations, or reads in
+another regex dialect, it says in a log line on stderr and compiles anyway; `_dropped` finds
+those cases first.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from runtime.backends.base import (
     GrammarBackend,
     MaskReadingMatcher,
 )
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, schema_nodes
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
+from runtime.limits import constraint_patterns
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 
@@ -69,6 +72,9 @@ class XGrammarBackend(GrammarBackend):
         self._compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        dropped = _dropped(constraint)
+        if dropped is not None:
+            raise BackendCannotCompile(f"xgrammar: {dropped}")
         try:
             compiled = self._xgr_compile(constraint)
         except (RuntimeError, ValueError) as exc:
@@ -89,6 +95,43 @@ class XGrammarBackend(GrammarBackend):
         if is_gbnf(constraint.source):  # xgrammar's own EBNF dialect is GBNF
             return self._compiler.compile_grammar(constraint.source)
         return self._compiler.compile_lark(constraint.source)
+
+
+# Escapes Python's `re` reads as anchors, octal or named characters and xgrammar's regex
+# converter as the letter or digit itself ("Escape sequence '\Z' is not recognized. The
+# character itself will be matched"); any other escape pair is skipped whole.
+_ESCAPE = re.compile(r"\\(?:([AZzN]|0[0-7]|[1-9])|.)", re.DOTALL)
+
+
+def _dropped(constraint: Constraint) -> str | None:
+    """What xgrammar would compile into a weaker constraint than Python's reading of it (its
+    warnings, probed with this version), or None."""
+    for pattern in constraint_patterns(constraint):
+        for match in _ESCAPE.finditer(pattern):
+            if match.group(1):
+                return f"reads the escape \\{match.group(1)} in {pattern!r} literally"
+    if not constraint.is_json:
+        return None
+    for pointer, node in schema_nodes(constraint.schema()):
+        if "multipleOf" in node and not _integer_multiple(node):
+            return f"ignores multipleOf at {pointer or '/'} (enforced on whole steps of integers)"
+        if {"pattern", "format"} & node.keys() and {"minLength", "maxLength"} & node.keys():
+            return f"ignores minLength/maxLength beside a pattern or format at {pointer or '/'}"
+    return None
+
+
+def _integer_multiple(node: dict[str, Any]) -> bool:
+    types = node.get("type")
+    step = node["multipleOf"]
+    return (
+        (
+            types == "integer"
+            or (isinstance(types, list) and "integer" in types and "number" not in types)
+        )
+        and isinstance(step, int | float)
+        and not isinstance(step, bool)
+        and float(step).is_integer()
+    )
 
 
 def _message(exc: Exception) -> str:

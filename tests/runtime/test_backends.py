@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -9,7 +10,7 @@ from grammar_testkit import matches, smol_tokenizer
 
 from runtime.backends import BackendChain, available_backends, backend_order, make_backend
 from runtime.backends.base import allocate_bitmask, bitmask_to_bool
-from runtime.backends.schema_keywords import schema_keywords
+from runtime.backends.schema_keywords import overlapping_one_of, schema_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile, EngineConfigError
 
@@ -307,3 +308,96 @@ def test_property_names_and_values_are_not_keywords():
         "enum": [{"maximum": 1, "minimum": 0}],
     }
     assert set(schema_keywords(schema)) == {"type", "properties", "dependentRequired", "enum"}
+
+
+PETS = {
+    "$defs": {
+        "Cat": {
+            "type": "object",
+            "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+            "required": ["kind"],
+        },
+        "Dog": {
+            "type": "object",
+            "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+            "required": ["kind"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "schema, pointer",
+    [
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "/oneOf"),  # 3 is both
+        ({"oneOf": [{"type": "integer"}, {"type": ["string", "null"]}]}, None),
+        ({"oneOf": [{"enum": [1, 2]}, {"enum": [True, 3]}]}, None),  # true is not 1 in JSON
+        ({"oneOf": [{"enum": [1, 2]}, {"const": 2.0}]}, "/oneOf"),
+        ({"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], **PETS}, None),
+        (
+            {"properties": {"p": {"oneOf": [{"type": "object"}, {"$ref": "#/$defs/Cat"}]}}, **PETS},
+            "/properties/p/oneOf",
+        ),
+        (  # no type: a string matches both, whatever they require of objects
+            {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]},
+            "/oneOf",
+        ),
+    ],
+)
+def test_one_of_branches_proven_disjoint(schema, pointer):
+    assert overlapping_one_of(schema) == pointer
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "lm-format-enforcer", "outlines"])
+def test_backends_reading_one_of_as_any_of_refuse_branches_that_may_overlap(name):
+    """xgrammar compiled an overlapping oneOf as anyOf (saying so only on stderr) and the
+    model wrote 3 for integer|number: a 422 on every request."""
+    schema = {
+        "type": "object",
+        "properties": {"v": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
+    }
+    with pytest.raises(BackendCannotCompile, match="branches of /properties/v/oneOf may overlap"):
+        make_backend(name, smol_tokenizer()).compile(Constraint.json_schema(schema))
+
+
+def test_xgrammar_takes_a_one_of_whose_branches_are_disjoint():
+    schema = {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], **PETS}
+    compiled = make_backend("xgrammar", smol_tokenizer()).compile(Constraint.json_schema(schema))
+    assert matches(compiled.matcher(), '{"kind":"cat","lives":9}')
+    assert not matches(compiled.matcher(), '{"kind":"cow"}')
+
+
+@pytest.mark.parametrize(
+    "constraint, reason",
+    [
+        (Constraint.regex("[0-9]{3}\\Z"), "reads the escape \\Z"),
+        (Constraint.regex("\\A[0-9]+"), "reads the escape \\A"),
+        (Constraint.regex("[\\101-\\132]{2}"), "reads the escape \\1"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^a\\Z"}),
+            "reads the escape \\Z",
+        ),
+        (Constraint.json_schema({"type": "number", "multipleOf": 5}), "ignores multipleOf at /"),
+        (Constraint.json_schema({"type": "integer", "multipleOf": 2.5}), "ignores multipleOf"),
+        (
+            Constraint.json_schema({"type": "string", "format": "date", "maxLength": 12}),
+            "ignores minLength/maxLength",
+        ),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^a+$", "minLength": 2}),
+            "ignores minLength/maxLength",
+        ),
+    ],
+)
+def test_xgrammar_refuses_what_it_would_weaken(constraint, reason):
+    """What xgrammar drops in some combinations, or reads in another regex dialect, it
+    reports only on stderr; the probes here are those warnings, each a 422 loop before."""
+    with pytest.raises(BackendCannotCompile, match=f"^xgrammar: {re.escape(reason)}"):
+        make_backend("xgrammar", smol_tokenizer()).compile(constraint)
+
+
+def test_xgrammar_enforces_multiple_of_on_whole_integer_steps():
+    compiled = make_backend("xgrammar", smol_tokenizer()).compile(
+        Constraint.json_schema({"type": "integer", "multipleOf": 5})
+    )
+    assert matches(compiled.matcher(), "10") and not matches(compiled.matcher(), "7")

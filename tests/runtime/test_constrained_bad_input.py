@@ -50,6 +50,14 @@ def _deep(levels: int) -> dict:
         (Constraint.json_schema({"required": "a"}), InvalidSchema, "/required"),
         (Constraint.regex("a(b"), InvalidRegex, "missing ), unterminated subpattern"),
         (Constraint.regex("[z-a]"), InvalidRegex, "bad character range"),
+        # a set operation to llguidance's Rust regex, two characters to Python and ECMA
+        (Constraint.regex("[a-z&&[^aeiou]]{3}"), InvalidRegex, "'&&' inside a character class"),
+        (Constraint.regex("[[:alpha:]]+"), InvalidRegex, "'[' inside a character class"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^[a-z--x]$"}),
+            InvalidSchema,
+            "'--' inside a character class",
+        ),
         (Constraint.ebnf("start: foo"), InvalidGrammar, "unknown name"),
         (Constraint.ebnf('start: "a" ('), InvalidGrammar, "invalid grammar"),
         (Constraint.ebnf("  "), InvalidGrammar, "empty"),
@@ -188,22 +196,29 @@ def test_a_repetition_bound_past_python_s_maximum_is_too_complex() -> None:
 
 
 @pytest.mark.parametrize(
-    "constraint",
+    ("constraint", "feature"),
     [
-        Constraint.regex("(?=a)a"),
-        Constraint.regex("x(a|(?!b)c)*"),
-        Constraint.json_schema({"type": "string", "pattern": "^(?=a)[a-z]+$"}),
+        (Constraint.regex("(?=a)a"), "a lookahead or lookbehind"),
+        (Constraint.regex("x(a|(?!b)c)*"), "a lookahead or lookbehind"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^(?=a)[a-z]+$"}),
+            "a lookahead or lookbehind",
+        ),
+        (Constraint.json_schema({"type": "string", "pattern": "\\bfoo\\b"}), "a word boundary"),
+        (Constraint.json_schema({"type": "string", "pattern": "^(a)\\1$"}), "a backreference"),
     ],
-    ids=["regex", "nested", "schema-pattern"],
+    ids=["regex", "nested", "schema-lookahead", "schema-word-boundary", "schema-backreference"],
 )
-def test_no_backend_takes_a_lookaround(chain, constraint):
+def test_no_backend_takes_what_an_automaton_cannot_enforce(chain, constraint, feature):
     """lm-format-enforcer dropped a regex's lookahead silently, and xgrammar a schema
-    pattern's, so the output ignored it; every backend now refuses them (a JSON schema then
-    takes the post-hoc path, whose validator does enforce them)."""
+    pattern's, so the output ignored it; lm-format-enforcer took a schema pattern's \\b and
+    crashed mid-decode. Every backend now refuses them (a JSON schema then takes the post-hoc
+    path, whose validator does enforce them)."""
     with pytest.raises(BackendCannotCompile) as info:
         chain.compile(constraint)
     for name in chain.names:
-        assert f"{name}: lookaheads and lookbehinds are not enforced" in info.value.message
+        assert f"{name}: " in info.value.message
+    assert info.value.message.count(f"uses {feature}") == len(chain.names)
     assert info.value.status == 400
 
 

@@ -296,6 +296,19 @@ def test_regex_output_is_checked_again_after_decoding() -> None:
         assert info.value.param == "regex" and info.value.raw_output == output
 
 
+def test_formats_are_checked_after_decoding() -> None:
+    """Decoders enforce a format's shape, not its meaning: llguidance wrote 2023-02-29 and
+    xgrammar 2023-02-31 for a "date"; such output is a 422, not a 200 whose call fails."""
+    schema = {"type": "object", "properties": {"day": {"type": "string", "format": "date"}}}
+    p = plan(
+        response_format={"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}
+    )
+    assert p.parse('{"day": "2024-02-29"}').content == '{"day": "2024-02-29"}'
+    for day in ("2023-02-29", "2023-02-31"):
+        with pytest.raises(StructuredOutputInvalid, match='is not a "date"'):
+            p.parse(f'{{"day": "{day}"}}')
+
+
 def test_a_backtracking_regex_check_has_a_deadline() -> None:
     """(a|aa){40}b on 44 a's takes Python's engine about 45 s; the check runs on the event
     loop, so it gives up in REGEX_CHECK_TIMEOUT_S and fails closed."""

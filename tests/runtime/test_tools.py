@@ -564,7 +564,7 @@ def test_a_schemas_own_metaschema_url_is_never_fetched() -> None:
 def test_a_pattern_python_cannot_read_is_refused() -> None:
     """The limits read patterns with Python's parser; one it cannot parse would count as no
     repetition and no lookaround."""
-    with pytest.raises(InvalidSchema, match="not a valid regex"):
+    with pytest.raises(InvalidSchema, match="does not compile"):
         check_schema({"type": "string", "pattern": "(?:a{999}){30}\\p{L}"}, "p")
 
 
