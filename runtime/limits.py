@@ -7,7 +7,6 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 
 from __future__ import annotations
 
-import functools
 import re
 import re._constants as re_constants
 import re._parser as re_parser
@@ -17,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex
 from runtime.redos import REPEATS, ambiguous_repeat
@@ -38,11 +38,15 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-@functools.lru_cache(maxsize=4096)
+def _source_size(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) -> int:
+    return len(constraint.source)
+
+
+@size_bounded(_source_size, max_entries=4096, max_bytes=16 << 20)
 def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) -> None:
     """Raise ConstraintTooComplex when the constraint is over a limit. Every request checks
     its constraint and agents resend the same tools, so a constraint that passed is
-    remembered (one that fails raises, which the cache does not keep)."""
+    remembered (one that fails raises, which the memo does not keep)."""
     param = constraint.param
     if constraint.is_json:
         _check_schema(constraint.source.encode(), limits, param)
@@ -102,7 +106,7 @@ def check_schema_bounds(text: bytes, limits: Limits, param: str, what: str | Non
 _TOO_DEEP = 10**9
 
 
-@functools.lru_cache(maxsize=1024)  # texts within max_schema_bytes only
+@size_bounded(len, max_entries=1024, max_bytes=16 << 20)  # texts within max_schema_bytes only
 def _depth_of_text(text: bytes) -> int:
     try:
         return schema_depth(msgspec.json.decode(text))

@@ -24,6 +24,7 @@ import jsonschema
 import jsonschema_rs
 import msgspec
 
+from runtime.bounded_cache import size_bounded
 from runtime.constraint import json_text
 from runtime.errors import ConstraintTooComplex, InvalidSchema, StructuredOutputInvalid
 from runtime.exact_json import InexactNumber, load_exact
@@ -144,8 +145,7 @@ def _canonical(schema: dict[str, Any]) -> bytes:
     return json_text(schema, _sorted_json)
 
 
-# Keyed by schemas up to max_schema_bytes (64 KB by default): 1,024 of them stay under 200 MB.
-@functools.lru_cache(maxsize=1024)
+@size_bounded(len, max_entries=4096, max_bytes=16 << 20)
 def _check_metaschema(canonical: bytes) -> None:
     """jsonschema-rs decides (1 ms for a 60 KB schema where python-jsonschema took 0.76 s,
     on the event loop); python-jsonschema runs only on a schema it refuses, for the message
@@ -167,7 +167,8 @@ def _metaschema() -> jsonschema_rs.Validator:
     )
 
 
-@functools.lru_cache(maxsize=1024)
+# A validator holds about six times its schema's text (400 KB for a 63 KB tool union).
+@size_bounded(len, max_entries=1024, max_bytes=8 << 20)
 def _validator(canonical: bytes) -> jsonschema_rs.Validator:
     """Formats are asserted, not only annotated (2020-12's default): the decoders enforce a
     format's shape, not its meaning (llguidance writes 2023-02-29, xgrammar 2023-02-31), and
