@@ -49,7 +49,12 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
     remembered (one that fails raises, which the memo does not keep)."""
     param = constraint.param
     if constraint.is_json:
-        _check_schema(constraint.source.encode(), limits, param)
+        what = (
+            "the tools' union schema (every tool's parameters together, as enforced)"
+            if constraint.kind == "tools"
+            else None
+        )
+        _check_schema(constraint.source.encode(), limits, param, what)
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
     else:
@@ -116,7 +121,7 @@ def _depth_of_text(text: bytes) -> int:
         return 0  # a %json block that is not JSON: validation says why
 
 
-def _check_schema(text: bytes, limits: Limits, param: str, what: str = "schema") -> None:
+def _check_schema(text: bytes, limits: Limits, param: str, what: str | None = None) -> None:
     check_schema_bounds(text, limits, param, what)
     try:
         schema = msgspec.json.decode(text)
