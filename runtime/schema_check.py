@@ -53,7 +53,7 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
     check_schema_bounds(canonical, limits, param)
     try:
-        _check_metaschema(canonical)
+        check_metaschema(canonical)
     except RecursionError:  # jsonschema recurses per level: ~100 levels of properties do it
         raise ConstraintTooComplex(
             f"'{param}' nests too deep to check; keep it within max_schema_depth", param=param
@@ -146,7 +146,7 @@ def _canonical(schema: dict[str, Any]) -> bytes:
 
 
 @size_bounded(len, max_entries=4096, max_bytes=16 << 20)
-def _check_metaschema(canonical: bytes) -> None:
+def check_metaschema(canonical: bytes) -> None:
     """jsonschema-rs decides (1 ms for a 60 KB schema where python-jsonschema took 0.76 s,
     on the event loop); python-jsonschema runs only on a schema it refuses, for the message
     naming where. Always Draft 2020-12's metaschema, from jsonschema-rs's own copy: the
@@ -199,4 +199,4 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix
     )
 
 
-__all__ = ["check_schema", "refs_in", "validate"]
+__all__ = ["check_metaschema", "check_schema", "refs_in", "validate"]
