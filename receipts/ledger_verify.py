@@ -77,14 +77,13 @@ def verify_stored(
         queries.checkpoints(conn, tenant, start, end),
         keyring,
     )
-    schema_cache: dict[str, dict[str, Any] | None] = {}
     report = verify_receipts(
         rows,
         keyring,
         expected_prev_hash=prev,
         start_seq=start,
         checkpoint=checkpoint,
-        schemas=lambda h: schema_cache.setdefault(h, queries.schema(conn, h)),
+        schemas=lambda h: queries.schema(conn, h),  # SchemaBinding remembers (bounded)
         left=left,
         right=right,
         saved=saved,
