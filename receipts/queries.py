@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from receipts.errors import ChainDamaged, ReceiptFormatError
+from receipts.errors import ChainDamaged, ReceiptFormatError, Stopped
 from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
 from receipts.record import Receipt, format_timestamp
 from receipts.signing import PublicKeyEntry
@@ -37,6 +37,7 @@ agent can make each receipt large, and ``limit`` alone bounds rows, not bytes.""
 ANSWERS = 100
 """At most this many answering receipts per /audit/calls answer (within PAGE_BYTES too)."""
 STREAM_CHUNK = 2000
+ShouldStop = Callable[[], bool]  # asked between receipts by whole-chain work: give up now?
 
 
 @dataclass(frozen=True)
@@ -407,9 +408,12 @@ def stream_rows(
     tenant: str,
     from_seq: int = 1,
     to_seq: int | None = None,
+    should_stop: ShouldStop | None = None,
 ) -> Iterator[sa.Row]:
     """Receipt rows of one chain in seq order, fetched in keyset-paginated chunks so a
-    million-row chain streams in constant memory on both databases."""
+    million-row chain streams in constant memory on both databases. ``should_stop`` is
+    asked before each row: when it says so, Stopped is raised (whole-chain work whose
+    caller has gone must give its thread back within a receipt, not at the chain's end)."""
     r = ReceiptRow.__table__.c
     after = from_seq - 1
     while True:
@@ -417,7 +421,10 @@ def stream_rows(
         if to_seq is not None:
             stmt = stmt.where(r.seq <= to_seq)
         rows = conn.execute(stmt.order_by(r.seq).limit(STREAM_CHUNK)).all()
-        yield from rows
+        for row in rows:
+            if should_stop is not None and should_stop():
+                raise Stopped(f"stopped at seq {row.seq} of chain {tenant!r}, as asked")
+            yield row
         if len(rows) < STREAM_CHUNK:
             return
         after = rows[-1].seq

@@ -45,6 +45,7 @@ from receipts.errors import (
     OutOfRange,
     ReceiptFormatError,
     ReceiptsError,
+    Stopped,
 )
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -547,6 +548,26 @@ def test_verify_while_receipts_are_appended_reads_one_snapshot(fresh_postgres_ur
             appender.join()
         assert [r.reason for r in reports if not r.ok] == []
         assert reports[-1].checked > reports[0].checked  # the chain did grow meanwhile
+
+
+def test_whole_chain_work_stops_between_receipts_when_asked(db_url: str, tmp_path: Path) -> None:
+    """A verification or export whose caller has gone (the gateway's client disconnected)
+    gives its thread back at the next receipt instead of at the chain's end."""
+    url = migrated(db_url)
+    with ledger(url) as led:
+        fill(led, 5)
+        asked: list[int] = []
+
+        def after_three() -> bool:
+            asked.append(1)
+            return len(asked) > 3
+
+        with pytest.raises(Stopped, match="stopped at seq 4"):
+            led.verify("acme", should_stop=after_three)
+        asked.clear()
+        with pytest.raises(Stopped, match="stopped at seq 4"):
+            led.export("acme", tmp_path / "bundle.tar.gz", should_stop=after_three)
+        assert led.verify("acme", should_stop=lambda: False).checked == 5
 
 
 def test_a_writer_stalled_inside_its_transaction_does_not_hold_the_other_replicas(
