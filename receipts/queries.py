@@ -112,17 +112,24 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     if not taken:
         return ReceiptPage([], None)
     last = sizes[taken - 1].seq
-    rows = conn.execute(
-        sa.select(r.seq, r.body).where(*where, r.seq <= last).order_by(r.seq).limit(taken)
-    )
+    within = _filters(q, since, until, through=last)
+    rows = conn.execute(sa.select(r.seq, r.body).where(*within).order_by(r.seq).limit(taken))
     items = ((row.seq, receipt_from_body(row.body)) for row in rows)
     matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
     return ReceiptPage(matching, last if taken < len(sizes) else None)
 
 
-def _filters(q: ReceiptQuery, since: str | None, until: str | None) -> list[sa.ColumnElement[bool]]:
-    """The WHERE clauses of ``q`` on the receipts table (the indexed copies; each body read
-    is checked against the filters again by _body_matches)."""
+def _filters(
+    q: ReceiptQuery, since: str | None, until: str | None, through: int | None = None
+) -> list[sa.ColumnElement[bool]]:
+    """The WHERE clauses of ``q`` on the receipts table, up to seq ``through`` (the indexed
+    copies; each body read is checked against the filters again by _body_matches).
+
+    The call and link filters take their seqs from the index tables (an uncorrelated IN,
+    read through those tables' own indexes), and the seq bounds then go there alone: a
+    correlated EXISTS was probed once per receipt, and with a seq range on the receipts
+    themselves SQLite walks that range instead, so either way a call id that matches nothing
+    cost a walk of the whole chain."""
     r = ReceiptRow.__table__.c
     where = [r.chain == q.tenant]
     if since is not None:
@@ -133,19 +140,32 @@ def _filters(q: ReceiptQuery, since: str | None, until: str | None) -> list[sa.C
         where.append(r.model == q.model)
     if q.schema_hash is not None:
         where.append(r.schema_hash == q.schema_hash)
-    if q.after_seq is not None:
-        where.append(r.seq > q.after_seq)
     calls, lk = CallRow.__table__.c, LinkRow.__table__.c
-    for column, value in ((calls.tool_name, q.tool_name), (calls.call_id, q.call_id)):
-        if value is not None:
-            where.append(
-                sa.exists().where(calls.chain == r.chain, calls.seq == r.seq, column == value)
-            )
-    if q.answering is not None:
-        where.append(
-            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == q.answering)
+    named = [
+        (table, column == value)
+        for table, column, value in (
+            (calls, calls.tool_name, q.tool_name),
+            (calls, calls.call_id, q.call_id),
+            (lk, lk.tool_call_id, q.answering),
         )
+        if value is not None
+    ]
+    for table, match in named:
+        seqs = [table.chain == q.tenant, match, *_seq_bounds(table.seq, q.after_seq, through)]
+        where.append(r.seq.in_(sa.select(table.seq).where(*seqs)))
+    if not named:
+        where += _seq_bounds(r.seq, q.after_seq, through)
     return where
+
+
+def _seq_bounds(
+    seq: sa.ColumnElement[int], after: int | None, through: int | None
+) -> list[sa.ColumnElement[bool]]:
+    """``after < seq <= through``, each bound when given."""
+    return [
+        *([seq > after] if after is not None else []),
+        *([seq <= through] if through is not None else []),
+    ]
 
 
 def _octets(conn: sa.Connection, text: sa.ColumnElement[str]) -> sa.ColumnElement[int]:
