@@ -8,12 +8,15 @@ blocking database calls and run in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import os
 import tempfile
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import IO, Annotated, Any, TypeVar
 
@@ -21,6 +24,7 @@ from litestar import Controller, Request, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
+from litestar.types import Receive
 
 from gateway.apikeys import NAME_PATTERN, ApiKey
 from gateway.auth import BEARER, require_role
@@ -67,31 +71,72 @@ class LedgerRead:
     the shared default executor, six of them left no thread for any tenant's key lookup, and
     the whole gateway answered 503."""
 
-    def __init__(self, timeout_s: float, chain_workers: int = 2):
+    def __init__(self, timeout_s: float, chain_workers: int = 2, per_tenant: int = 1):
         self.timeout_s = timeout_s
+        self.per_tenant = per_tenant
         self._chain_work = ThreadPoolExecutor(chain_workers, thread_name_prefix="audit-chain")
+        self._lock = threading.Lock()
+        self._tenant_work: Counter[str] = Counter()  # whole-chain jobs queued or running
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
-        return await within_db_timeout(
-            self._run(None, fn, *args), self.timeout_s, LedgerUnavailable, "the ledger database"
-        )
+        call = _in_context(fn, *args)
+        with _refusals_are_400():
+            run = asyncio.get_running_loop().run_in_executor(None, call)
+            return await within_db_timeout(
+                run, self.timeout_s, LedgerUnavailable, "the ledger database"
+            )
 
-    async def unbounded(self, fn: Callable[..., T], *args: Any) -> T:
-        """Whole-chain work; more than chain_workers at once wait their turn."""
-        return await self._run(self._chain_work, fn, *args)
+    async def unbounded(self, tenant: str, receive: Receive, fn: Callable[..., T], *args: Any) -> T:
+        """Whole-chain work: ``fn(*args, should_stop=...)``, at most chain_workers at once
+        (more wait their turn) and ``per_tenant`` of one tenant's running or waiting (one
+        more is a 429: a tenant cannot queue whole-chain work in front of the others). When
+        the client disconnects (a 499) or the request is cancelled, ``should_stop`` turns
+        true and the thread gives up at its next receipt."""
+        with self._lock:
+            if self._tenant_work[tenant] >= self.per_tenant:
+                raise APIError(
+                    429,
+                    f"this tenant already has {self.per_tenant} verification or export running"
+                    " or waiting; retry when it has finished",
+                    code="rate_limit_exceeded",
+                )
+            self._tenant_work[tenant] += 1
+        stop = threading.Event()
+        try:
+            future = self._chain_work.submit(_in_context(fn, *args, should_stop=stop.is_set))
+        except BaseException:
+            self._release(tenant)
+            raise
+        future.add_done_callback(lambda _: self._release(tenant))  # ran, failed or dropped
+        try:
+            with _refusals_are_400():
+                return await unless_client_leaves(receive, asyncio.wrap_future(future))
+        finally:
+            stop.set()  # a no-op once done; else the thread stops at its next receipt
+
+    def _release(self, tenant: str) -> None:
+        with self._lock:
+            self._tenant_work[tenant] -= 1
+            if not self._tenant_work[tenant]:
+                del self._tenant_work[tenant]
 
     def close(self) -> None:
         self._chain_work.shutdown(wait=False, cancel_futures=True)
 
-    @staticmethod
-    async def _run(executor: Executor | None, fn: Callable[..., T], *args: Any) -> T:
-        """`fn` in a thread (as asyncio.to_thread, which keeps the request's log context);
-        one the ledger refuses (a bad seq range) is a 400."""
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
-        try:
-            return await asyncio.get_running_loop().run_in_executor(executor, call)
-        except (ReceiptFormatError, OutOfRange) as exc:
-            raise APIError(400, str(exc), code="invalid_value") from None
+
+def _in_context(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Callable[[], T]:
+    """``fn`` to run in a thread with the request's context (as asyncio.to_thread does, so
+    its log lines name the request)."""
+    return functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _refusals_are_400() -> Iterator[None]:
+    """What the ledger refuses (a bad seq range) is the request's fault: a 400."""
+    try:
+        yield
+    except (ReceiptFormatError, OutOfRange) as exc:
+        raise APIError(400, str(exc), code="invalid_value") from None
 
 
 def _window(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
@@ -315,13 +360,14 @@ class AuditController(Controller):
         "/verify",
         status_code=200,
         summary="Verify a seq range of this chain",
-        responses=documented(*BODY_ERRORS),
+        responses=documented(*BODY_ERRORS, 429),
         operation_class=OptionalBodyOperation,
         dto=StrictBody[VerifyRequest],
         return_dto=None,
     )
     async def verify(
         self,
+        request: Request[Any, Any, Any],
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
@@ -345,13 +391,14 @@ class AuditController(Controller):
                 400, "from_seq must not be after to_seq", code="invalid_value", param="from_seq"
             )
         saved = [data.checkpoint] if data.checkpoint is not None else []
-        report = await read.unbounded(
+        return await read.unbounded(
+            principal.tenant,
+            request.receive,
             functools.partial(ledger.verify, saved=saved),
             principal.tenant,
             data.from_seq,
             data.to_seq,
         )
-        return report
 
     @post(
         "/replay/{receipt_id:str}",
@@ -390,11 +437,12 @@ class AuditController(Controller):
         "/export",
         summary="Export this chain as a bundle that `callproof verify` checks offline",
         media_type="application/gzip",
-        responses=documented(),
+        responses=documented(429),
         operation_class=GzipOperation,
     )
     async def export(
         self,
+        request: Request[Any, Any, Any],
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
@@ -405,7 +453,9 @@ class AuditController(Controller):
         fd, path = tempfile.mkstemp(prefix="callproof-export-", suffix=".tar.gz")
         os.close(fd)
         try:
-            await read.unbounded(ledger.export, principal.tenant, path, start, end)
+            await read.unbounded(
+                principal.tenant, request.receive, ledger.export, principal.tenant, path, start, end
+            )
             bundle = await asyncio.to_thread(open, path, "rb")
         finally:
             # No name is left behind, even when the client is gone before the body starts and

@@ -40,6 +40,7 @@ _TYPES = {
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
+    429: "rate_limit_error",  # (audit) the tenant's whole-chain work is already under way
     499: "invalid_request_error",  # the client left: its request, not the server, ended it
     503: "service_unavailable_error",
 }

@@ -22,8 +22,10 @@ import jsonschema_rs
 
 from receipts.canonical import hash_json
 from receipts.errors import CanonicalizationError
+from receipts.lru import Lru
 
 SchemaSource = Mapping[str, Mapping[str, Any]] | Callable[[str], Mapping[str, Any] | None]
+SCHEMA_MEMO = 256  # distinct bound schemas whose verdict and validators a binding remembers
 
 
 def tool_pointers(schema: Mapping[str, Any]) -> dict[str, str]:
@@ -70,14 +72,16 @@ class _Bound:
 
 
 class SchemaBinding:
-    """Checks receipts against content-addressed schemas, caching each schema's verdict and
-    compiled per-tool validators (a chain reuses a handful of schemas many times)."""
+    """Checks receipts against content-addressed schemas, remembering the verdict and compiled
+    per-tool validators of the SCHEMA_MEMO schemas used most recently (a chain reuses a
+    handful of schemas many times; one of distinct large tool sets must not hold them all).
+    A schema forgotten is looked up and compiled again when a receipt binds it."""
 
     def __init__(self, schemas: SchemaSource) -> None:
         self._lookup: Callable[[str], Mapping[str, Any] | None] = (
             schemas.get if isinstance(schemas, Mapping) else schemas
         )
-        self._schemas: dict[str, _Bound] = {}
+        self._schemas: Lru[str, _Bound] = Lru(SCHEMA_MEMO)
 
     def problem(
         self, manifest: Mapping[str, Any], output: Mapping[str, Any], validation: Mapping[str, Any]
@@ -87,7 +91,7 @@ class SchemaBinding:
         calls = output["tool_calls"]
         if bound is None:
             return "tool calls recorded without a bound schema" if calls else None
-        schema = self._schemas.get(bound) or self._schemas.setdefault(bound, self._load(bound))
+        schema = self._schemas.get(bound, self._load)
         if schema.problem or not validation["valid"]:
             return schema.problem  # a receipt that records an invalid output claims no conformance
         for call in calls:

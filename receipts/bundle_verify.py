@@ -248,13 +248,17 @@ def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> st
     return None
 
 
-def _schemas(contents: BundleContents) -> dict[str, Any]:
-    """Every schemas/<hash>.json by its hash; one that is not JSON fails the bundle, named."""
-    return {
-        name[len("schemas/") : -len(".json")]: contents.json(name)
-        for name in contents.small
-        if name.startswith("schemas/")
-    }
+def _schemas(contents: BundleContents) -> dict[str, bytes]:
+    """Every schemas/<hash>.json by its hash, as the bundle's bytes: each is parsed here, so
+    one that is not JSON fails the bundle, named, but only the bytes are kept (parsed, a
+    bundle of distinct large tool sets held them all); the checks parse one when a receipt
+    binds it (SchemaBinding remembers the most recent, bounded)."""
+    schemas = {}
+    for name, data in contents.small.items():
+        if name.startswith("schemas/"):
+            contents.json(name)
+            schemas[name[len("schemas/") : -len(".json")]] = data
+    return schemas
 
 
 class _Proofs(NamedTuple):
@@ -311,8 +315,14 @@ class LineChecker:
     """The self-contained checks of receipts.jsonl lines (run in workers or in-process):
     each receipt on its own, then the links between consecutive receipts of a block."""
 
-    def __init__(self, public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
-        self.checker = ReceiptChecker(KeyRing.from_public_keys(public_keys), schemas)
+    def __init__(self, public_keys: list[dict[str, Any]], schemas: Mapping[str, bytes]) -> None:
+        self._schemas = schemas
+        self.checker = ReceiptChecker(KeyRing.from_public_keys(public_keys), self._schema)
+
+    def _schema(self, schema_hash: str) -> Any:
+        """The bundle's schema of that hash, parsed (_schemas checked that it parses)."""
+        data = self._schemas.get(schema_hash)
+        return None if data is None else json.loads(data)
 
     def check(self, block: bytes) -> CheckedBlock:
         """Check the lines of `block` in order, stopping at the first that fails."""
@@ -366,7 +376,7 @@ class LineChecker:
 def _checked(
     source: IO[bytes],
     keyring: KeyRing,
-    schemas: dict[str, Any],
+    schemas: Mapping[str, bytes],
     total: int,
     workers: int | None,
 ) -> Iterator[CheckedBlock]:
@@ -389,7 +399,7 @@ def _checked(
 _worker: LineChecker | None = None
 
 
-def _init_worker(public_keys: list[dict[str, Any]], schemas: dict[str, Any]) -> None:
+def _init_worker(public_keys: list[dict[str, Any]], schemas: Mapping[str, bytes]) -> None:
     global _worker
     _worker = LineChecker(public_keys, schemas)
 

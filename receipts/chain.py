@@ -9,7 +9,6 @@ fails; verify_receipts() drives both over a sequence.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, Protocol
@@ -24,6 +23,7 @@ from receipts.errors import (
     ReceiptsError,
     VerificationError,
 )
+from receipts.lru import Lru
 from receipts.manifest import manifest_hash
 from receipts.merkle import EMPTY_ROOT, CompactRange, leaf_hash, verify_consistency
 from receipts.record import (
@@ -90,7 +90,7 @@ class ReceiptChecker:
     def __init__(self, keyring: KeyRing, schemas: SchemaSource) -> None:
         self.keyring = keyring
         self.binding = SchemaBinding(schemas)
-        self._manifest_hashes: OrderedDict[str, str] = OrderedDict()
+        self._manifest_hashes: Lru[str, str] = Lru(MANIFEST_MEMO)
 
     def problem(self, receipt: Receipt, canonical_body: bytes | None = None) -> str | None:
         """The first reason `receipt` fails, or None. `canonical_body`, when the caller
@@ -122,14 +122,7 @@ class ReceiptChecker:
     def _manifest_hash(self, manifest: Mapping[str, Any]) -> str:
         # equal text -> equal JSON -> equal hash; json.dumps is C, JCS (floats) is not
         key = sha256_hex(json.dumps(manifest, sort_keys=True).encode("ascii"))
-        memo = self._manifest_hashes
-        if key in memo:
-            memo.move_to_end(key)
-            return memo[key]
-        memo[key] = manifest_hash(manifest)
-        if len(memo) > MANIFEST_MEMO:
-            memo.popitem(last=False)
-        return memo[key]
+        return self._manifest_hashes.get(key, lambda _: manifest_hash(manifest))
 
 
 class Linkable(Protocol):

@@ -58,5 +58,10 @@ class ProofError(VerificationError):
     """A Merkle inclusion or consistency proof does not verify (RFC 9162 section 2.1)."""
 
 
+class Stopped(ReceiptsError):
+    """Whole-chain work (a verification, an export) stopped because its caller asked it to
+    (the client that wanted it has gone): there is no answer, and nothing is wrong."""
+
+
 class BundleError(ReceiptsError):
     """An export bundle cannot be read at all (missing file, not a tar.gz, unsafe member)."""

@@ -29,7 +29,7 @@ from receipts.ledger_file import LedgerFile, sqlite_file
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.ledger_verify import verify_stored
 from receipts.ledger_writer import LedgerWriter
-from receipts.queries import ReceiptPage, ReceiptQuery
+from receipts.queries import ReceiptPage, ReceiptQuery, ShouldStop
 from receipts.record import PAYLOAD_MEMBERS, Receipt, ReceiptDraft
 from receipts.signing import KeyRing, PublicKeyEntry, Signer
 from receipts.store import create_engine, transaction
@@ -223,11 +223,20 @@ class Ledger:
         *,
         keyring: KeyRing | None = None,
         saved: Sequence[Mapping[str, Any]] = (),
+        should_stop: ShouldStop | None = None,
     ) -> VerificationReport:
         """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first failing
-        seq (see ledger_verify.verify_stored)."""
+        seq (see ledger_verify.verify_stored; ``should_stop``: give up, raising Stopped)."""
         with self._reading() as conn:
-            return verify_stored(conn, tenant, from_seq, to_seq, keyring=keyring, saved=saved)
+            return verify_stored(
+                conn,
+                tenant,
+                from_seq,
+                to_seq,
+                keyring=keyring,
+                saved=saved,
+                should_stop=should_stop,
+            )
 
     def export(
         self,
@@ -235,10 +244,12 @@ class Ledger:
         out: str | Path | IO[bytes],
         since: datetime | str | None = None,
         until: datetime | str | None = None,
+        *,
+        should_stop: ShouldStop | None = None,
     ) -> None:
         """Write the bundle of the tenant's receipts created in [since, until) to ``out``;
         open-ended, it runs to a checkpoint signed now when this ledger has a signer (see
-        ledger_export.export_bundle)."""
+        ledger_export.export_bundle; ``should_stop``: give up, raising Stopped)."""
         export_bundle(
             self._reading,
             tenant,
@@ -246,4 +257,5 @@ class Ledger:
             since,
             until,
             sign_checkpoint=None if self._writer is None else self._writer.checkpoint_now,
+            should_stop=should_stop,
         )

@@ -27,6 +27,7 @@ def export_bundle(
     until: datetime | str | None = None,
     *,
     sign_checkpoint: Callable[[str], dict[str, Any]] | None = None,
+    should_stop: queries.ShouldStop | None = None,
 ) -> None:
     """Write the bundle of the tenant's receipts created in [since, until) to ``out``.
 
@@ -35,7 +36,8 @@ def export_bundle(
     receipt missing below that checkpoint then shows as a truncation in the bundle. With
     ``until``, it ends at the last receipt in the range and carries the compact range
     that ties it to a later checkpoint's root; a range not starting at seq 1 carries the
-    previous entry hash and the compact range to its left.
+    previous entry hash and the compact range to its left. ``should_stop`` is asked between
+    receipts; when it says so, Stopped is raised (``out`` is then an unfinished bundle).
     """
     with reading() as conn:
         span = queries.seq_range(
@@ -82,7 +84,9 @@ def export_bundle(
             ),
         )
         schemas = queries.schemas(conn, queries.schema_hashes(conn, tenant, first, last))
-        receipts = _consecutive(queries.stream_rows(conn, tenant, first, last), tenant, first, last)
+        receipts = _consecutive(
+            queries.stream_rows(conn, tenant, first, last, should_stop), tenant, first, last
+        )
         write_bundle(
             out,
             receipts,

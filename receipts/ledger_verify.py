@@ -30,6 +30,7 @@ def verify_stored(
     *,
     keyring: KeyRing | None = None,
     saved: Sequence[Mapping[str, Any]] = (),
+    should_stop: queries.ShouldStop | None = None,
 ) -> VerificationReport:
     """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first
     failing seq.
@@ -43,6 +44,7 @@ def verify_stored(
     stored checkpoints included, fails), whatever range is asked for: one outside it is
     checked through a consistency proof from the stored tree; ``keyring`` pins trusted keys
     (default: the keys the database lists, which an attacker with write access could extend).
+    ``should_stop`` is asked between receipts; when it says so, Stopped is raised.
     """
     head = queries.chain_head(conn, tenant)
     head_seq = head.head_seq if head else 0
@@ -70,21 +72,20 @@ def verify_stored(
             "receipt missing from the database", seq=start - 1, chain=tenant
         )
     rows = _CheckedRows(
-        queries.stream_rows(conn, tenant, start, end),
+        queries.stream_rows(conn, tenant, start, end, should_stop),
         _Window(lambda first, last: queries.index_rows(conn, tenant, first, last)),
         _Window(lambda first, last: queries.merkle_nodes_ending(conn, tenant, first, last)),
         CompactRange(start - 1, left or []),
         queries.checkpoints(conn, tenant, start, end),
         keyring,
     )
-    schema_cache: dict[str, dict[str, Any] | None] = {}
     report = verify_receipts(
         rows,
         keyring,
         expected_prev_hash=prev,
         start_seq=start,
         checkpoint=checkpoint,
-        schemas=lambda h: schema_cache.setdefault(h, queries.schema(conn, h)),
+        schemas=lambda h: queries.schema(conn, h),  # SchemaBinding remembers (bounded)
         left=left,
         right=right,
         saved=saved,

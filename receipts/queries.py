@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
-from receipts.errors import ChainDamaged, ReceiptFormatError
+from receipts.errors import ChainDamaged, ReceiptFormatError, Stopped
 from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
 from receipts.record import Receipt, format_timestamp
 from receipts.signing import PublicKeyEntry
@@ -37,6 +37,7 @@ agent can make each receipt large, and ``limit`` alone bounds rows, not bytes.""
 ANSWERS = 100
 """At most this many answering receipts per /audit/calls answer (within PAGE_BYTES too)."""
 STREAM_CHUNK = 2000
+ShouldStop = Callable[[], bool]  # asked between receipts by whole-chain work: give up now?
 
 
 @dataclass(frozen=True)
@@ -111,17 +112,24 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     if not taken:
         return ReceiptPage([], None)
     last = sizes[taken - 1].seq
-    rows = conn.execute(
-        sa.select(r.seq, r.body).where(*where, r.seq <= last).order_by(r.seq).limit(taken)
-    )
+    within = _filters(q, since, until, through=last)
+    rows = conn.execute(sa.select(r.seq, r.body).where(*within).order_by(r.seq).limit(taken))
     items = ((row.seq, receipt_from_body(row.body)) for row in rows)
     matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
     return ReceiptPage(matching, last if taken < len(sizes) else None)
 
 
-def _filters(q: ReceiptQuery, since: str | None, until: str | None) -> list[sa.ColumnElement[bool]]:
-    """The WHERE clauses of ``q`` on the receipts table (the indexed copies; each body read
-    is checked against the filters again by _body_matches)."""
+def _filters(
+    q: ReceiptQuery, since: str | None, until: str | None, through: int | None = None
+) -> list[sa.ColumnElement[bool]]:
+    """The WHERE clauses of ``q`` on the receipts table, up to seq ``through`` (the indexed
+    copies; each body read is checked against the filters again by _body_matches).
+
+    The call and link filters take their seqs from the index tables (an uncorrelated IN,
+    read through those tables' own indexes), and the seq bounds then go there alone: a
+    correlated EXISTS was probed once per receipt, and with a seq range on the receipts
+    themselves SQLite walks that range instead, so either way a call id that matches nothing
+    cost a walk of the whole chain."""
     r = ReceiptRow.__table__.c
     where = [r.chain == q.tenant]
     if since is not None:
@@ -132,19 +140,32 @@ def _filters(q: ReceiptQuery, since: str | None, until: str | None) -> list[sa.C
         where.append(r.model == q.model)
     if q.schema_hash is not None:
         where.append(r.schema_hash == q.schema_hash)
-    if q.after_seq is not None:
-        where.append(r.seq > q.after_seq)
     calls, lk = CallRow.__table__.c, LinkRow.__table__.c
-    for column, value in ((calls.tool_name, q.tool_name), (calls.call_id, q.call_id)):
-        if value is not None:
-            where.append(
-                sa.exists().where(calls.chain == r.chain, calls.seq == r.seq, column == value)
-            )
-    if q.answering is not None:
-        where.append(
-            sa.exists().where(lk.chain == r.chain, lk.seq == r.seq, lk.tool_call_id == q.answering)
+    named = [
+        (table, column == value)
+        for table, column, value in (
+            (calls, calls.tool_name, q.tool_name),
+            (calls, calls.call_id, q.call_id),
+            (lk, lk.tool_call_id, q.answering),
         )
+        if value is not None
+    ]
+    for table, match in named:
+        seqs = [table.chain == q.tenant, match, *_seq_bounds(table.seq, q.after_seq, through)]
+        where.append(r.seq.in_(sa.select(table.seq).where(*seqs)))
+    if not named:
+        where += _seq_bounds(r.seq, q.after_seq, through)
     return where
+
+
+def _seq_bounds(
+    seq: sa.ColumnElement[int], after: int | None, through: int | None
+) -> list[sa.ColumnElement[bool]]:
+    """``after < seq <= through``, each bound when given."""
+    return [
+        *([seq > after] if after is not None else []),
+        *([seq <= through] if through is not None else []),
+    ]
 
 
 def _octets(conn: sa.Connection, text: sa.ColumnElement[str]) -> sa.ColumnElement[int]:
@@ -407,9 +428,12 @@ def stream_rows(
     tenant: str,
     from_seq: int = 1,
     to_seq: int | None = None,
+    should_stop: ShouldStop | None = None,
 ) -> Iterator[sa.Row]:
     """Receipt rows of one chain in seq order, fetched in keyset-paginated chunks so a
-    million-row chain streams in constant memory on both databases."""
+    million-row chain streams in constant memory on both databases. ``should_stop`` is
+    asked before each row: when it says so, Stopped is raised (whole-chain work whose
+    caller has gone must give its thread back within a receipt, not at the chain's end)."""
     r = ReceiptRow.__table__.c
     after = from_seq - 1
     while True:
@@ -417,7 +441,10 @@ def stream_rows(
         if to_seq is not None:
             stmt = stmt.where(r.seq <= to_seq)
         rows = conn.execute(stmt.order_by(r.seq).limit(STREAM_CHUNK)).all()
-        yield from rows
+        for row in rows:
+            if should_stop is not None and should_stop():
+                raise Stopped(f"stopped at seq {row.seq} of chain {tenant!r}, as asked")
+            yield row
         if len(rows) < STREAM_CHUNK:
             return
         after = rows[-1].seq

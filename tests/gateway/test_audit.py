@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -718,7 +719,6 @@ def test_whole_chain_audits_in_flight_leave_every_tenant_served(
     """Verifications and exports run on threads of their own: eight long ones in flight (a
     big chain) took every thread of the shared pool, and another tenant's key lookup then
     timed out into a 503, as if the database were down."""
-    import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
@@ -731,13 +731,17 @@ def test_whole_chain_audits_in_flight_leave_every_tenant_served(
 
     monkeypatch.setattr(gateway.ledger, "verify", long_verify)
     newcomer = gateway.keys.create("agent", "another-tenant")[1]  # not cached: looked up
+    auditors = []  # eight tenants: one tenant gets one verification at a time
+    for n in range(8):
+        _recorded_elsewhere(gateway, audited["receipt"]["id"], tenant=f"in-flight-{n}")
+        auditors.append(gateway.keys.create("auditor", f"in-flight-{n}")[1])
 
-    def post_verify() -> int:
-        with gateway.http("auditor") as client:
-            return client.post("/audit/verify", json={}).status_code
+    def post_verify(secret: str) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {secret}"}
+        return httpx.post(f"{gateway.url}/audit/verify", json={}, headers=headers, timeout=120)
 
     with ThreadPoolExecutor(8) as pool:
-        verifies = [pool.submit(post_verify) for _ in range(8)]
+        verifies = [pool.submit(post_verify, secret) for secret in auditors]
         time.sleep(1.0)  # all eight in flight
         try:
             started = time.monotonic()
@@ -748,4 +752,79 @@ def test_whole_chain_audits_in_flight_leave_every_tenant_served(
             assert time.monotonic() - started < 5
         finally:
             release.set()
-        assert [f.result() for f in verifies] == [200] * 8
+        assert [f.result().status_code for f in verifies] == [200] * 8
+
+
+def _slow_chain(gateway: Any, audited: dict[str, Any], tenant: str, count: int) -> None:
+    """``count`` copies of the audited call in ``tenant``'s chain, each bound to a tool set of
+    its own with 300 parameters: each costs the verifier a schema compiled (some 8 ms), so a
+    whole-chain verification runs for seconds."""
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    arguments = TOOL["function"]["parameters"]
+    futures = []
+    for n in range(count):
+        extra = {f"p{n}_{k}": {"type": "string", "maxLength": 50} for k in range(300)}
+        params = {**arguments, "properties": {**arguments["properties"], **extra}}
+        tool = {
+            "type": "object",
+            "properties": {"tool": {"const": "set_alarm"}, "arguments": params},
+        }
+        schema = {"anyOf": [tool]}
+        draft = ReceiptDraft(
+            tenant=tenant,
+            manifest={**original.manifest, "schema_hash": hash_json(schema)},
+            schema=schema,
+            request=original.request,
+            output={
+                **original.output,
+                "tool_calls": [{**c, "id": new_call_id()} for c in original.tool_calls],
+            },
+            finish_reason=original.finish_reason,
+            usage=original.usage,
+            validation=original.validation,
+            fallback=original.fallback,
+            links=[],
+        )
+        futures.append(gateway.ledger.submit(draft))
+    for future in futures:
+        future.result()
+
+
+def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """Four whole-chain verifications whose clients gave up after 2 s still ran some 40 s
+    each at 120k receipts, on the two threads every tenant's verifications and exports
+    share, and a small one waited 167 s behind them. Now a tenant has one running or
+    waiting at a time (another is a 429), and one whose client has gone stops at once."""
+    import time
+
+    tenant = "slow-chain"
+    _slow_chain(gateway, audited, tenant, 1200)
+    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
+        started = time.monotonic()
+        whole = client.post("/audit/verify", json={})  # how long the whole chain takes
+        took = time.monotonic() - started
+        assert whole.status_code == 200 and whole.json()["ok"], whole.text
+        assert took > 4, f"the chain verifies in {took:.1f} s: too fast to tell"
+
+        def abandoned() -> None:
+            with pytest.raises(httpx.ReadTimeout):
+                client.post("/audit/verify", json={}, timeout=1.5)
+
+        thread = threading.Thread(target=abandoned)
+        thread.start()
+        time.sleep(0.5)
+        busy = client.post("/audit/verify", json={"from_seq": 1, "to_seq": 1})
+        assert busy.status_code == 429, busy.text
+        assert busy.json()["error"]["type"] == "rate_limit_error"
+        assert busy.json()["error"]["code"] == "rate_limit_exceeded"
+        with gateway.http("auditor") as other:  # another tenant is served meanwhile
+            assert other.post("/audit/verify", json={"to_seq": 1}).status_code == 200
+        thread.join()
+        gave_up = time.monotonic()
+        while (small := client.post("/audit/verify", json={"to_seq": 1})).status_code == 429:
+            assert time.monotonic() - gave_up < took / 2, "the abandoned verification ran on"
+            time.sleep(0.1)
+        assert small.status_code == 200 and small.json()["ok"], small.text

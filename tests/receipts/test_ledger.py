@@ -45,6 +45,7 @@ from receipts.errors import (
     OutOfRange,
     ReceiptFormatError,
     ReceiptsError,
+    Stopped,
 )
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.merkle import leaf_hash, verify_consistency, verify_inclusion
@@ -182,6 +183,46 @@ def test_the_answers_to_a_call_are_bounded_and_listed_on(db_url: str) -> None:
         rest = led.query(ReceiptQuery("acme", answering=call, after_seq=first.next_cursor))
         assert (rest.items, rest.next_cursor) == (answers[queries.ANSWERS :], None)
         assert led.query(ReceiptQuery("acme", answering=call_id())).items == []
+
+
+@pytest.mark.parametrize("after_seq", [None, 2])
+@pytest.mark.parametrize("field", ["call_id", "answering", "tool_name"])
+def test_the_call_and_link_filters_read_the_index_tables_not_the_chain(
+    fresh_sqlite_url: str, field: str, after_seq: int | None
+) -> None:
+    """A correlated EXISTS per receipt (or a seq range on the receipts) made SQLite walk the
+    whole chain: 98 ms at 120k receipts for a call id that matches nothing, and
+    GET /audit/calls/{id} 350 ms. Both statements of a listing must look each receipt up by
+    the seqs the index table names (and its rows up by its own index)."""
+    url = migrated(fresh_sqlite_url)
+    with ledger(url) as led:
+        issued = led.append(draft())
+        call = issued.tool_calls[0]["id"]
+        fill_drafts(led, [draft() for _ in range(3)])
+        answer = led.append(draft(links=[{"tool_call_id": call, "receipt_id": issued.id}]))
+    value = {"call_id": call, "answering": call, "tool_name": "get_weather"}[field]
+    statements: list[tuple[str, Any]] = []
+    engine = sa.create_engine(url)
+    sa.event.listen(engine, "before_cursor_execute", lambda *a: statements.append((a[2], a[3])))
+    try:
+        with engine.connect() as conn:
+            page = queries.query(conn, ReceiptQuery("acme", after_seq=after_seq, **{field: value}))
+            assert [r.seq for r in page.items] == {
+                "call_id": [1] if after_seq is None else [],
+                "answering": [answer.seq],
+                "tool_name": [3, 4, 5] if after_seq else [1, 2, 3, 4, 5],
+            }[field]
+            listing = [(sql, params) for sql, params in statements if "FROM receipts" in sql]
+            assert len(listing) == (2 if page.items else 1)
+            for sql, params in listing:
+                plan = [row[3] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, params)]
+                table = "receipt_links" if field == "answering" else "receipt_calls"
+                assert plan[0].startswith("SEARCH receipts USING INDEX"), plan
+                assert plan[0].endswith("(chain=? AND seq=?)"), plan  # by seq, not a range
+                assert f"SEARCH {table} USING" in " ".join(plan), plan
+                assert not any("CORRELATED" in step or "SCAN" in step for step in plan), plan
+    finally:
+        engine.dispose()
 
 
 def fill_drafts(led: Ledger, drafts: list[Any]) -> list[Any]:
@@ -547,6 +588,26 @@ def test_verify_while_receipts_are_appended_reads_one_snapshot(fresh_postgres_ur
             appender.join()
         assert [r.reason for r in reports if not r.ok] == []
         assert reports[-1].checked > reports[0].checked  # the chain did grow meanwhile
+
+
+def test_whole_chain_work_stops_between_receipts_when_asked(db_url: str, tmp_path: Path) -> None:
+    """A verification or export whose caller has gone (the gateway's client disconnected)
+    gives its thread back at the next receipt instead of at the chain's end."""
+    url = migrated(db_url)
+    with ledger(url) as led:
+        fill(led, 5)
+        asked: list[int] = []
+
+        def after_three() -> bool:
+            asked.append(1)
+            return len(asked) > 3
+
+        with pytest.raises(Stopped, match="stopped at seq 4"):
+            led.verify("acme", should_stop=after_three)
+        asked.clear()
+        with pytest.raises(Stopped, match="stopped at seq 4"):
+            led.export("acme", tmp_path / "bundle.tar.gz", should_stop=after_three)
+        assert led.verify("acme", should_stop=lambda: False).checked == 5
 
 
 def test_a_writer_stalled_inside_its_transaction_does_not_hold_the_other_replicas(
