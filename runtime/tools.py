@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runtime.errors import InvalidSchema, InvalidTools, RuntimeInputError, UnknownTool
-from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.limits import DEFAULT_LIMITS, Limits, schema_nodes
 from runtime.schema_check import check_schema, refs_in
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
@@ -408,7 +408,8 @@ def _closed_object(properties: dict[str, Any]) -> dict[str, Any]:
 
 
 def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``."""
+    """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``,
+    its refs rewritten as pointers from the union's root."""
     body = {k: v for k, v in schema.items() if k != "$schema"}
     if not any(True for _ in refs_in(body)):
         return body
@@ -416,16 +417,15 @@ def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, 
     return {"$ref": f"#/$defs/{key}"}
 
 
-def _rewrite_refs(node: Any, base: str) -> Any:
-    if isinstance(node, dict):
-        out = {k: _rewrite_refs(v, base) for k, v in node.items()}
+def _rewrite_refs(schema: dict[str, Any], base: str) -> dict[str, Any]:
+    """A copy of ``schema`` with each local ``$ref`` of its schema objects prefixed by
+    ``base`` (not those inside ``const``/``enum``/``default`` data)."""
+    out = copy.deepcopy(schema)
+    for _, node in schema_nodes(out):
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            out["$ref"] = base + ref[1:]
-        return out
-    if isinstance(node, list):
-        return [_rewrite_refs(v, base) for v in node]
-    return node
+            node["$ref"] = base + ref[1:]
+    return out
 
 
 __all__ = [

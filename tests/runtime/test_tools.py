@@ -278,6 +278,19 @@ def test_refs_keep_resolving_once_embedded() -> None:
     assert not accepts(schema, {"tool_calls": [bad_guest]})
 
 
+def test_embedding_leaves_refs_inside_data_alone() -> None:
+    """A ``const`` is a value, not a schema: rewritten, the union demanded another value than
+    the tool's own schema, and every call failed the parse with a 422."""
+    marker = {"$ref": "#/$defs/Guest"}
+    params = {
+        **BOOKING_PARAMS,
+        "properties": {**BOOKING_PARAMS["properties"], "m": {"const": marker}},
+    }
+    union = union_schema(parse_tools_field([function_tool("book", params)]), "required")
+    call = {"tool": "book", "arguments": {"guest": {"name": "Ada"}, "nights": 1, "m": marker}}
+    validate(call, union, json.dumps(call), param="tools")
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_union_calls_lists_the_allowed_tools(parallel: bool) -> None:
     auto = union_schema(SPECS, "auto", parallel_tool_calls=parallel)
