@@ -409,8 +409,13 @@ def _closed_object(properties: dict[str, Any]) -> dict[str, Any]:
 
 def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
     """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``,
-    its refs rewritten as pointers from the union's root."""
-    body = {k: v for k, v in schema.items() if k != "$schema"}
+    its refs rewritten as pointers from the union's root.
+
+    Its root ``$id`` is dropped: kept, it made the embedded schema a resource of its own, and
+    2020-12 resolves the rewritten ``#/$defs/<key>/...`` against that resource, where it
+    dangles. Only local refs are allowed (runtime/schema_check.py), so nothing can name the
+    schema by that URI."""
+    body = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
     if not any(True for _ in refs_in(body)):
         return body
     defs[key] = _rewrite_refs(body, f"#/$defs/{key}")

@@ -278,6 +278,33 @@ def test_refs_keep_resolving_once_embedded() -> None:
     assert not accepts(schema, {"tool_calls": [bad_guest]})
 
 
+PET_WITH_ID = {
+    "$id": "https://example.com/schemas/register_pet",
+    "type": "object",
+    "properties": {"pet": {"$ref": "#/$defs/Pet"}},
+    "required": ["pet"],
+    "$defs": {
+        "Pet": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    },
+}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_refs_resolve_once_embedded_despite_a_root_id(parallel: bool) -> None:
+    """A root ``$id`` (schema generators emit one) kept in the union rebased the rewritten
+    pointer onto the tool's own subschema: the output check could not build its validator
+    and every decoded call was a 500. The same schema as the answer branch, too."""
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PET_WITH_ID}}
+    tools = parse_tools_field([function_tool("register_pet", PET_WITH_ID)])
+    union = union_schema(tools, "auto", rf, parallel)
+    call = {"tool": "register_pet", "arguments": {"pet": {"name": "Rex"}}}
+    for value in (call, {"answer": {"pet": {"name": "Rex"}}}):
+        validate(value, union, json.dumps(value), param="tools")
+    with pytest.raises(StructuredOutputInvalid, match="output fails its schema"):
+        bad = {"tool": "register_pet", "arguments": {"pet": {}}}
+        validate(bad, union, json.dumps(bad), param="tools")
+
+
 def test_embedding_leaves_refs_inside_data_alone() -> None:
     """A ``const`` is a value, not a schema: rewritten, the union demanded another value than
     the tool's own schema, and every call failed the parse with a 422."""
