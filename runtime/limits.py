@@ -426,6 +426,26 @@ def schema_nodes(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
                 stack.append((at, value))
 
 
+def schema_resources(
+    schema: Any,
+) -> tuple[list[tuple[str, str, dict[str, Any]]], dict[tuple[str, str], list[str]]]:
+    """What Draft 2020-12 resolves a local ``$ref`` against: each schema object as (pointer,
+    pointer of its resource, object), where the resource is the nearest object at or above
+    it holding ``$id`` (the root otherwise) and ``#/...`` is a pointer from there; and the
+    pointers holding each ``$anchor`` of each resource, which ``#name`` names."""
+    nodes = list(schema_nodes(schema))
+    roots = {pointer for pointer, node in nodes if "$id" in node} | {""}
+    placed, anchors = [], {}
+    for pointer, node in nodes:
+        resource = pointer
+        while resource not in roots:
+            resource = resource.rpartition("/")[0]
+        placed.append((pointer, resource, node))
+        if isinstance(node.get("$anchor"), str):
+            anchors.setdefault((resource, node["$anchor"]), []).append(pointer)
+    return placed, anchors
+
+
 def pointer_token(key: str) -> str:
     """``key`` as a JSON pointer reference token (RFC 6901: "~" is "~0", "/" is "~1")."""
     return key.replace("~", "~0").replace("/", "~1")

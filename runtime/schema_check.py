@@ -35,6 +35,7 @@ from runtime.limits import (
     regex_problem,
     resolve_ref,
     schema_patterns,
+    schema_resources,
 )
 
 
@@ -67,6 +68,7 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
         raise InvalidSchema(
             f"'{param}' is not a valid JSON schema at {where}: {exc.message}", param=param
         ) from None
+    _check_identifiers(schema, param)
     for ref in refs_in(schema):
         if not ref.startswith("#"):
             raise InvalidSchema(
@@ -93,6 +95,30 @@ def check_compiles(canonical: bytes, param: str, what: str | None = None) -> Non
         reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
         what = what or f"'{param}'"
         raise InvalidSchema(f"{what} cannot be compiled: {reason}", param=param) from None
+
+
+def _check_identifiers(schema: dict[str, Any], param: str) -> None:
+    """Refuse what the tool union cannot carry over as a static pointer (runtime/tools.py
+    rewrites ``$anchor`` refs and those inside a nested ``$id`` as pointers from its root):
+    ``$dynamicRef`` resolves by the path taken at validation time (and xgrammar ignored it),
+    and an ``$anchor`` defined twice in one resource, which 2020-12 forbids, names either."""
+    nodes, anchors = schema_resources(schema)
+    for pointer, _, node in nodes:
+        for keyword in ("$dynamicRef", "$dynamicAnchor"):
+            if keyword in node:
+                raise InvalidSchema(
+                    f"'{param}' uses {keyword} at {pointer or '(root)'}: dynamic references"
+                    ' are not supported; use $ref with a JSON pointer ("#/$defs/...") or an'
+                    " $anchor",
+                    param=param,
+                )
+    for (_, name), where in anchors.items():
+        if len(where) > 1:
+            raise InvalidSchema(
+                f"'{param}' defines $anchor {name!r} at {where[0]} and at {where[1]}, in one"
+                f" schema resource: $ref '#{name}' could mean either (rename one)",
+                param=param,
+            )
 
 
 # Keywords that do not constrain the value: a node holding only these besides a $ref (or a

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import copy
 import re
+import urllib.parse
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from runtime.errors import InvalidSchema, InvalidTools, RuntimeInputError, UnknownTool
-from runtime.limits import DEFAULT_LIMITS, Limits, schema_nodes
+from runtime.limits import DEFAULT_LIMITS, Limits, schema_resources
 from runtime.schema_check import check_schema, refs_in
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
@@ -409,7 +410,7 @@ def _closed_object(properties: dict[str, Any]) -> dict[str, Any]:
 
 def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
     """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``,
-    its refs rewritten as pointers from the union's root.
+    its refs rewritten as pointers from the union's root (:func:`_pointer_refs`).
 
     Its root ``$id`` is dropped: kept, it made the embedded schema a resource of its own, and
     2020-12 resolves the rewritten ``#/$defs/<key>/...`` against that resource, where it
@@ -418,19 +419,39 @@ def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, 
     body = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
     if not any(True for _ in refs_in(body)):
         return body
-    defs[key] = _rewrite_refs(body, f"#/$defs/{key}")
+    defs[key] = _pointer_refs(body, f"#/$defs/{key}")
     return {"$ref": f"#/$defs/{key}"}
 
 
-def _rewrite_refs(schema: dict[str, Any], base: str) -> dict[str, Any]:
-    """A copy of ``schema`` with each local ``$ref`` of its schema objects prefixed by
-    ``base`` (not those inside ``const``/``enum``/``default`` data)."""
+def _pointer_refs(schema: dict[str, Any], base: str = "#") -> dict[str, Any]:
+    """A copy of ``schema`` whose local ``$ref``s are JSON pointers from its root, after
+    ``base``, and in which nothing else names a part: 2020-12 resolves ``#/...`` from the
+    nearest ``$id`` (a nested one starts a resource) and ``#name`` to that resource's
+    ``$anchor``; rewritten so, nested ``$id``s and ``$anchor``s are dropped (moved into the
+    union, a pointer re-based by a kept ``$id`` dangled, and two tools' anchors could
+    clash). The refs of ``const``/``enum``/``default`` data are values, left alone."""
     out = copy.deepcopy(schema)
-    for _, node in schema_nodes(out):
+    nodes, anchors = schema_resources(out)
+    for pointer, resource, node in nodes:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            node["$ref"] = base + ref[1:]
+            fragment = ref[1:]
+            if fragment and not fragment.startswith("/"):  # an anchor
+                named = anchors.get((resource, fragment))
+                fragment = _fragment(named[0]) if named else None
+            else:
+                fragment = _fragment(resource) + fragment
+            if fragment is not None:  # else unresolvable: validate_constraint names it
+                node["$ref"] = base + fragment
+        node.pop("$anchor", None)
+        if pointer:
+            node.pop("$id", None)
     return out
+
+
+def _fragment(pointer: str) -> str:
+    """A JSON pointer written as a URI fragment (RFC 6901 section 6: percent-encoded)."""
+    return urllib.parse.quote(pointer, safe="/!$&'()*+,;=:@~")
 
 
 __all__ = [

@@ -305,6 +305,64 @@ def test_refs_resolve_once_embedded_despite_a_root_id(parallel: bool) -> None:
         validate(bad, union, json.dumps(bad), param="tools")
 
 
+@pytest.mark.parametrize(
+    ("params", "good", "bad"),
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"$anchor": "word", "type": "string"}, "b": {"$ref": "#word"}},
+                "required": ["b"],
+            },
+            {"b": "hello"},
+            {"b": 1},
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "a": {
+                        "$id": "https://example.com/a",
+                        "type": "object",
+                        "properties": {"q": {"$ref": "#/$defs/s"}},
+                        "$defs": {"s": {"type": "string"}},
+                    }
+                },
+            },
+            {"a": {"q": "x"}},
+            {"a": {"q": 1}},
+        ),
+    ],
+    ids=["anchor", "nested-id"],
+)
+def test_anchor_and_nested_id_refs_resolve_once_embedded(
+    params: dict[str, Any], good: dict[str, Any], bad: dict[str, Any]
+) -> None:
+    """``#word`` was rewritten to ``#/$defs/tool-fword``, and a ref inside a nested ``$id``
+    was re-based onto the union's root: dangling, lm-format-enforcer crashed mid-decode.
+    Both are pointers from the union's root now."""
+    union = union_schema(parse_tools_field([function_tool("f", params)]), "required")
+    validate({"tool": "f", "arguments": good}, union, "", param="tools")
+    with pytest.raises(StructuredOutputInvalid):
+        validate({"tool": "f", "arguments": bad}, union, "", param="tools")
+
+
+@pytest.mark.parametrize(
+    ("node", "words"),
+    [
+        ({"$dynamicRef": "#meta"}, "$dynamicRef at /properties/b: dynamic references"),
+        ({"$dynamicAnchor": "meta"}, "$dynamicAnchor at /properties/b"),
+        ({"$anchor": "a", "type": "string"}, "$anchor 'a' at /properties/"),
+    ],
+    ids=["dynamic-ref", "dynamic-anchor", "anchor-twice"],
+)
+def test_identifiers_the_union_cannot_carry_are_refused(node: dict[str, Any], words: str) -> None:
+    params = {"type": "object", "properties": {"a": {"$anchor": "a"}, "b": node}}
+    with pytest.raises(InvalidSchema) as err:
+        parse_tools_field([function_tool("f", params)])
+    assert err.value.param == "tools[0].function.parameters" and words in err.value.message
+
+
 def test_embedding_leaves_refs_inside_data_alone() -> None:
     """A ``const`` is a value, not a schema: rewritten, the union demanded another value than
     the tool's own schema, and every call failed the parse with a 422."""
