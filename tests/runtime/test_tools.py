@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
+from runtime.constraint import Constraint, validate_constraint
 from runtime.errors import InvalidSchema, InvalidTools, StructuredOutputInvalid, UnknownTool
 from runtime.output_parsing import (
     CALL_ID_RE,
@@ -736,3 +737,93 @@ def test_closing_never_reaches_into_not_or_if() -> None:
     for value in ({"a": 1, "b": 2}, {"a": 2}, {"a": 3, "c": 1}):
         assert not accepts(closed, value), value
     assert accepts(closed, {"a": 2, "b": 0}) and accepts(closed, {"a": 3})
+
+
+PET_DEFS = {
+    "Pet": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    "Tag": {"type": "object", "properties": {"tag": {"type": "string"}}, "required": ["tag"]},
+}
+AGE = {"age": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(
+    ("pet", "value", "closed"),
+    [
+        ({"allOf": [{"$ref": "#/$defs/Pet"}], "properties": AGE}, {"name": "Rex", "age": 3}, True),
+        ({"$ref": "#/$defs/Pet", "properties": AGE}, {"name": "Rex", "age": 3}, True),
+        (
+            {"properties": AGE, "anyOf": [{"$ref": "#/$defs/Pet"}, {"$ref": "#/$defs/Tag"}]},
+            {"tag": "x", "age": 3},
+            True,
+        ),
+        # no properties of its own: open, as the same two members written inline leave it
+        (
+            {"allOf": [{"$ref": "#/$defs/Pet"}, {"$ref": "#/$defs/Tag"}]},
+            {"name": "R", "tag": "x"},
+            False,
+        ),
+    ],
+    ids=["allOf-ref", "sibling-ref", "anyOf-refs", "allOf-two-refs"],
+)
+def test_closing_follows_refs_composed_in_place(
+    pet: dict[str, Any], value: dict[str, Any], closed: bool
+) -> None:
+    """OpenAPI/Pydantic composition: closed to its own properties, and its ref's target
+    closed to its own, the object could hold neither key set whole: a 400
+    constraint_unsatisfiable for a valid schema, as tool parameters and as response_format.
+    The target used alone (``other``) stays closed."""
+    pet = {**pet, "required": ["age"]} if "properties" in pet else pet
+    params = {
+        "type": "object",
+        "properties": {"pet": pet, "other": {"$ref": "#/$defs/Pet"}},
+        "required": ["pet"],
+        "$defs": PET_DEFS,
+    }
+    union = union_schema(parse_tools_field([function_tool("f", params)]), "required")
+    for schema, kind in ((union, "tools"), (closed_schema(params), "json")):
+        validate_constraint(Constraint.json_schema(schema, kind=kind))  # satisfiable
+    for arguments, ok in [
+        ({"pet": value}, True),
+        ({"pet": {**value, "invented": 1}}, not closed),
+        ({"pet": value, "other": {"name": "Rex", "age": 3}}, False),
+    ]:
+        assert accepts(union, {"tool": "f", "arguments": arguments}) is ok, arguments
+        assert accepts(closed_schema(params), arguments) is ok, arguments
+    assert accepts(params, {"pet": value})  # the client's own schema agrees
+
+
+def test_a_ref_used_alone_keeps_its_target_closed() -> None:
+    """A property's ``$ref``, a lone ``allOf`` member (Pydantic v1 beside a description) and
+    an ``anyOf`` variant describe the object alone: the closed target is theirs."""
+    params = {
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/Pet"},
+            "b": {"allOf": [{"$ref": "#/$defs/Pet"}], "description": "a pet"},
+            "c": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"$ref": "#/$defs/Tag"}]},
+        },
+        "$defs": PET_DEFS,
+    }
+    closed = closed_schema(params)
+    assert set(closed["$defs"]) == {"Pet", "Tag"}
+    for key in ("a", "b", "c"):
+        assert accepts(closed, {key: {"name": "Rex"}})
+        assert not accepts(closed, {key: {"name": "Rex", "invented": 1}}), key
+
+
+def test_a_ref_composed_into_itself_ends() -> None:
+    """A target whose open copy applies itself again in place is copied once."""
+    params = {
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/Node"}},
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {"v": {"type": "integer"}},
+                "anyOf": [{"$ref": "#/$defs/Node"}, {"required": ["v"]}],
+            }
+        },
+    }
+    closed = closed_schema(params)
+    assert closed["$defs"]["Node"]["anyOf"][0] == {"$ref": "#/$defs/Node-open"}
+    assert closed["$defs"]["Node-open"]["anyOf"][0] == {"$ref": "#/$defs/Node-open"}
