@@ -93,9 +93,9 @@ def validate_constraint(constraint: Constraint) -> None:
     checking syntax once here is what lets the backend chain treat every later compile failure
     as "unsupported, try the next backend" without looping over a typo.
 
-    * json/tools: a JSON object (or boolean) that passes its metaschema (jsonschema), and that
-      admits some value as enforced (objects closed; an empty enum or a minLength over its
-      maxLength does not).
+    * json/tools: a JSON object (or boolean) that passes its metaschema (jsonschema), whose
+      output validator builds (every ``$ref`` resolves), and that admits some value as
+      enforced (objects closed; an empty enum or a minLength over its maxLength does not).
     * regex: Python ``re`` syntax; the pattern must match the whole output.
     * ebnf: the Lark dialect of llguidance (``start: ...``); llama.cpp GBNF (``root ::= ...``)
       is accepted too and converted.
@@ -115,7 +115,7 @@ def _validate_schema(constraint: Constraint) -> None:
     import jsonschema
 
     from runtime.exact_json import InexactNumber
-    from runtime.schema_check import check_metaschema
+    from runtime.schema_check import canonical_text, check_compiles, check_metaschema
 
     param = constraint.param
     if not constraint.source.startswith(("{", "true", "false")):
@@ -134,6 +134,10 @@ def _validate_schema(constraint: Constraint) -> None:
         raise InvalidSchema(
             f"invalid JSON schema at {pointer}: {exc.message}", param=param
         ) from None
+    if constraint.source.startswith("{"):
+        # The output is checked against this schema. A tool union is built from schemas
+        # each checked alone: only here is it seen whole, its refs resolving or not.
+        check_compiles(canonical_text(constraint.schema()), param, f"the {param} schema")
 
 
 def _check_satisfiable(constraint: Constraint) -> None:

@@ -394,6 +394,63 @@ def resolve_ref(schema: Any, ref: str) -> Any:
     return node if isinstance(node, dict | list) else None
 
 
+# Keywords whose value is a map of name -> subschema (the names are not keywords).
+_SCHEMA_MAPS = frozenset(
+    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+)
+
+
+# Keywords whose value is data: instances, or property names (dependentRequired's keys).
+_DATA = frozenset({"enum", "const", "default", "examples", "dependentRequired"})
+
+
+def schema_nodes(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object in the schema that is a (sub)schema, with its JSON pointer: not enum
+    values, not the maps of names (``properties``, ``$defs``) that hold subschemas."""
+    stack: list[tuple[str, Any]] = [("", schema)]
+    while stack:
+        pointer, node = stack.pop()
+        if isinstance(node, list):
+            stack.extend((f"{pointer}/{i}", item) for i, item in enumerate(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        yield pointer, node
+        for key, value in node.items():
+            at = f"{pointer}/{pointer_token(key)}"
+            if key in _DATA:
+                continue
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                stack.extend((f"{at}/{pointer_token(name)}", sub) for name, sub in value.items())
+            else:
+                stack.append((at, value))
+
+
+def schema_resources(
+    schema: Any,
+) -> tuple[list[tuple[str, str, dict[str, Any]]], dict[tuple[str, str], list[str]]]:
+    """What Draft 2020-12 resolves a local ``$ref`` against: each schema object as (pointer,
+    pointer of its resource, object), where the resource is the nearest object at or above
+    it holding ``$id`` (the root otherwise) and ``#/...`` is a pointer from there; and the
+    pointers holding each ``$anchor`` of each resource, which ``#name`` names."""
+    nodes = list(schema_nodes(schema))
+    roots = {pointer for pointer, node in nodes if "$id" in node} | {""}
+    placed, anchors = [], {}
+    for pointer, node in nodes:
+        resource = pointer
+        while resource not in roots:
+            resource = resource.rpartition("/")[0]
+        placed.append((pointer, resource, node))
+        if isinstance(node.get("$anchor"), str):
+            anchors.setdefault((resource, node["$anchor"]), []).append(pointer)
+    return placed, anchors
+
+
+def pointer_token(key: str) -> str:
+    """``key`` as a JSON pointer reference token (RFC 6901: "~" is "~0", "/" is "~1")."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
 def schema_patterns(schema: Any) -> list[str]:
     """Every regex in a schema (``pattern`` values, ``patternProperties`` keys): the same
     compilers build automata from them as from a ``regex`` constraint."""

@@ -35,6 +35,7 @@ from runtime.limits import (
     regex_problem,
     resolve_ref,
     schema_patterns,
+    schema_resources,
 )
 
 
@@ -48,7 +49,7 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
     if not isinstance(schema, dict):
         raise InvalidSchema(f"'{param}' must be a JSON schema object", param=param)
     try:
-        canonical = _canonical(schema)  # the key of both caches below
+        canonical = canonical_text(schema)  # the key of both caches below
     except (TypeError, ValueError) as exc:  # a Python caller's non-JSON value
         raise InvalidSchema(f"'{param}' is not JSON: {exc}", param=param) from None
     check_schema_bounds(canonical, limits, param)
@@ -67,6 +68,7 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
         raise InvalidSchema(
             f"'{param}' is not a valid JSON schema at {where}: {exc.message}", param=param
         ) from None
+    _check_identifiers(schema, param)
     for ref in refs_in(schema):
         if not ref.startswith("#"):
             raise InvalidSchema(
@@ -79,11 +81,44 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
                 " stands for no schema (give the loop a schema with content)",
                 param=param,
             )
+    check_compiles(canonical, param)
+
+
+def check_compiles(canonical: bytes, param: str, what: str | None = None) -> None:
+    """Build (and keep) the validator the output will be checked with, so a schema it cannot
+    build (a ``$ref`` that does not resolve, a pattern it cannot read) is a 400 before
+    anything is generated, never a 500 after. ``canonical``: the schema as
+    :func:`canonical_text` writes it; ``what`` names it in errors (default: ``param``)."""
     try:
         _validator(canonical)
     except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
         reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
-        raise InvalidSchema(f"'{param}' cannot be compiled: {reason}", param=param) from None
+        what = what or f"'{param}'"
+        raise InvalidSchema(f"{what} cannot be compiled: {reason}", param=param) from None
+
+
+def _check_identifiers(schema: dict[str, Any], param: str) -> None:
+    """Refuse what the tool union cannot carry over as a static pointer (runtime/tools.py
+    rewrites ``$anchor`` refs and those inside a nested ``$id`` as pointers from its root):
+    ``$dynamicRef`` resolves by the path taken at validation time (and xgrammar ignored it),
+    and an ``$anchor`` defined twice in one resource, which 2020-12 forbids, names either."""
+    nodes, anchors = schema_resources(schema)
+    for pointer, _, node in nodes:
+        for keyword in ("$dynamicRef", "$dynamicAnchor"):
+            if keyword in node:
+                raise InvalidSchema(
+                    f"'{param}' uses {keyword} at {pointer or '(root)'}: dynamic references"
+                    ' are not supported; use $ref with a JSON pointer ("#/$defs/...") or an'
+                    " $anchor",
+                    param=param,
+                )
+    for (_, name), where in anchors.items():
+        if len(where) > 1:
+            raise InvalidSchema(
+                f"'{param}' defines $anchor {name!r} at {where[0]} and at {where[1]}, in one"
+                f" schema resource: $ref '#{name}' could mean either (rename one)",
+                param=param,
+            )
 
 
 # Keywords that do not constrain the value: a node holding only these besides a $ref (or a
@@ -141,7 +176,8 @@ def refs_in(node: Any) -> Iterable[str]:
 _sorted_json = msgspec.json.Encoder(order="sorted").encode
 
 
-def _canonical(schema: dict[str, Any]) -> bytes:
+def canonical_text(schema: dict[str, Any]) -> bytes:
+    """The text both caches here key on: compact JSON, keys sorted."""
     return json_text(schema, _sorted_json)
 
 
@@ -181,7 +217,7 @@ def _validator(canonical: bytes) -> jsonschema_rs.Validator:
 def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix: str = "") -> None:
     """Raise StructuredOutputInvalid at the JSON pointer of the first failure, naming
     ``param``, the request field whose schema the value fails."""
-    validator = _validator(_canonical(schema))
+    validator = _validator(canonical_text(schema))
     if validator.is_valid(value):
         return
     try:
@@ -199,4 +235,11 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix
     )
 
 
-__all__ = ["check_metaschema", "check_schema", "refs_in", "validate"]
+__all__ = [
+    "canonical_text",
+    "check_compiles",
+    "check_metaschema",
+    "check_schema",
+    "refs_in",
+    "validate",
+]

@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import copy
 import re
+import urllib.parse
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from runtime.errors import InvalidSchema, InvalidTools, RuntimeInputError, UnknownTool
-from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.limits import DEFAULT_LIMITS, Limits, pointer_token, resolve_ref, schema_resources
 from runtime.schema_check import check_schema, refs_in
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
@@ -152,8 +153,34 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     object let it), or the closed object could never be valid. Anything valid against the
     result is valid against ``schema`` (but for ``oneOf``, whose exclusivity no grammar
     backend enforces anyway: outputs are validated against the tool's own schema).
+
+    A local ``$ref`` counts as the schema it names, written where the ref is: its keys are
+    listed on the object that applies it in place (a ``$ref`` beside ``properties``, in an
+    ``allOf``, in the ``anyOf`` of a described object), and there it points at an open copy
+    of its target (in ``$defs``, ``<name>-open``), since the target closed to its own keys
+    made the composition (OpenAPI's ``allOf: [{$ref: Base}, ...]``) unsatisfiable. Refs
+    used alone (a property's schema, a lone ``allOf`` member, an ``anyOf`` variant) keep
+    the closed target. Refs are first made pointers from the root (:func:`_pointer_refs`).
     """
-    out = copy.deepcopy(schema)
+    out = _pointer_refs(schema)
+    pristine = copy.deepcopy(out)  # the targets open copies are made of
+    open_refs: dict[str, str] = {}
+
+    def opened(ref: str) -> str:
+        """The ref of an open copy of what ``ref`` names, made once (cycles end there)."""
+        target = resolve_ref(pristine, ref)
+        if ref in open_refs or not isinstance(target, dict):
+            return open_refs.get(ref, ref)
+        defs = out.setdefault("$defs", {})
+        name = f"{ref.rpartition('/')[2].lstrip('#') or 'root'}-open"
+        while name in defs:
+            name += "-"
+        open_refs[ref] = "#/$defs/" + _fragment(pointer_token(name))
+        defs[name] = copy.deepcopy(
+            {k: v for k, v in target.items() if k not in ("$defs", "definitions")}
+        )
+        close(defs[name], keys_ruled=True)
+        return open_refs[ref]
 
     def close(node: Any, *, keys_ruled: bool = False) -> None:
         """``keys_ruled``: an object this node applies to in place already rules its keys."""
@@ -164,12 +191,21 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
             node["additionalProperties"] = False
             properties = node["properties"]
             if isinstance(properties, dict):
-                for key in _keys_named_in_place(node):
+                for key in _keys_named_in_place(node, pristine):
                     properties.setdefault(key, {})
-        for sub in _subschemas(node, skip=_IN_PLACE):
+        standalone = list(_subschemas(node, skip=_IN_PLACE))  # before opened() adds to $defs
+        in_place = keys_ruled or described
+        conjuncts = node.get("allOf")
+        conjuncts = conjuncts if isinstance(conjuncts, list) else []
+        composed = [node] if in_place else []
+        composed += [m for m in conjuncts if in_place or len(conjuncts) > 1]
+        for part in composed:
+            if isinstance(part, dict) and isinstance(part.get("$ref"), str):
+                part["$ref"] = opened(part["$ref"])
+        for sub in standalone:
             close(sub)
         for member in _in_place_members(node):
-            close(member, keys_ruled=keys_ruled or described)
+            close(member, keys_ruled=in_place)
 
     close(out)
     return out
@@ -191,18 +227,26 @@ def _in_place_members(node: dict[str, Any]) -> Iterable[Any]:
     yield from dependent.values() if isinstance(dependent, dict) else ()
 
 
-def _keys_named_in_place(node: dict[str, Any]) -> list[str]:
+def _keys_named_in_place(
+    node: dict[str, Any], root: dict[str, Any], followed: frozenset[str] = frozenset()
+) -> list[str]:
     """Keys ``node`` requires, and those its in-place parts (``allOf``, ``anyOf``, ``oneOf``,
-    ``then``, ``else``, ``dependentSchemas``: they read the same object) list or require, at
-    any depth; in the schema's order, so the closed schema's text is stable."""
+    ``then``, ``else``, ``dependentSchemas``, the target of its ``$ref`` in ``root``: they
+    read the same object) list or require, at any depth, each ref followed once; in the
+    schema's order, so the closed schema's text is stable."""
     required = node.get("required")
     keys = [k for k in required if isinstance(k, str)] if isinstance(required, list) else []
+    ref = node.get("$ref")
+    target = resolve_ref(root, ref) if isinstance(ref, str) and ref not in followed else None
+    if target is not None:
+        followed = followed | {ref}
     conjuncts = node.get("allOf")
-    for part in [*(conjuncts if isinstance(conjuncts, list) else ()), *_in_place_members(node)]:
+    parts = [target, *(conjuncts if isinstance(conjuncts, list) else ())]
+    for part in [*parts, *_in_place_members(node)]:
         if isinstance(part, dict):
             listed = part.get("properties")
             keys += list(listed) if isinstance(listed, dict) else []
-            keys += _keys_named_in_place(part)
+            keys += _keys_named_in_place(part, root, followed)
     return keys
 
 
@@ -408,24 +452,49 @@ def _closed_object(properties: dict[str, Any]) -> dict[str, Any]:
 
 
 def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``."""
-    body = {k: v for k, v in schema.items() if k != "$schema"}
+    """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``,
+    its refs rewritten as pointers from the union's root (:func:`_pointer_refs`).
+
+    Its root ``$id`` is dropped: kept, it made the embedded schema a resource of its own, and
+    2020-12 resolves the rewritten ``#/$defs/<key>/...`` against that resource, where it
+    dangles. Only local refs are allowed (runtime/schema_check.py), so nothing can name the
+    schema by that URI."""
+    body = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
     if not any(True for _ in refs_in(body)):
         return body
-    defs[key] = _rewrite_refs(body, f"#/$defs/{key}")
+    defs[key] = _pointer_refs(body, f"#/$defs/{key}")
     return {"$ref": f"#/$defs/{key}"}
 
 
-def _rewrite_refs(node: Any, base: str) -> Any:
-    if isinstance(node, dict):
-        out = {k: _rewrite_refs(v, base) for k, v in node.items()}
+def _pointer_refs(schema: dict[str, Any], base: str = "#") -> dict[str, Any]:
+    """A copy of ``schema`` whose local ``$ref``s are JSON pointers from its root, after
+    ``base``, and in which nothing else names a part: 2020-12 resolves ``#/...`` from the
+    nearest ``$id`` (a nested one starts a resource) and ``#name`` to that resource's
+    ``$anchor``; rewritten so, nested ``$id``s and ``$anchor``s are dropped (moved into the
+    union, a pointer re-based by a kept ``$id`` dangled, and two tools' anchors could
+    clash). The refs of ``const``/``enum``/``default`` data are values, left alone."""
+    out = copy.deepcopy(schema)
+    nodes, anchors = schema_resources(out)
+    for pointer, resource, node in nodes:
         ref = node.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            out["$ref"] = base + ref[1:]
-        return out
-    if isinstance(node, list):
-        return [_rewrite_refs(v, base) for v in node]
-    return node
+            fragment = ref[1:]
+            if fragment and not fragment.startswith("/"):  # an anchor
+                named = anchors.get((resource, fragment))
+                fragment = _fragment(named[0]) if named else None
+            else:
+                fragment = _fragment(resource) + fragment
+            if fragment is not None:  # else unresolvable: validate_constraint names it
+                node["$ref"] = base + fragment
+        node.pop("$anchor", None)
+        if pointer:
+            node.pop("$id", None)
+    return out
+
+
+def _fragment(pointer: str) -> str:
+    """A JSON pointer written as a URI fragment (RFC 6901 section 6: percent-encoded)."""
+    return urllib.parse.quote(pointer, safe="/!$&'()*+,;=:@~")
 
 
 __all__ = [

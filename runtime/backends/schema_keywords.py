@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runtime.errors import BackendCannotCompile
-from runtime.limits import resolve_ref
+from runtime.limits import resolve_ref, schema_nodes
 
 # Not enforced by xgrammar, Outlines nor lm-format-enforcer (each accepts and ignores them;
 # measured by tests/runtime/test_backends.py::test_compiled_schema_keywords_are_enforced).
@@ -47,42 +47,11 @@ BOUNDS = frozenset(
     }
 )
 
-# Keywords whose value is a map of name -> subschema (the names are not keywords).
-_SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
-
-
-# Keywords whose value is data: instances, or property names (dependentRequired's keys).
-_DATA = frozenset({"enum", "const", "default", "examples", "dependentRequired"})
-
 
 def schema_keywords(schema: Any) -> Iterator[str]:
     """Every keyword used anywhere in the schema (not property names, not enum values)."""
     for _, node in schema_nodes(schema):
         yield from node
-
-
-def schema_nodes(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every object in the schema that is a (sub)schema, with its JSON pointer: not enum
-    values, not the maps of names (``properties``, ``$defs``) that hold subschemas."""
-    stack: list[tuple[str, Any]] = [("", schema)]
-    while stack:
-        pointer, node = stack.pop()
-        if isinstance(node, list):
-            stack.extend((f"{pointer}/{i}", item) for i, item in enumerate(node))
-            continue
-        if not isinstance(node, dict):
-            continue
-        yield pointer, node
-        for key, value in node.items():
-            at = f"{pointer}/{_escaped(key)}"
-            if key in _DATA:
-                continue
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
-                stack.extend((f"{at}/{_escaped(name)}", sub) for name, sub in value.items())
-            else:
-                stack.append((at, value))
 
 
 def refuse_keywords(backend: str, schema: Any, unenforced: frozenset[str]) -> None:
@@ -200,7 +169,3 @@ def _resolved(root: Any, schema: Any) -> Any:
             return schema
         schema = target
     return schema
-
-
-def _escaped(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")

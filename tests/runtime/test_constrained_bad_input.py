@@ -258,6 +258,31 @@ def test_a_schema_that_admits_no_value_is_refused_before_decoding(schema, why) -
     assert "admits no value" in err.value.message and why in err.value.message
 
 
+def test_a_union_whose_refs_do_not_resolve_never_reaches_a_backend(chain) -> None:
+    """A tool union as a root ``$id`` kept in it once made it: llguidance refused it,
+    xgrammar compiled it anyway, and the output check, unable to build, raised after
+    decoding (a 500). The whole union's validator is built first now: a 400 naming where."""
+    union = {
+        "type": "object",
+        "properties": {"tool": {"const": "f"}, "arguments": {"$ref": "#/$defs/tool-f"}},
+        "required": ["tool", "arguments"],
+        "additionalProperties": False,
+        "$defs": {
+            "tool-f": {
+                "$id": "https://example.com/f",
+                "type": "object",
+                "properties": {"pet": {"$ref": "#/$defs/tool-f/$defs/Pet"}},
+                "required": ["pet"],
+                "$defs": {"Pet": {"type": "string"}},
+            }
+        },
+    }
+    with pytest.raises(InvalidSchema) as err:
+        chain.compile(Constraint.json_schema(union, kind="tools"))
+    assert err.value.param == "tools" and err.value.status == 400
+    assert "'/$defs/tool-f/$defs/Pet' does not exist" in err.value.message
+
+
 def test_limits_are_configurable_and_name_the_limit():
     small = Limits(max_schema_bytes=10, max_tools=2, max_regex_length=3)
     with pytest.raises(ConstraintTooComplex, match="max_schema_bytes is 10"):

@@ -10,6 +10,7 @@ import jsonschema
 import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
+from runtime.constraint import Constraint, validate_constraint
 from runtime.errors import InvalidSchema, InvalidTools, StructuredOutputInvalid, UnknownTool
 from runtime.output_parsing import (
     CALL_ID_RE,
@@ -276,6 +277,104 @@ def test_refs_keep_resolving_once_embedded() -> None:
     bad_guest = {"tool": "book_room", "arguments": {"guest": {"age": 3}, "nights": 1}}
     assert not accepts(schema, bad_guest)
     assert not accepts(schema, {"tool_calls": [bad_guest]})
+
+
+PET_WITH_ID = {
+    "$id": "https://example.com/schemas/register_pet",
+    "type": "object",
+    "properties": {"pet": {"$ref": "#/$defs/Pet"}},
+    "required": ["pet"],
+    "$defs": {
+        "Pet": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    },
+}
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_refs_resolve_once_embedded_despite_a_root_id(parallel: bool) -> None:
+    """A root ``$id`` (schema generators emit one) kept in the union rebased the rewritten
+    pointer onto the tool's own subschema: the output check could not build its validator
+    and every decoded call was a 500. The same schema as the answer branch, too."""
+    rf = {"type": "json_schema", "json_schema": {"name": "p", "schema": PET_WITH_ID}}
+    tools = parse_tools_field([function_tool("register_pet", PET_WITH_ID)])
+    union = union_schema(tools, "auto", rf, parallel)
+    call = {"tool": "register_pet", "arguments": {"pet": {"name": "Rex"}}}
+    for value in (call, {"answer": {"pet": {"name": "Rex"}}}):
+        validate(value, union, json.dumps(value), param="tools")
+    with pytest.raises(StructuredOutputInvalid, match="output fails its schema"):
+        bad = {"tool": "register_pet", "arguments": {"pet": {}}}
+        validate(bad, union, json.dumps(bad), param="tools")
+
+
+@pytest.mark.parametrize(
+    ("params", "good", "bad"),
+    [
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"$anchor": "word", "type": "string"}, "b": {"$ref": "#word"}},
+                "required": ["b"],
+            },
+            {"b": "hello"},
+            {"b": 1},
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "a": {
+                        "$id": "https://example.com/a",
+                        "type": "object",
+                        "properties": {"q": {"$ref": "#/$defs/s"}},
+                        "$defs": {"s": {"type": "string"}},
+                    }
+                },
+            },
+            {"a": {"q": "x"}},
+            {"a": {"q": 1}},
+        ),
+    ],
+    ids=["anchor", "nested-id"],
+)
+def test_anchor_and_nested_id_refs_resolve_once_embedded(
+    params: dict[str, Any], good: dict[str, Any], bad: dict[str, Any]
+) -> None:
+    """``#word`` was rewritten to ``#/$defs/tool-fword``, and a ref inside a nested ``$id``
+    was re-based onto the union's root: dangling, lm-format-enforcer crashed mid-decode.
+    Both are pointers from the union's root now."""
+    union = union_schema(parse_tools_field([function_tool("f", params)]), "required")
+    validate({"tool": "f", "arguments": good}, union, "", param="tools")
+    with pytest.raises(StructuredOutputInvalid):
+        validate({"tool": "f", "arguments": bad}, union, "", param="tools")
+
+
+@pytest.mark.parametrize(
+    ("node", "words"),
+    [
+        ({"$dynamicRef": "#meta"}, "$dynamicRef at /properties/b: dynamic references"),
+        ({"$dynamicAnchor": "meta"}, "$dynamicAnchor at /properties/b"),
+        ({"$anchor": "a", "type": "string"}, "$anchor 'a' at /properties/"),
+    ],
+    ids=["dynamic-ref", "dynamic-anchor", "anchor-twice"],
+)
+def test_identifiers_the_union_cannot_carry_are_refused(node: dict[str, Any], words: str) -> None:
+    params = {"type": "object", "properties": {"a": {"$anchor": "a"}, "b": node}}
+    with pytest.raises(InvalidSchema) as err:
+        parse_tools_field([function_tool("f", params)])
+    assert err.value.param == "tools[0].function.parameters" and words in err.value.message
+
+
+def test_embedding_leaves_refs_inside_data_alone() -> None:
+    """A ``const`` is a value, not a schema: rewritten, the union demanded another value than
+    the tool's own schema, and every call failed the parse with a 422."""
+    marker = {"$ref": "#/$defs/Guest"}
+    params = {
+        **BOOKING_PARAMS,
+        "properties": {**BOOKING_PARAMS["properties"], "m": {"const": marker}},
+    }
+    union = union_schema(parse_tools_field([function_tool("book", params)]), "required")
+    call = {"tool": "book", "arguments": {"guest": {"name": "Ada"}, "nights": 1, "m": marker}}
+    validate(call, union, json.dumps(call), param="tools")
 
 
 @pytest.mark.parametrize("parallel", [False, True])
@@ -638,3 +737,93 @@ def test_closing_never_reaches_into_not_or_if() -> None:
     for value in ({"a": 1, "b": 2}, {"a": 2}, {"a": 3, "c": 1}):
         assert not accepts(closed, value), value
     assert accepts(closed, {"a": 2, "b": 0}) and accepts(closed, {"a": 3})
+
+
+PET_DEFS = {
+    "Pet": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+    "Tag": {"type": "object", "properties": {"tag": {"type": "string"}}, "required": ["tag"]},
+}
+AGE = {"age": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(
+    ("pet", "value", "closed"),
+    [
+        ({"allOf": [{"$ref": "#/$defs/Pet"}], "properties": AGE}, {"name": "Rex", "age": 3}, True),
+        ({"$ref": "#/$defs/Pet", "properties": AGE}, {"name": "Rex", "age": 3}, True),
+        (
+            {"properties": AGE, "anyOf": [{"$ref": "#/$defs/Pet"}, {"$ref": "#/$defs/Tag"}]},
+            {"tag": "x", "age": 3},
+            True,
+        ),
+        # no properties of its own: open, as the same two members written inline leave it
+        (
+            {"allOf": [{"$ref": "#/$defs/Pet"}, {"$ref": "#/$defs/Tag"}]},
+            {"name": "R", "tag": "x"},
+            False,
+        ),
+    ],
+    ids=["allOf-ref", "sibling-ref", "anyOf-refs", "allOf-two-refs"],
+)
+def test_closing_follows_refs_composed_in_place(
+    pet: dict[str, Any], value: dict[str, Any], closed: bool
+) -> None:
+    """OpenAPI/Pydantic composition: closed to its own properties, and its ref's target
+    closed to its own, the object could hold neither key set whole: a 400
+    constraint_unsatisfiable for a valid schema, as tool parameters and as response_format.
+    The target used alone (``other``) stays closed."""
+    pet = {**pet, "required": ["age"]} if "properties" in pet else pet
+    params = {
+        "type": "object",
+        "properties": {"pet": pet, "other": {"$ref": "#/$defs/Pet"}},
+        "required": ["pet"],
+        "$defs": PET_DEFS,
+    }
+    union = union_schema(parse_tools_field([function_tool("f", params)]), "required")
+    for schema, kind in ((union, "tools"), (closed_schema(params), "json")):
+        validate_constraint(Constraint.json_schema(schema, kind=kind))  # satisfiable
+    for arguments, ok in [
+        ({"pet": value}, True),
+        ({"pet": {**value, "invented": 1}}, not closed),
+        ({"pet": value, "other": {"name": "Rex", "age": 3}}, False),
+    ]:
+        assert accepts(union, {"tool": "f", "arguments": arguments}) is ok, arguments
+        assert accepts(closed_schema(params), arguments) is ok, arguments
+    assert accepts(params, {"pet": value})  # the client's own schema agrees
+
+
+def test_a_ref_used_alone_keeps_its_target_closed() -> None:
+    """A property's ``$ref``, a lone ``allOf`` member (Pydantic v1 beside a description) and
+    an ``anyOf`` variant describe the object alone: the closed target is theirs."""
+    params = {
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/Pet"},
+            "b": {"allOf": [{"$ref": "#/$defs/Pet"}], "description": "a pet"},
+            "c": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"$ref": "#/$defs/Tag"}]},
+        },
+        "$defs": PET_DEFS,
+    }
+    closed = closed_schema(params)
+    assert set(closed["$defs"]) == {"Pet", "Tag"}
+    for key in ("a", "b", "c"):
+        assert accepts(closed, {key: {"name": "Rex"}})
+        assert not accepts(closed, {key: {"name": "Rex", "invented": 1}}), key
+
+
+def test_a_ref_composed_into_itself_ends() -> None:
+    """A target whose open copy applies itself again in place is copied once."""
+    params = {
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/Node"}},
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {"v": {"type": "integer"}},
+                "anyOf": [{"$ref": "#/$defs/Node"}, {"required": ["v"]}],
+            }
+        },
+    }
+    closed = closed_schema(params)
+    assert closed["$defs"]["Node"]["anyOf"][0] == {"$ref": "#/$defs/Node-open"}
+    assert closed["$defs"]["Node-open"]["anyOf"][0] == {"$ref": "#/$defs/Node-open"}
