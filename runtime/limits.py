@@ -395,13 +395,13 @@ def resolve_ref(schema: Any, ref: str) -> Any:
 
 
 # Keywords whose value is a map of name -> subschema (the names are not keywords).
-_SCHEMA_MAPS = frozenset(
+SCHEMA_MAPS = frozenset(
     {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
 )
 
 
 # Keywords whose value is data: instances, or property names (dependentRequired's keys).
-_DATA = frozenset({"enum", "const", "default", "examples", "dependentRequired"})
+DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "dependentRequired"})
 
 
 def schema_nodes(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -418,9 +418,9 @@ def schema_nodes(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
         yield pointer, node
         for key, value in node.items():
             at = f"{pointer}/{pointer_token(key)}"
-            if key in _DATA:
+            if key in DATA_KEYWORDS:
                 continue
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
+            if key in SCHEMA_MAPS and isinstance(value, dict):
                 stack.extend((f"{at}/{pointer_token(name)}", sub) for name, sub in value.items())
             else:
                 stack.append((at, value))
