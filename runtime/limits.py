@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import re._constants as re_constants
 import re._parser as re_parser
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import msgspec
 
 from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint, to_lark
-from runtime.errors import ConstraintTooComplex
+from runtime.errors import ConstraintTooComplex, InvalidRegex
 from runtime.redos import REPEATS, ambiguous_repeat
 
 
@@ -383,7 +384,7 @@ def resolve_ref(schema: Any, ref: str) -> Any:
         return node
     if not ref.startswith("#/"):
         return None  # an anchor: not followed
-    for part in ref[2:].split("/"):
+    for part in urllib.parse.unquote(ref[2:]).split("/"):  # a URI fragment (RFC 6901 s6)
         key = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and key in node:
             node = node[key]
@@ -395,9 +396,7 @@ def resolve_ref(schema: Any, ref: str) -> Any:
 
 
 # Keywords whose value is a map of name -> subschema (the names are not keywords).
-SCHEMA_MAPS = frozenset(
-    {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
-)
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 # Keywords whose value is data: instances, or property names (dependentRequired's keys).
@@ -478,8 +477,9 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
             param=param,
         )
-    if _ambiguous_class(pattern) is not None:
-        return  # validation refuses it (and Python's parser would warn on stderr)
+    ambiguous = _ambiguous_class(pattern)
+    if ambiguous is not None:  # before Python's parser, which would warn on stderr
+        raise InvalidRegex(f"the regex {pattern[:80]!r} has {ambiguous}", param=param)
     try:
         re_parser.parse(pattern)
     except OverflowError:

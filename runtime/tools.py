@@ -130,7 +130,6 @@ def _tool_parameters(params: Any, param: str, limits: Limits) -> dict[str, Any]:
 # --------------------------------------------------------------------------- closed objects
 
 # Subschema-bearing keywords walked when closing objects.
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_SINGLES = (
     "items",
@@ -261,7 +260,7 @@ def _keys_named_in_place(
 
 
 def _subschemas(node: dict[str, Any], skip: Container[str] = ()) -> Iterable[Any]:
-    for key in _SCHEMA_MAPS:
+    for key in SCHEMA_MAPS:
         sub = node.get(key)
         if isinstance(sub, dict) and key not in skip:
             yield from sub.values()

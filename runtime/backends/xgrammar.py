@@ -22,10 +22,10 @@ from runtime.backends.base import (
     GrammarBackend,
     MaskReadingMatcher,
 )
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, schema_nodes
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
-from runtime.limits import constraint_patterns
+from runtime.limits import constraint_patterns, schema_nodes
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 
@@ -114,13 +114,21 @@ def _dropped(constraint: Constraint) -> str | None:
         return None
     for pointer, node in schema_nodes(constraint.schema()):
         if "multipleOf" in node and not _integer_multiple(node):
-            return f"ignores multipleOf at {pointer or '/'} (enforced on whole steps of integers)"
+            return (
+                f"ignores multipleOf at {pointer or '/'} (enforced on whole steps of integers"
+                " with no minimum or maximum beside it)"
+            )
         if {"pattern", "format"} & node.keys() and {"minLength", "maxLength"} & node.keys():
             return f"ignores minLength/maxLength beside a pattern or format at {pointer or '/'}"
     return None
 
 
+_RANGE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
 def _integer_multiple(node: dict[str, Any]) -> bool:
+    """Whether xgrammar enforces this node's multipleOf: a whole step on an integer with no
+    range beside it ("range + multipleOf combination not yet supported")."""
     types = node.get("type")
     step = node["multipleOf"]
     return (
@@ -131,6 +139,7 @@ def _integer_multiple(node: dict[str, Any]) -> bool:
         and isinstance(step, int | float)
         and not isinstance(step, bool)
         and float(step).is_integer()
+        and not _RANGE & node.keys()
     )
 
 

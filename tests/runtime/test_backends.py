@@ -380,6 +380,10 @@ def test_xgrammar_takes_a_one_of_whose_branches_are_disjoint():
         (Constraint.json_schema({"type": "number", "multipleOf": 5}), "ignores multipleOf at /"),
         (Constraint.json_schema({"type": "integer", "multipleOf": 2.5}), "ignores multipleOf"),
         (
+            Constraint.json_schema({"type": "integer", "multipleOf": 10, "minimum": 0}),
+            "ignores multipleOf",
+        ),
+        (
             Constraint.json_schema({"type": "string", "format": "date", "maxLength": 12}),
             "ignores minLength/maxLength",
         ),

@@ -55,8 +55,15 @@ def _deep(levels: int) -> dict:
         (Constraint.regex("[[:alpha:]]+"), InvalidRegex, "'[' inside a character class"),
         (
             Constraint.json_schema({"type": "string", "pattern": "^[a-z--x]$"}),
-            InvalidSchema,
+            InvalidRegex,
             "'--' inside a character class",
+        ),
+        (  # read before any limit: it must not skip them (a class hid (x{1000}){1000})
+            Constraint.ebnf(
+                'start: %json {"type": "string", "pattern": "[a[:b:]](x{1000}){1000}"}'
+            ),
+            InvalidRegex,
+            "'[' inside a character class",
         ),
         (Constraint.ebnf("start: foo"), InvalidGrammar, "unknown name"),
         (Constraint.ebnf('start: "a" ('), InvalidGrammar, "invalid grammar"),

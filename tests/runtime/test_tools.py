@@ -792,6 +792,28 @@ def test_closing_follows_refs_composed_in_place(
     assert accepts(params, {"pet": value})  # the client's own schema agrees
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"my base": {"$anchor": "Base", **PET_DEFS["Pet"]}}, "$ref": "#Base"},
+        {"$defs": {"my base": PET_DEFS["Pet"]}, "$ref": "#/$defs/my%20base"},
+        {"$defs": {"café": {"$anchor": "Base", **PET_DEFS["Pet"]}}, "allOf": [{"$ref": "#Base"}]},
+    ],
+    ids=["anchor-on-a-spaced-name", "percent-encoded-pointer", "non-ascii-name"],
+)
+def test_refs_whose_pointers_are_percent_encoded_are_followed_when_closing(
+    schema: dict[str, Any],
+) -> None:
+    """A ref is a URI fragment: a name with a space or a non-ASCII letter is percent-encoded
+    in it (and the union writes it so); closing did not decode it, kept the target closed
+    and refused a value the client's schema accepts."""
+    params = {"type": "object", **schema, "properties": {"age": {"type": "integer"}}}
+    value = {"name": "Rex", "age": 3}
+    assert accepts(params, value)
+    assert accepts(closed_schema(params), value)
+    assert not accepts(closed_schema(params), {**value, "invented": 1})
+
+
 def test_a_ref_used_alone_keeps_its_target_closed() -> None:
     """A property's ``$ref``, a lone ``allOf`` member (Pydantic v1 beside a description) and
     an ``anyOf`` variant describe the object alone: the closed target is theirs."""
