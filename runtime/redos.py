@@ -18,7 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 REPEATS = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
-_SAMPLE = frozenset(chr(i) for i in range(9, 127)) | frozenset("\u00a0é日\u2028")
+# ASCII, and letters, a digit and spaces of other scripts (runtime.unicode_properties reads
+# \p{L}, \p{Nd} or \p{Script=Greek} on it too)
+SAMPLE = frozenset(chr(i) for i in range(9, 127)) | frozenset("\u00a0éαЯ日٣\u2028")
 _CATEGORIES: dict[Any, Callable[[str], bool]] = {
     c.CATEGORY_DIGIT: str.isdigit,
     c.CATEGORY_NOT_DIGIT: lambda ch: not ch.isdigit(),
@@ -70,9 +72,9 @@ def _item_first(op: Any, argument: Any) -> frozenset[str]:
     if op is c.LITERAL:
         return frozenset(chr(argument))
     if op is c.NOT_LITERAL:
-        return _SAMPLE - {chr(argument)}
+        return SAMPLE - {chr(argument)}
     if op is c.IN:
-        return frozenset(ch for ch in _SAMPLE if _in_class(argument, ch))
+        return frozenset(ch for ch in SAMPLE if _in_class(argument, ch))
     if op is c.SUBPATTERN:
         return _first_chars(argument[3])
     if op is c.BRANCH:
@@ -81,7 +83,7 @@ def _item_first(op: Any, argument: Any) -> frozenset[str]:
         return _first_chars(argument[2])
     if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
         return frozenset()
-    return _SAMPLE  # ANY, back references, ...: could be anything
+    return SAMPLE  # ANY, back references, ...: could be anything
 
 
 def _nullable(op: Any, argument: Any) -> bool:

@@ -97,10 +97,11 @@ class XGrammarBackend(GrammarBackend):
         return self._compiler.compile_lark(constraint.source)
 
 
-# Escapes Python's `re` reads as anchors, octal or named characters and xgrammar's regex
-# converter as the letter or digit itself ("Escape sequence '\Z' is not recognized. The
-# character itself will be matched"); any other escape pair is skipped whole.
-_ESCAPE = re.compile(r"\\(?:([AZzN]|0[0-7]|[1-9])|.)", re.DOTALL)
+# Escapes Python's `re` reads as anchors, octal or named characters (and the `regex` module
+# and llguidance \p{..} as a Unicode property) and xgrammar's regex converter as the letter or
+# digit itself ("Escape sequence '\Z' is not recognized. The character itself will be
+# matched"); any other escape pair is skipped whole.
+_ESCAPE = re.compile(r"\\(?:([AZzNpP]|0[0-7]|[1-9])|.)", re.DOTALL)
 
 
 def _dropped(constraint: Constraint) -> str | None:

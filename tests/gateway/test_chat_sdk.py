@@ -14,6 +14,7 @@ from typing import Any, Literal
 import jsonschema
 import openai
 import pytest
+import regex
 from pydantic import BaseModel
 
 pytestmark = pytest.mark.model
@@ -417,6 +418,41 @@ def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
         extra_body={"grammar": grammar},
     )
     assert by_grammar.choices[0].message.content in ("Paris", "Tokyo", "Lima")
+
+
+def test_unicode_property_escapes_in_a_tool_schema_are_enforced(gateway: Any) -> None:
+    """JSON Schema patterns are ECMA regexes: \\p{Lu} and \\p{Ll} are an upper- and a
+    lower-case letter of any script (Python's ``re`` has no such escape)."""
+    pattern = "^\\p{Lu}\\p{Ll}{1,15}$"
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(gateway, extra_body={"regex": "\\p{Lettre}+"}, max_tokens=4)
+    assert refused.value.body["code"] == "invalid_regex"
+    assert "unknown property" in refused.value.body["message"]
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "pattern": pattern}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    params: dict[str, Any] = {
+        "tools": [tool],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_tokens": 32,
+        "messages": [{"role": "user", "content": "What is the weather in Zürich?"}],
+    }
+    if "llguidance" not in gateway.engine.identity.backends:  # vLLM's xgrammar: says so
+        with pytest.raises(openai.BadRequestError, match="escape sequence is not supported"):
+            create(gateway, **params)
+        return
+    (call,) = create(gateway, **params).choices[0].message.tool_calls
+    assert regex.fullmatch(pattern, json.loads(call.function.arguments)["city"])
 
 
 def test_a_cut_off_answer_comes_back_as_far_as_it_got(gateway: Any) -> None:

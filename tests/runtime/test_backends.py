@@ -373,6 +373,11 @@ def test_xgrammar_takes_a_one_of_whose_branches_are_disjoint():
         (Constraint.regex("[0-9]{3}\\Z"), "reads the escape \\Z"),
         (Constraint.regex("\\A[0-9]+"), "reads the escape \\A"),
         (Constraint.regex("[\\101-\\132]{2}"), "reads the escape \\1"),
+        (Constraint.regex("[\\p{Lu}][a-z]+"), "reads the escape \\p"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^\\P{N}+$"}),
+            "reads the escape \\P",
+        ),
         (
             Constraint.json_schema({"type": "string", "pattern": "^a\\Z"}),
             "reads the escape \\Z",
@@ -398,6 +403,36 @@ def test_xgrammar_refuses_what_it_would_weaken(constraint, reason):
     reports only on stderr; the probes here are those warnings, each a 422 loop before."""
     with pytest.raises(BackendCannotCompile, match=f"^xgrammar: {re.escape(reason)}"):
         make_backend("xgrammar", smol_tokenizer()).compile(constraint)
+
+
+UNICODE_NAME = {"type": "string", "pattern": "^\\p{Lu}[\\p{Ll}\\p{Mn}]{1,20}$"}
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        ('"Zoë"', True),
+        ('"Émile"', True),
+        ('"Åsa"', True),
+        ('"zoë"', False),
+        ('"Zo3"', False),
+        ('"Z"', False),
+        ('"p{Lu}"', False),
+    ],
+)
+def test_llguidance_enforces_unicode_property_escapes(text, ok):
+    """JSON Schema patterns are ECMA regexes, where \\p{L} means a letter of any script."""
+    compiled = make_backend("llguidance", smol_tokenizer()).compile(
+        Constraint.json_schema(UNICODE_NAME)
+    )
+    assert matches(compiled.matcher(), text) is ok
+
+
+@pytest.mark.parametrize("name", ["xgrammar", "lm-format-enforcer"])
+def test_backends_without_unicode_properties_refuse_them(name):
+    """xgrammar read \\p inside a class as the letter p; neither may enforce less."""
+    with pytest.raises(BackendCannotCompile):
+        make_backend(name, smol_tokenizer()).compile(Constraint.json_schema(UNICODE_NAME))
 
 
 def test_xgrammar_enforces_multiple_of_on_whole_integer_steps():

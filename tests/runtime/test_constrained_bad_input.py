@@ -65,6 +65,16 @@ def _deep(levels: int) -> dict:
             InvalidRegex,
             "'[' inside a character class",
         ),
+        # Unicode property escapes: their names checked, their repetitions limited
+        (Constraint.regex("\\p{Letterz}+"), InvalidRegex, "unknown property"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^\\p{Script=Klingon}$"}),
+            InvalidSchema,
+            "unknown property",
+        ),
+        (Constraint.regex("(\\p{L}+)+!"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex("([\\p{Greek}x]+ ?)*!"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex("\\P{N}{5000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.ebnf("start: foo"), InvalidGrammar, "unknown name"),
         (Constraint.ebnf('start: "a" ('), InvalidGrammar, "invalid grammar"),
         (Constraint.ebnf("  "), InvalidGrammar, "empty"),

@@ -11,7 +11,14 @@ import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
 from runtime.constraint import Constraint, validate_constraint
-from runtime.errors import InvalidSchema, InvalidTools, StructuredOutputInvalid, UnknownTool
+from runtime.errors import (
+    ConstraintTooComplex,
+    InvalidSchema,
+    InvalidTools,
+    StructuredOutputInvalid,
+    UnknownTool,
+)
+from runtime.limits import check_constraint
 from runtime.output_parsing import (
     CALL_ID_RE,
     CallIds,
@@ -662,9 +669,14 @@ def test_a_schemas_own_metaschema_url_is_never_fetched() -> None:
 
 def test_a_pattern_python_cannot_read_is_refused() -> None:
     """The limits read patterns with Python's parser; one it cannot parse would count as no
-    repetition and no lookaround."""
+    repetition and no lookaround. A Unicode property escape is read through a stand-in, so
+    it hides nothing either."""
     with pytest.raises(InvalidSchema, match="does not compile"):
-        check_schema({"type": "string", "pattern": "(?:a{999}){30}\\p{L}"}, "p")
+        check_schema({"type": "string", "pattern": "(?:a{999}){30}(?<x>b)"}, "p")
+    readable = {"type": "string", "pattern": "(?:a{999}){30}\\p{L}"}
+    check_schema(readable, "p")
+    with pytest.raises(ConstraintTooComplex, match="max_regex_repeat"):
+        check_constraint(Constraint.json_schema(readable))
 
 
 @pytest.mark.parametrize(
