@@ -21,7 +21,7 @@ from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex, InvalidRegex
 from runtime.redos import REPEATS, ambiguous_repeat
-from runtime.unicode_properties import has_property_escape, property_error, python_form
+from runtime.unicode_properties import property_error, python_form
 
 
 @dataclass(frozen=True)
@@ -482,7 +482,7 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
     if ambiguous is not None:  # before Python's parser, which would warn on stderr
         raise InvalidRegex(f"the regex {pattern[:80]!r} has {ambiguous}", param=param)
     try:
-        re_parser.parse(python_form(pattern))
+        re_parser.parse(python_form(pattern).text)
     except OverflowError:
         raise ConstraintTooComplex(
             f"regex {pattern[:80]!r} has a repetition bound past 2**32", param=param
@@ -547,20 +547,21 @@ def unenforceable_regex_feature(pattern: str) -> str | None:
 
 def regex_problem(pattern: str) -> str | None:
     """Why ``pattern`` cannot be a constraint's regex, or None: Python's ``re`` (what reads
-    and limits every regex here) does not compile it, Unicode property escapes aside (the
-    ``regex`` module checks their names: runtime.unicode_properties), or it writes a
-    character class that the decoders' engines read one way and the output checks another."""
+    and limits every regex here) does not compile it, Unicode property escapes aside (their
+    names are checked against the regex module and llguidance: runtime.unicode_properties),
+    or it writes a character class that the decoders' engines read one way and the output
+    checks another."""
     ambiguous = _ambiguous_class(pattern)  # first: Python warns on some of these
     if ambiguous is not None:
         return ambiguous
-    if has_property_escape(pattern):
-        error = property_error(pattern)
-        if error is not None:
-            return f"does not compile: {error}"
+    error = property_error(pattern)
+    if error is not None:
+        return error
+    form = python_form(pattern)
     try:
-        re.compile(python_form(pattern))
+        re.compile(form.text)
     except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
-        return f"does not compile: {exc}"
+        return f"does not compile: {form.restore(str(exc))}"
     return None
 
 
@@ -604,8 +605,9 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
     """Every node of Python's parse of ``pattern``, nested ones too, as (opcode, argument,
     copies): how many times the counted repetitions around the node repeat it. Nothing when
     Python cannot parse the pattern."""
+    form = python_form(pattern)
     try:
-        parsed = re_parser.parse(python_form(pattern))
+        parsed = form.expand(re_parser.parse(form.text))
     except (re.error, OverflowError):  # check_regex refuses the latter first
         return
     pending: list[tuple[Any, int]] = [(parsed, 1)]
@@ -616,7 +618,7 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
                 yield op, argument, copies
                 if op in REPEATS:
                     pending.append((argument[2], copies * _bound(argument)))
-                else:
+                elif op is not re_constants.IN:  # a class's items hold no subpattern
                     pending.append((argument, copies))
         elif isinstance(node, list | tuple):
             pending.extend((child, copies) for child in node)

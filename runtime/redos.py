@@ -20,7 +20,8 @@ from typing import Any
 REPEATS = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
 # ASCII, and letters, a digit and spaces of other scripts (runtime.unicode_properties reads
 # \p{L}, \p{Nd} or \p{Script=Greek} on it too)
-SAMPLE = frozenset(chr(i) for i in range(9, 127)) | frozenset("\u00a0éαЯ日٣\u2028")
+OTHER = "\U0010fffd"  # a private-use character: stands for those outside the sample
+SAMPLE = frozenset(chr(i) for i in range(9, 127)) | frozenset("\u00a0éαЯ日٣\u2028" + OTHER)
 _CATEGORIES: dict[Any, Callable[[str], bool]] = {
     c.CATEGORY_DIGIT: str.isdigit,
     c.CATEGORY_NOT_DIGIT: lambda ch: not ch.isdigit(),

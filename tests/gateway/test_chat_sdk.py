@@ -427,7 +427,7 @@ def test_unicode_property_escapes_in_a_tool_schema_are_enforced(gateway: Any) ->
     with pytest.raises(openai.BadRequestError) as refused:
         create(gateway, extra_body={"regex": "\\p{Lettre}+"}, max_tokens=4)
     assert refused.value.body["code"] == "invalid_regex"
-    assert "unknown property" in refused.value.body["message"]
+    assert "unknown Unicode property" in refused.value.body["message"]
     tool = {
         "type": "function",
         "function": {

@@ -66,14 +66,21 @@ def _deep(levels: int) -> dict:
             "'[' inside a character class",
         ),
         # Unicode property escapes: their names checked, their repetitions limited
-        (Constraint.regex("\\p{Letterz}+"), InvalidRegex, "unknown property"),
+        (Constraint.regex("\\p{Letterz}+"), InvalidRegex, "an unknown Unicode property"),
         (
             Constraint.json_schema({"type": "string", "pattern": "^\\p{Script=Klingon}$"}),
             InvalidSchema,
-            "unknown property",
+            "an unknown Unicode property",
         ),
+        # known to the regex module only (the output check), not to llguidance's Rust regex
+        (Constraint.regex("\\p{InGreek}+"), InvalidRegex, "an unknown Unicode property"),
+        # "not Greek" to jsonschema-rs, "Greek" to llguidance, nothing to the regex module
+        (Constraint.regex("\\p{Script!=Greek}"), InvalidRegex, "not of the form"),
+        (Constraint.regex("\\p{L"), InvalidRegex, "not of the form"),
         (Constraint.regex("(\\p{L}+)+!"), ConstraintTooComplex, "nested quantifier"),
-        (Constraint.regex("([\\p{Greek}x]+ ?)*!"), ConstraintTooComplex, "nested quantifier"),
+        # a property no sample character has, negated; a "[" in a verbose-mode comment
+        (Constraint.regex("([^\\p{Cherokee}]+)+!"), ConstraintTooComplex, "nested quantifier"),
+        (Constraint.regex("(?x)#[\n(\\p{L}+)+!"), ConstraintTooComplex, "nested quantifier"),
         (Constraint.regex("\\P{N}{5000}"), ConstraintTooComplex, "max_regex_repeat"),
         (Constraint.ebnf("start: foo"), InvalidGrammar, "unknown name"),
         (Constraint.ebnf('start: "a" ('), InvalidGrammar, "invalid grammar"),
