@@ -7,6 +7,7 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 
 from __future__ import annotations
 
+import functools
 import re
 import re._constants as re_constants
 import re._parser as re_parser
@@ -20,8 +21,8 @@ import msgspec
 from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex, InvalidRegex
-from runtime.redos import REPEATS, ambiguous_repeat
-from runtime.unicode_properties import property_error, python_form
+from runtime.redos import REPEATS, SAMPLE, ambiguous_repeat, named_characters
+from runtime.unicode_properties import PythonForm, property_error, python_form
 
 
 @dataclass(frozen=True)
@@ -497,7 +498,9 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f" {limits.max_regex_repeat}",
             param=param,
         )
-    if any(ambiguous_repeat(op, argument) for op, argument, _ in _regex_nodes(pattern)):
+    parsed = _parsed(pattern)
+    universe = parsed[2] if parsed is not None else SAMPLE
+    if any(ambiguous_repeat(op, arg, universe) for op, arg, _ in _regex_nodes(pattern)):
         raise ConstraintTooComplex(
             "regex has a nested quantifier that can split its input many ways (a repeated"
             " group ending in a repetition of the characters the group starts with, as in"
@@ -562,6 +565,10 @@ def regex_problem(pattern: str) -> str | None:
         re.compile(form.text)
     except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
         return f"does not compile: {form.restore(str(exc))}"
+    parsed = _parsed(pattern)
+    escape = None if parsed is None else parsed[1].range_end(parsed[0])
+    if escape is not None:
+        return f"has the property escape {escape!r} as the end of a range, which it cannot be"
     return None
 
 
@@ -605,12 +612,10 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
     """Every node of Python's parse of ``pattern``, nested ones too, as (opcode, argument,
     copies): how many times the counted repetitions around the node repeat it. Nothing when
     Python cannot parse the pattern."""
-    form = python_form(pattern)
-    try:
-        parsed = form.expand(re_parser.parse(form.text))
-    except (re.error, OverflowError):  # check_regex refuses the latter first
+    parsed = _parsed(pattern)
+    if parsed is None:
         return
-    pending: list[tuple[Any, int]] = [(parsed, 1)]
+    pending: list[tuple[Any, int]] = [(parsed[0], 1)]
     while pending:
         node, copies = pending.pop()
         if isinstance(node, re_parser.SubPattern):
@@ -622,6 +627,20 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
                     pending.append((argument, copies))
         elif isinstance(node, list | tuple):
             pending.extend((child, copies) for child in node)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(pattern: str) -> tuple[Any, PythonForm, frozenset[str]] | None:
+    """Python's parse of ``pattern`` (property escapes expanded), its PythonForm, and the
+    characters the nested-quantifier check compares sets on: the sample and the pattern's
+    own. None when Python cannot parse it. Shared by the checks, which only read it."""
+    form = python_form(pattern)
+    try:
+        parsed = re_parser.parse(form.text)
+    except (re.error, OverflowError):  # check_regex refuses the latter first
+        return None
+    universe = SAMPLE | (named_characters(parsed) - form.escapes.keys())
+    return form.expand(parsed, universe), form, universe
 
 
 def _bound(repeat: tuple[int, int, Any]) -> int:

@@ -5,13 +5,15 @@ JSON Schema patterns are ECMA-262 regexes, where ``\\p{L}`` is the usual way to 
 in any script", and llguidance (Rust's regex syntax) enforces them. Python's ``re``, which
 reads every regex here for its limits (runtime.limits), refuses them. So:
 
-- a property name must be one both the ``regex`` module (what the output check runs) and
-  llguidance know, in the plain ``Name`` or ``Name=Value`` form (``!=`` means different
-  things to the three engines);
-- Python's parser reads the pattern with each escape replaced by one private-use character
-  (a literal in any context: inside or outside a class, in verbose mode), and ``expand`` then
-  turns those characters in the parse into the sample characters (runtime.redos.SAMPLE) the
-  escape matches, so the nested-quantifier check compares them like any other class.
+- a property name must be one both the ``regex`` module (what checks a ``regex`` output) and
+  llguidance know, written ``Name`` or ``Name=Value`` (``!=`` means different things to the
+  engines); both match names loosely (case, spaces, ``_`` and ``-`` aside), and so does the
+  cache of what each name matches;
+- Python's parser reads the pattern with each escape replaced by a placeholder, a
+  private-use character the pattern does not hold (a literal in any context: inside or
+  outside a class, in verbose mode), and ``expand`` then turns the placeholders in the parse
+  into the characters of the nested-quantifier check's sample (runtime.redos) the escape
+  matches.
 """
 
 from __future__ import annotations
@@ -26,21 +28,21 @@ from typing import Any
 import llguidance
 import regex
 
-from runtime.redos import OTHER, SAMPLE
+from runtime.redos import SAMPLE
 
 # \p or \P, then {name} or a one-letter name (Rust and the regex module read \pL as \p{L});
 # neither: malformed
 _ESCAPE = re.compile(r"\\([pP])(?:\{([^{}]*)\}|([A-Za-z]))?")
-_NAME = re.compile(r"[A-Za-z0-9_ -]{1,64}(?:[=:][A-Za-z0-9_ .-]{1,64})?")
-_FIRST_PLACEHOLDER = 0xF0000  # Supplementary Private Use Area-A: no property means anything here
+_NAME = re.compile(r"[A-Za-z0-9_ -]{1,64}(?:=[A-Za-z0-9_ .-]{1,64})?")
+_LOOSE = str.maketrans("", "", " _-")
+_PRIVATE_USE = range(0xF0000, 0xFFFFE)  # Supplementary Private Use Area-A
 
 
 @dataclass(frozen=True)
 class PythonForm:
-    """A pattern as Python's parser can read it, and what each placeholder stands for."""
+    """A pattern as Python's parser can read it, and the escape each placeholder stands for."""
 
     text: str
-    classes: dict[int, tuple[tuple[int, int], ...]]  # placeholder -> code point ranges
     escapes: dict[str, str]  # placeholder -> the escape as written
 
     def restore(self, message: str) -> str:
@@ -49,53 +51,69 @@ class PythonForm:
             message = message.replace(placeholder, escape)
         return message
 
-    def expand(self, parsed: Any) -> Any:
-        """``parsed`` (Python's parse of ``text``) with each placeholder replaced, in place, by
-        the class of sample characters its escape matches."""
-        if self.classes:
+    def range_end(self, parsed: Any) -> str | None:
+        """The first escape ``parsed`` (Python's parse of ``text``) uses as a range's end
+        (``[!-\\p{L}]``: a character to Python, an error or a class to the other engines)."""
+        for items in _classes(parsed):
+            for op, arg in items:
+                if op is c.RANGE and {chr(arg[0]), chr(arg[1])} & self.escapes.keys():
+                    return self.escapes.get(chr(arg[0])) or self.escapes[chr(arg[1])]
+        return None
+
+    def expand(self, parsed: Any, universe: frozenset[str]) -> Any:
+        """``parsed`` with each placeholder replaced, in place, by the characters of
+        ``universe`` its escape matches (a class left matching none of them stands for all
+        of them to runtime.redos)."""
+        if self.escapes:
             for sub in _subpatterns(parsed):
-                sub.data[:] = [self._expand_item(op, arg) for op, arg in sub.data]
+                sub.data[:] = [self._expand_item(op, arg, universe) for op, arg in sub.data]
         return parsed
 
-    def _expand_item(self, op: Any, arg: Any) -> tuple[Any, Any]:
-        if op is c.LITERAL and arg in self.classes:
-            return c.IN, self._items(arg)
-        if op is c.NOT_LITERAL and arg in self.classes:
-            return c.IN, [(c.NEGATE, None), *self._items(arg)]
-        if op is c.IN and any(o is c.LITERAL and a in self.classes for o, a in arg):
+    def _expand_item(self, op: Any, arg: Any, universe: frozenset[str]) -> tuple[Any, Any]:
+        if op is c.LITERAL and chr(arg) in self.escapes:
+            return c.IN, self._ranges(chr(arg), universe)
+        if op is c.NOT_LITERAL and chr(arg) in self.escapes:
+            return c.IN, [(c.NEGATE, None), *self._ranges(chr(arg), universe)]
+        if op is c.IN and any(o is c.LITERAL and chr(a) in self.escapes for o, a in arg):
             items: list[tuple[Any, Any]] = []
             for o, a in arg:
-                items.extend(self._items(a) if o is c.LITERAL and a in self.classes else [(o, a)])
+                if o is c.LITERAL and chr(a) in self.escapes:
+                    items += self._ranges(chr(a), universe)
+                else:
+                    items.append((o, a))
             return c.IN, items
         return op, arg
 
-    def _items(self, placeholder: int) -> list[tuple[Any, Any]]:
-        return [(c.RANGE, span) for span in self.classes[placeholder]]
+    def _ranges(self, placeholder: str, universe: frozenset[str]) -> list[tuple[Any, Any]]:
+        loose = _loose(self.escapes[placeholder])
+        compiled = _compiled_loose(loose)
+        assert compiled is not None  # placeholders stand for known escapes only
+        members = _sample_members(loose) | {
+            ch for ch in universe - SAMPLE if compiled.fullmatch(ch)
+        }
+        return [(c.RANGE, span) for span in _runs(sorted(map(ord, members)))]
 
 
 def python_form(pattern: str) -> PythonForm:
-    """``pattern`` with each property escape replaced by a placeholder character. An escape
-    that is not well formed or whose name is unknown is left as written, for Python's parser
-    to refuse (``property_error`` says why first)."""
+    """``pattern`` with each well-formed property escape of a known name replaced by a
+    placeholder; any other is left as written, for Python's parser to refuse
+    (``property_error`` says why first)."""
     if "\\p" not in pattern and "\\P" not in pattern:
-        return PythonForm(pattern, {}, {})
+        return PythonForm(pattern, {})
+    free = (chr(p) for p in _PRIVATE_USE if chr(p) not in pattern)
     out: list[str] = []
-    placeholders: dict[str, int] = {}
-    classes: dict[int, tuple[tuple[int, int], ...]] = {}
+    placeholders: dict[str, str] = {}  # escape -> placeholder
     start = 0
     for match in _escapes(pattern):
-        spans = _sample_matches(match.group(0))
-        if spans is None:
+        if _known(match.group(0)) is None:
             continue
-        placeholder = placeholders.setdefault(
-            match.group(0), _FIRST_PLACEHOLDER + len(placeholders)
-        )
-        classes[placeholder] = spans
-        out += [pattern[start : match.start()], chr(placeholder)]
+        placeholder = placeholders.get(match.group(0))
+        if placeholder is None:
+            placeholder = placeholders[match.group(0)] = next(free)
+        out += [pattern[start : match.start()], placeholder]
         start = match.end()
     out.append(pattern[start:])
-    escapes = {chr(placeholder): escape for escape, placeholder in placeholders.items()}
-    return PythonForm("".join(out), classes, escapes)
+    return PythonForm("".join(out), {p: escape for escape, p in placeholders.items()})
 
 
 def property_error(pattern: str) -> str | None:
@@ -107,7 +125,7 @@ def property_error(pattern: str) -> str | None:
                 f"has the property escape {match.group(0)!r}, not of the form \\p{{Name}} or"
                 " \\p{Name=Value}"
             )
-        if _sample_matches(match.group(0)) is None:
+        if _known(match.group(0)) is None:
             return (
                 f"has the property escape {match.group(0)!r}: an unknown Unicode property (to"
                 " the output check's regex module or to the decoder's Rust regex)"
@@ -127,25 +145,42 @@ def _escapes(pattern: str) -> Iterator[re.Match[str]]:
             i = pattern.find("\\", i + 2)
 
 
-@functools.lru_cache(maxsize=4096)  # every property spelling both engines know, about 100 B each
-def _sample_matches(escape: str) -> tuple[tuple[int, int], ...] | None:
-    """The code point ranges of the sample characters ``escape`` matches (with OTHER, which
-    stands for characters outside the sample, for every ``\\p`` and for a ``\\P`` matching no
-    sample character), or None when the ``regex`` module or llguidance does not know it."""
+def _loose(escape: str) -> str:
+    """``\\p{Script = Greek}`` as ``\\p{script=greek}``, ``\\pL`` as ``\\p{l}``: one spelling
+    for each name the engines match loosely."""
+    name = escape[3:-1] if escape[2:3] == "{" else escape[2:]
+    return f"\\{escape[1]}{{{name.translate(_LOOSE).lower()}}}"
+
+
+def _known(escape: str) -> regex.Pattern[str] | None:
+    """The escape compiled by the ``regex`` module, if it is well formed and that module and
+    llguidance both know its name."""
+    loose = _loose(escape)
+    return _compiled_loose(loose) if _NAME.fullmatch(loose[3:-1]) else None
+
+
+# every name both engines know and the unknown ones seen, at about 1 KB each
+@functools.lru_cache(maxsize=4096)
+def _compiled_loose(escape: str) -> regex.Pattern[str] | None:
     try:
         compiled = regex.compile(escape)
     except regex.error:
         return None
-    if llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_regex(escape)):
-        return None
-    points = sorted(ord(ch) for ch in SAMPLE - {OTHER} if compiled.fullmatch(ch))
-    if escape[1] == "p" or not points:  # a \P that matches sample characters needs no OTHER:
-        points.append(ord(OTHER))  # \p{L}+\P{L}+ must not overlap
-    return tuple(_runs(points))
+    grammar = llguidance.LLMatcher.grammar_from_regex(escape)
+    return None if llguidance.LLMatcher.validate_grammar(grammar) else compiled
+
+
+@functools.lru_cache(maxsize=4096)
+def _sample_members(loose: str) -> frozenset[str]:
+    compiled = _compiled_loose(loose)
+    assert compiled is not None  # placeholders stand for known escapes only
+    return frozenset(ch for ch in SAMPLE if compiled.fullmatch(ch))
 
 
 def _runs(points: list[int]) -> Iterator[tuple[int, int]]:
     """Sorted code points as (first, last) runs of consecutive ones."""
+    if not points:
+        return
     first = last = points[0]
     for point in points[1:]:
         if point != last + 1:
@@ -165,3 +200,9 @@ def _subpatterns(parsed: Any) -> Iterator[Any]:
             pending.extend(arg for op, arg in node.data if op is not c.IN)
         elif isinstance(node, list | tuple):
             pending.extend(node)
+
+
+def _classes(parsed: Any) -> Iterator[list[tuple[Any, Any]]]:
+    """The item lists of every character class in Python's parse."""
+    for sub in _subpatterns(parsed):
+        yield from (arg for op, arg in sub.data if op is c.IN)

@@ -1,5 +1,5 @@
 """Unicode property escapes read through Python's parser: placeholders in any context, the
-sample characters they match in the parse, and the nested-quantifier check on them."""
+characters they match in the parse, and the nested-quantifier check on them."""
 
 from __future__ import annotations
 
@@ -10,16 +10,16 @@ import pytest
 
 from runtime.errors import ConstraintTooComplex
 from runtime.limits import check_regex, regex_problem
-from runtime.redos import OTHER
+from runtime.redos import SAMPLE
 from runtime.unicode_properties import python_form
 
 
 def _class_chars(pattern: str) -> set[str]:
     """The sample characters Python's expanded parse of a one-class ``pattern`` matches."""
     form = python_form(pattern)
-    ((op, items),) = form.expand(re_parser.parse(form.text)).data
+    ((op, items),) = form.expand(re_parser.parse(form.text), SAMPLE).data
     assert op is c.IN
-    negate = items[0][0] is c.NEGATE
+    negate = bool(items) and items[0][0] is c.NEGATE
     chars = {chr(p) for o, a in items if o is c.RANGE for p in range(a[0], a[1] + 1)}
     return {"negated"} | chars if negate else chars
 
@@ -31,14 +31,22 @@ def test_a_placeholder_is_one_character_in_any_context() -> None:
     assert python_form("[a-z]+").text == "[a-z]+"
 
 
-def test_an_escape_stands_for_the_sample_characters_it_matches() -> None:
+def test_a_placeholder_is_no_character_the_pattern_holds() -> None:
+    form = python_form("\U000f0000\\p{L}")
+    assert form.text[0] == "\U000f0000" and form.text[1] != "\U000f0000"
+    assert regex_problem("\U000f0000\\p{L}[\U000f0000-a]") == (
+        "does not compile: bad character range \U000f0000-a at position 3"
+    )
+
+
+def test_an_escape_stands_for_the_characters_it_matches() -> None:
     letters = _class_chars("\\p{L}")
-    assert {"a", "Z", "é", "α", "日", OTHER} <= letters and not {"1", "_", " "} & letters
-    assert _class_chars("\\p{Script=Greek}") == {"α", OTHER}
-    assert _class_chars("\\p{Cherokee}") == {OTHER}  # no sample character: stands for others
+    assert {"a", "Z", "é", "α", "日", "Ա", "ꭰ"} <= letters and not {"1", "_", " "} & letters
+    assert _class_chars("\\p{Script=Greek}") == {"Α", "α"}
+    assert _class_chars("\\p{Ogham}") == set()  # none in the sample: redos takes all of it
     non_letters = _class_chars("\\P{L}")
-    assert {"1", "_", " "} <= non_letters and not {"a", OTHER} & non_letters
-    assert _class_chars("[^\\p{Nd}]") == {"negated", OTHER} | {str(d) for d in range(10)} | {"٣"}
+    assert {"1", "_", " ", "٣"} <= non_letters and "a" not in non_letters
+    assert _class_chars("[^\\p{Nd}]") == {"negated", "٣", "३", "০"} | set("0123456789")
 
 
 @pytest.mark.parametrize(
@@ -48,10 +56,20 @@ def test_an_escape_stands_for_the_sample_characters_it_matches() -> None:
         ("(\\p{Greek}+[α-ω]+)*!", True),
         ("(\\p{L}+\\P{L}+)*!", False),  # a class and its complement never overlap
         ("(\\p{L}+\\d+)*!", False),
+        ("^\\p{L}+(\\s\\p{L}+)*$", False),
         ("(\\p{Lu}\\p{Ll}+,)*", False),
-        ("(\\p{Lu}+\\p{Cherokee}+)*!", True),  # Cherokee letters are Lu: outside the sample
-        ("([^\\P{L}]+\\p{Cherokee}+)*!", True),
-        ("(\\P{Greek}+)+!", True),
+        ("([\\p{L}0]\\p{L}*)+!", True),  # a class holding an escape
+        ("(\\p{Script=Greek}\\P{Ll}*)+!", True),  # capital alpha
+        ("(\\p{Script=Cherokee}\\P{Lu}*)+!", True),  # Cherokee small letters
+        ("(\\p{Script=Armenian}\\w*)+!", True),
+        ("(\\p{Script=Bengali}\\d*)+!", True),
+        ("(\\p{Script=Armenian}[^\\p{Script=Greek}]*)+!", True),
+        ("(\\p{Ogham}+)+!", True),  # a script the sample lacks
+        ("([^\\P{Ogham}]+)+!", True),
+        ("([^\\p{Ogham}]+)+!", True),
+        ("(ü\\p{L}*)+!", True),  # a literal outside the sample is compared as itself
+        ("(ü[a-z]*)+!", False),
+        ("([\\u0100-\\u017f]+)+!", True),  # so are the ends of a range
     ],
 )
 def test_the_nested_quantifier_check_compares_properties(pattern: str, refused: bool) -> None:
@@ -62,7 +80,17 @@ def test_the_nested_quantifier_check_compares_properties(pattern: str, refused: 
         check_regex(pattern)
 
 
-def test_python_s_message_names_the_escape_not_its_placeholder() -> None:
-    assert regex_problem("[\\p{L}-z]") == (
-        "does not compile: bad character range \\p{L}-z at position 1"
-    )
+@pytest.mark.parametrize(
+    "pattern, problem",
+    [
+        ("[\\p{L}-z]", "bad character range \\p{L}-z"),  # Python's message, the escape restored
+        ("[!-\\p{L}]", "has the property escape '\\\\p{L}' as the end of a range"),
+        ("\\p{Script:Greek}", "not of the form \\p{Name} or \\p{Name=Value}"),
+        ("\\p{Script!=Greek}", "not of the form \\p{Name} or \\p{Name=Value}"),
+        ("\\p{script = greek}+", None),  # names match loosely, to every engine
+        ("\\pL\\PN", None),
+    ],
+)
+def test_what_a_property_escape_may_be(pattern: str, problem: str | None) -> None:
+    found = regex_problem(pattern)
+    assert found is None if problem is None else problem in (found or "")
