@@ -7,7 +7,6 @@ costs a 400, not a stalled worker. Each error names the limit it broke.
 
 from __future__ import annotations
 
-import functools
 import re
 import re._constants as re_constants
 import re._parser as re_parser
@@ -21,7 +20,7 @@ import msgspec
 from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex, InvalidRegex
-from runtime.redos import REPEATS, SAMPLE, ambiguous_repeat, named_characters
+from runtime.redos import REPEATS, ambiguous_repeat
 from runtime.unicode_properties import PythonForm, property_error, python_form
 
 
@@ -498,9 +497,7 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f" {limits.max_regex_repeat}",
             param=param,
         )
-    parsed = _parsed(pattern)
-    universe = parsed[2] if parsed is not None else SAMPLE
-    if any(ambiguous_repeat(op, arg, universe) for op, arg, _ in _regex_nodes(pattern)):
+    if any(ambiguous_repeat(op, argument) for op, argument, _ in _regex_nodes(pattern)):
         raise ConstraintTooComplex(
             "regex has a nested quantifier that can split its input many ways (a repeated"
             " group ending in a repetition of the characters the group starts with, as in"
@@ -629,18 +626,15 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
             pending.extend((child, copies) for child in node)
 
 
-@functools.lru_cache(maxsize=64)
-def _parsed(pattern: str) -> tuple[Any, PythonForm, frozenset[str]] | None:
-    """Python's parse of ``pattern`` (property escapes expanded), its PythonForm, and the
-    characters the nested-quantifier check compares sets on: the sample and the pattern's
-    own. None when Python cannot parse it. Shared by the checks, which only read it."""
+def _parsed(pattern: str) -> tuple[Any, PythonForm] | None:
+    """Python's parse of ``pattern`` (property escapes expanded: runtime.unicode_properties)
+    and its PythonForm; None when Python cannot parse it."""
     form = python_form(pattern)
     try:
         parsed = re_parser.parse(form.text)
     except (re.error, OverflowError):  # check_regex refuses the latter first
         return None
-    universe = SAMPLE | (named_characters(parsed) - form.escapes.keys())
-    return form.expand(parsed, universe), form, universe
+    return form.expand(parsed), form
 
 
 def _bound(repeat: tuple[int, int, Any]) -> int:

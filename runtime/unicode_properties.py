@@ -7,13 +7,16 @@ reads every regex here for its limits (runtime.limits), refuses them. So:
 
 - a property name must be one both the ``regex`` module (what checks a ``regex`` output) and
   llguidance know, written ``Name`` or ``Name=Value`` (``!=`` means different things to the
-  engines); both match names loosely (case, spaces, ``_`` and ``-`` aside), and so does the
-  cache of what each name matches;
+  engines); both match names loosely (case, spaces, ``_`` and ``-`` aside), and so does
+  everything here: one placeholder and one cache entry per loose name;
 - Python's parser reads the pattern with each escape replaced by a placeholder, a
   private-use character the pattern does not hold (a literal in any context: inside or
   outside a class, in verbose mode), and ``expand`` then turns the placeholders in the parse
   into the characters of the nested-quantifier check's sample (runtime.redos) the escape
-  matches.
+  matches; a class left matching none of them (a script the sample lacks) counts as
+  matching all of it there;
+- an escape as the end of a range (``[!-\\p{L}]``: a character to Python, an error or a
+  class to the other engines) is refused.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ class PythonForm:
     """A pattern as Python's parser can read it, and the escape each placeholder stands for."""
 
     text: str
-    escapes: dict[str, str]  # placeholder -> the escape as written
+    escapes: dict[str, str]  # placeholder -> the escape, spelled loosely
+    written: dict[str, str]  # placeholder -> the escape as first written
 
     def restore(self, message: str) -> str:
         """``message`` (about ``text``) with the escapes written back for the placeholders."""
-        for placeholder, escape in self.escapes.items():
+        for placeholder, escape in self.written.items():
             message = message.replace(placeholder, escape)
         return message
 
@@ -56,42 +60,36 @@ class PythonForm:
         (``[!-\\p{L}]``: a character to Python, an error or a class to the other engines)."""
         for items in _classes(parsed):
             for op, arg in items:
-                if op is c.RANGE and {chr(arg[0]), chr(arg[1])} & self.escapes.keys():
-                    return self.escapes.get(chr(arg[0])) or self.escapes[chr(arg[1])]
+                if op is c.RANGE and {chr(arg[0]), chr(arg[1])} & self.written.keys():
+                    return self.written.get(chr(arg[0])) or self.written[chr(arg[1])]
         return None
 
-    def expand(self, parsed: Any, universe: frozenset[str]) -> Any:
-        """``parsed`` with each placeholder replaced, in place, by the characters of
-        ``universe`` its escape matches (a class left matching none of them stands for all
-        of them to runtime.redos)."""
+    def expand(self, parsed: Any) -> Any:
+        """``parsed`` with each placeholder replaced, in place, by the sample characters its
+        escape matches (a class left matching none of them stands for all of them to
+        runtime.redos)."""
         if self.escapes:
             for sub in _subpatterns(parsed):
-                sub.data[:] = [self._expand_item(op, arg, universe) for op, arg in sub.data]
+                sub.data[:] = [self._expand_item(op, arg) for op, arg in sub.data]
         return parsed
 
-    def _expand_item(self, op: Any, arg: Any, universe: frozenset[str]) -> tuple[Any, Any]:
+    def _expand_item(self, op: Any, arg: Any) -> tuple[Any, Any]:
         if op is c.LITERAL and chr(arg) in self.escapes:
-            return c.IN, self._ranges(chr(arg), universe)
+            return c.IN, self._ranges(chr(arg))
         if op is c.NOT_LITERAL and chr(arg) in self.escapes:
-            return c.IN, [(c.NEGATE, None), *self._ranges(chr(arg), universe)]
+            return c.IN, [(c.NEGATE, None), *self._ranges(chr(arg))]
         if op is c.IN and any(o is c.LITERAL and chr(a) in self.escapes for o, a in arg):
             items: list[tuple[Any, Any]] = []
             for o, a in arg:
                 if o is c.LITERAL and chr(a) in self.escapes:
-                    items += self._ranges(chr(a), universe)
+                    items += self._ranges(chr(a))
                 else:
                     items.append((o, a))
             return c.IN, items
         return op, arg
 
-    def _ranges(self, placeholder: str, universe: frozenset[str]) -> list[tuple[Any, Any]]:
-        loose = _loose(self.escapes[placeholder])
-        compiled = _compiled_loose(loose)
-        assert compiled is not None  # placeholders stand for known escapes only
-        members = _sample_members(loose) | {
-            ch for ch in universe - SAMPLE if compiled.fullmatch(ch)
-        }
-        return [(c.RANGE, span) for span in _runs(sorted(map(ord, members)))]
+    def _ranges(self, placeholder: str) -> list[tuple[Any, Any]]:
+        return [(c.RANGE, span) for span in _sample_ranges(self.escapes[placeholder])]
 
 
 def python_form(pattern: str) -> PythonForm:
@@ -99,21 +97,25 @@ def python_form(pattern: str) -> PythonForm:
     placeholder; any other is left as written, for Python's parser to refuse
     (``property_error`` says why first)."""
     if "\\p" not in pattern and "\\P" not in pattern:
-        return PythonForm(pattern, {})
+        return PythonForm(pattern, {}, {})
     free = (chr(p) for p in _PRIVATE_USE if chr(p) not in pattern)
     out: list[str] = []
-    placeholders: dict[str, str] = {}  # escape -> placeholder
+    placeholders: dict[str, str] = {}  # loose escape -> placeholder
+    written: dict[str, str] = {}
     start = 0
     for match in _escapes(pattern):
-        if _known(match.group(0)) is None:
-            continue
-        placeholder = placeholders.get(match.group(0))
-        if placeholder is None:
-            placeholder = placeholders[match.group(0)] = next(free)
-        out += [pattern[start : match.start()], placeholder]
-        start = match.end()
+        loose = _loose(match.group(0))
+        placeholder = placeholders.get(loose)
+        if placeholder is None and _known(match.group(0)) is not None:
+            placeholder = next(free, None)  # None: the pattern holds all of them (refused)
+            if placeholder is not None:
+                placeholders[loose], written[placeholder] = placeholder, match.group(0)
+        if placeholder is not None:
+            out += [pattern[start : match.start()], placeholder]
+            start = match.end()
     out.append(pattern[start:])
-    return PythonForm("".join(out), {p: escape for escape, p in placeholders.items()})
+    escapes = {p: loose for loose, p in placeholders.items()}
+    return PythonForm("".join(out), escapes, written)
 
 
 def property_error(pattern: str) -> str | None:
@@ -171,10 +173,12 @@ def _compiled_loose(escape: str) -> regex.Pattern[str] | None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _sample_members(loose: str) -> frozenset[str]:
+def _sample_ranges(loose: str) -> tuple[tuple[int, int], ...]:
+    """The sample characters a known escape (in its loose spelling) matches, as code point
+    runs."""
     compiled = _compiled_loose(loose)
     assert compiled is not None  # placeholders stand for known escapes only
-    return frozenset(ch for ch in SAMPLE if compiled.fullmatch(ch))
+    return tuple(_runs(sorted(ord(ch) for ch in SAMPLE if compiled.fullmatch(ch))))
 
 
 def _runs(points: list[int]) -> Iterator[tuple[int, int]]:
