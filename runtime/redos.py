@@ -9,23 +9,27 @@ take, or the inner repetition is of a fixed count), so they pass.
 
 Character sets are compared on a sample of characters: ASCII, and capitals, small letters,
 digits, marks, spaces, punctuation and symbols of other scripts. Enough to tell ``\\d`` from
-``-`` or ``[a-z]``; a class matching none of the sample (a script it lacks) counts as matching
-all of it. Two sets that overlap only on other characters are not told apart, so this finds
+``-`` or ``[a-z]``; a class matching none of the sample (a script or category it lacks)
+counts as matching all of it. Two sets that overlap only on other characters are not told apart, so this finds
 the shapes written with such sets, not every one.
 """
 
 from __future__ import annotations
 
+import functools
 import re._constants as c
 from collections.abc import Callable
 from typing import Any
 
 REPEATS = (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT)
-# ASCII; capital and small letters of Latin, Greek, Cyrillic, Armenian, Georgian and Cherokee;
-# a letter of each of the widely written scripts without case; digits, a modifier, a mark,
-# spaces, punctuation, symbols and a private-use character
+# ASCII; capital and small letters of Latin, Greek, Cyrillic, Armenian, Georgian, Coptic,
+# Cherokee and Adlam; a letter of each of the widely written scripts without case; a character
+# of every general category (Lt, Lm, Mn, Mc, Me, Nd of several scripts, Nl, No, Pf, Pi, Pd,
+# Po, Zs, Zl, Zp, Cf, Co, Cn, Sc, Sm, So): runtime.unicode_properties reads \p{...} on them
 SAMPLE = frozenset(chr(i) for i in range(9, 127)) | frozenset(
-    "ÀßéüŁłΑαЖжЯԱաႠაᎠꭰאعकগਗગଗதతಕമසกລཀမកᠠአあカ한日٣३০ʰ\u0301\u00a0\u2003\u2028\u3000«—•、€©→😀\ue000"
+    "ÀßéüŁłǅΑαЖжЯԱաႠაⲁᎠꭰ𞤀𞤢אعܐހकগਗગଗதతಕമසกລཀမកᠠአあカㄅ한日ꀀᐁⴰߊꦄᬅꨀꓐʰ"
+    "٣३০០Ⅰ²\u0301\u093e\u20dd\u00a0\u2003\u2028\u2029\u3000«»—•、"
+    "\u200c\ue000\u0378€©→😀"
 )
 _CATEGORIES: dict[Any, Callable[[str], bool]] = {
     c.CATEGORY_DIGIT: str.isdecimal,  # \d is Nd to every engine here, not isdigit's ²
@@ -79,8 +83,8 @@ def _item_first(op: Any, argument: Any) -> frozenset[str]:
         return frozenset(chr(argument))
     if op is c.NOT_LITERAL:
         return SAMPLE - {chr(argument)}
-    if op is c.IN:  # one matching none of the sample may match what it lacks: all of it
-        return frozenset(ch for ch in SAMPLE if _in_class(argument, ch)) or SAMPLE
+    if op is c.IN:
+        return _class_sample(tuple(argument))
     if op is c.SUBPATTERN:
         return _first_chars(argument[3])
     if op is c.BRANCH:
@@ -90,6 +94,13 @@ def _item_first(op: Any, argument: Any) -> frozenset[str]:
     if op in (c.AT, c.ASSERT, c.ASSERT_NOT):
         return frozenset()
     return SAMPLE  # ANY, back references, ...: could be anything
+
+
+@functools.lru_cache(maxsize=256)  # nested repetitions ask for the same class again
+def _class_sample(items: tuple[tuple[Any, Any], ...]) -> frozenset[str]:
+    """The sample characters a class matches; one matching none of them may match what the
+    sample lacks (a script or category it has no character of): all of it."""
+    return frozenset(ch for ch in SAMPLE if _in_class(items, ch)) or SAMPLE
 
 
 def _nullable(op: Any, argument: Any) -> bool:

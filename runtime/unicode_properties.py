@@ -10,11 +10,11 @@ reads every regex here for its limits (runtime.limits), refuses them. So:
   engines); both match names loosely (case, spaces, ``_`` and ``-`` aside), and so does
   everything here: one placeholder and one cache entry per loose name;
 - Python's parser reads the pattern with each escape replaced by a placeholder, a
-  private-use character the pattern does not hold (a literal in any context: inside or
-  outside a class, in verbose mode), and ``expand`` then turns the placeholders in the parse
+  private-use character the pattern does not hold or write (a literal in any context:
+  inside or outside a class, in verbose mode), and ``expand`` then turns those in the parse
   into the characters of the nested-quantifier check's sample (runtime.redos) the escape
-  matches; a class left matching none of them (a script the sample lacks) counts as
-  matching all of it there;
+  matches; a class left matching none of them (a script or category the sample lacks)
+  counts as matching all of it there;
 - an escape as the end of a range (``[!-\\p{L}]``: a character to Python, an error or a
   class to the other engines) is refused.
 """
@@ -39,6 +39,7 @@ _ESCAPE = re.compile(r"\\([pP])(?:\{([^{}]*)\}|([A-Za-z]))?")
 _NAME = re.compile(r"[A-Za-z0-9_ -]{1,64}(?:=[A-Za-z0-9_ .-]{1,64})?")
 _LOOSE = str.maketrans("", "", " _-")
 _PRIVATE_USE = range(0xF0000, 0xFFFFE)  # Supplementary Private Use Area-A
+_WRITTEN_OUT = re.compile(r"\\U([0-9A-Fa-f]{8})")  # the one escape that can write one of them
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def python_form(pattern: str) -> PythonForm:
     (``property_error`` says why first)."""
     if "\\p" not in pattern and "\\P" not in pattern:
         return PythonForm(pattern, {}, {})
-    free = (chr(p) for p in _PRIVATE_USE if chr(p) not in pattern)
+    taken = set(pattern) | {chr(int(h, 16)) for h in _WRITTEN_OUT.findall(pattern)}
+    free = (chr(p) for p in _PRIVATE_USE if chr(p) not in taken)
     out: list[str] = []
     placeholders: dict[str, str] = {}  # loose escape -> placeholder
     written: dict[str, str] = {}

@@ -37,6 +37,7 @@ def test_a_placeholder_is_no_character_the_pattern_holds() -> None:
     assert form.text[0] == "\U000f0000" and form.text[1] != "\U000f0000"
     every = "".join(map(chr, range(0xF0000, 0xFFFFE)))
     assert "bad escape \\p" in (regex_problem(f"[{every}]\\p{{L}}") or "")  # none left
+    assert regex_problem("[\\U000f0000-\\U000f0005]\\p{L}") is None  # not taken for \\p{L}
     assert regex_problem("\U000f0000\\p{L}[\U000f0000-a]") == (
         "does not compile: bad character range \U000f0000-a at position 3"
     )
@@ -50,7 +51,7 @@ def test_an_escape_stands_for_the_characters_it_matches() -> None:
     assert _class_chars("\\p{nd}") == _class_chars("\\p{Nd}")
     non_letters = _class_chars("\\P{L}")
     assert {"1", "_", " ", "٣"} <= non_letters and "a" not in non_letters
-    assert _class_chars("[^\\p{Nd}]") == {"negated", "٣", "३", "০"} | set("0123456789")
+    assert _class_chars("[^\\p{Nd}]") == {"negated", "٣", "३", "০", "០"} | set("0123456789")
 
 
 @pytest.mark.parametrize(
@@ -70,6 +71,9 @@ def test_an_escape_stands_for_the_characters_it_matches() -> None:
         ("(\\p{Script=Armenian}[^\\p{Script=Greek}]*)+!", True),
         ("(\\p{Ogham}+)+!", True),  # a script the sample lacks: all of it
         ("(\\p{Georgian}\\s*)+", False),  # one it has
+        ("(\\p{L}\\p{Mc}*)+", False),  # Indic vowel signs: a category it has
+        ("(\\p{L}\\p{Cf}*)+", False),  # joiners
+        ("\\p{Lu}(\\U000f0000\\p{Lu}*)+", False),  # a written-out private-use character
         ("([^\\P{Ogham}]+)+!", True),
         ("([^\\p{Ogham}]+)+!", True),
         ("(ü\\p{L}*)+!", True),
