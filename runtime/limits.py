@@ -21,7 +21,7 @@ from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex, InvalidRegex
 from runtime.redos import REPEATS, ambiguous_repeat
-from runtime.unicode_properties import PythonForm, property_error, python_form
+from runtime.unicode_properties import property_error, python_form
 
 
 @dataclass(frozen=True)
@@ -562,8 +562,7 @@ def regex_problem(pattern: str) -> str | None:
         re.compile(form.text)
     except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
         return f"does not compile: {form.restore(str(exc))}"
-    parsed = _parsed(pattern)
-    escape = None if parsed is None else parsed[1].range_end(parsed[0])
+    escape = form.range_end(re_parser.parse(form.text)) if form.written else None
     if escape is not None:
         return f"has the property escape {escape!r} as the end of a range, which it cannot be"
     return None
@@ -612,7 +611,7 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
     parsed = _parsed(pattern)
     if parsed is None:
         return
-    pending: list[tuple[Any, int]] = [(parsed[0], 1)]
+    pending: list[tuple[Any, int]] = [(parsed, 1)]
     while pending:
         node, copies = pending.pop()
         if isinstance(node, re_parser.SubPattern):
@@ -626,15 +625,14 @@ def _regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
             pending.extend((child, copies) for child in node)
 
 
-def _parsed(pattern: str) -> tuple[Any, PythonForm] | None:
-    """Python's parse of ``pattern`` (property escapes expanded: runtime.unicode_properties)
-    and its PythonForm; None when Python cannot parse it."""
+def _parsed(pattern: str) -> Any:
+    """Python's parse of ``pattern``, property escapes expanded (runtime.unicode_properties);
+    None when Python cannot parse it."""
     form = python_form(pattern)
     try:
-        parsed = re_parser.parse(form.text)
+        return form.expand(re_parser.parse(form.text))
     except (re.error, OverflowError):  # check_regex refuses the latter first
         return None
-    return form.expand(parsed), form
 
 
 def _bound(repeat: tuple[int, int, Any]) -> int:

@@ -10,8 +10,8 @@ take, or the inner repetition is of a fixed count), so they pass.
 Character sets are compared on a sample of characters: ASCII, and capitals, small letters,
 digits, marks, spaces, punctuation and symbols of other scripts. Enough to tell ``\\d`` from
 ``-`` or ``[a-z]``; a class matching none of the sample (a script or category it lacks)
-counts as matching all of it. Two sets that overlap only on other characters are not told apart, so this finds
-the shapes written with such sets, not every one.
+counts as matching all of it. Two sets that overlap only on other characters are not told
+apart, so this finds the shapes written with such sets, not every one.
 """
 
 from __future__ import annotations
