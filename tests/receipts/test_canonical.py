@@ -11,6 +11,7 @@ import rfc8785
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from receipts import canonical
 from receipts.canonical import (
     canonical_json,
     canonical_plain,
@@ -156,3 +157,53 @@ def test_a_value_nested_past_the_recursion_limit_is_refused_not_a_crash() -> Non
         problem
         == f"the stored schema {bound} is not canonical JSON: value nests too deep to canonicalize"
     )
+
+
+def _plain_by_json_loads(text: bytes) -> Any | None:
+    """loads_plain as it was before msgspec parsed it: json.loads with every number checked."""
+    if not text.isascii() or b"\\u" in text:
+        return None
+    try:
+        return json.loads(
+            text,
+            parse_float=canonical._plain_float,
+            parse_int=canonical._plain_int,
+            parse_constant=canonical._no_constant,
+        )
+    except (canonical._Unusual, ValueError, RecursionError):
+        return None
+
+
+@settings(max_examples=800, deadline=None)
+@given(json_values)
+@example([2**53 - 1, -(2**53 - 1), 2**53, 10**15, 10**16 - 1, 10**16])
+@example({"h": "1234567890123456789", "n": 999999999999999})
+@example([1.0, -0.0, 1e3, 1e16, 1e-5, 0.7])
+def test_plain_route_reads_what_json_loads_reads(value: Any) -> None:
+    """msgspec's route refuses and admits exactly what the json.loads route did, integers of
+    16 digits or more (past 2**53 - 1 or not) included: it hands them to json.loads."""
+    try:
+        text = json.dumps(value).encode("ascii")
+    except ValueError:
+        return
+    got, want = loads_plain(text), _plain_by_json_loads(text)
+    assert got == want
+    assert (got is None) == (want is None)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        (b"[9007199254740991]", [9007199254740991]),
+        (b"[9007199254740992]", None),
+        (b"[999999999999999, 1.5e3]", [999999999999999, 1500]),
+        (b'{"id": "0123456789012345678"}', {"id": "0123456789012345678"}),
+        (b"[1e400]", None),
+        (b"[NaN]", None),
+        (b"[01]", None),
+        (b"[1] x", None),
+        (b"[" * 100_000 + b"]" * 100_000, None),
+    ],
+)
+def test_plain_route_edges(text: bytes, want: Any) -> None:
+    assert loads_plain(text) == want
