@@ -18,14 +18,15 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import os
 import re
 import stat
 import tarfile
-import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import IO, Any
+from dataclasses import dataclass
+from typing import IO, Any, NamedTuple
 
 from receipts.canonical import canonical_json
 from receipts.checkpoint import check_checkpoint
@@ -59,9 +60,26 @@ def announced(manifest: object, field: str) -> int | None:
 # ------------------------------------------------------------------------------- writing
 
 
+class ReceiptLine(NamedTuple):
+    """A receipt as receipts.jsonl spells it (its canonical JSON, without the newline), with
+    the chain and seq that its place in the bundle is checked by."""
+
+    chain: str
+    seq: int
+    text: bytes
+
+    @classmethod
+    def of(cls, receipt: Receipt | Mapping[str, Any]) -> ReceiptLine:
+        obj = receipt.to_json_obj() if isinstance(receipt, Receipt) else receipt
+        return cls(obj["chain"], obj["seq"], canonical_json(obj))
+
+
+BundleReceipts = Iterable[Receipt | Mapping[str, Any] | ReceiptLine]
+
+
 def write_bundle(
     out: str | os.PathLike[str] | IO[bytes],
-    receipts: Iterable[Receipt | Mapping[str, Any]],
+    receipts: BundleReceipts | Callable[[], BundleReceipts],
     schemas: Mapping[str, Mapping[str, Any]],
     public_keys: Iterable[Mapping[str, Any]],
     checkpoint: Mapping[str, Any],
@@ -71,55 +89,151 @@ def write_bundle(
 ) -> None:
     """Write a bundle of consecutive receipts of one chain to a path or binary file.
 
+    The receipts are read twice: once to hash receipts.jsonl for the manifest, which comes
+    first so that a verifier reads the bundle in one pass, and once to write it. Nothing is
+    held or spooled, so the first bytes leave as soon as the hash is known. `receipts` is a
+    collection, or a function returning the same receipts anew on each call (a database
+    read); a one-shot iterator is read into a list. A second read that differs from the first
+    is ReceiptFormatError, and `out` is left unfinished.
+
     `public_keys` is ledger.public_keys()' shape ({key_id, public_key_pem, ranges});
     `proofs` holds the hex compact ranges {"left": [...], "right": [...]} that tie a range
     (not starting at seq 1, or ending before the checkpoint) to the checkpoint's root.
     Output is deterministic: gzip and tar timestamps are zero.
     """
     check_checkpoint(checkpoint)
-    with tempfile.SpooledTemporaryFile(max_size=32 << 20) as lines:
-        digest, (first_seq, last_seq, chain) = _write_receipts(lines, receipts)
-        if checkpoint["chain"] != chain or checkpoint["tree_size"] < last_seq:
+    again = _rereadable(receipts)
+    measured = _measure(_lines(again()))
+    if checkpoint["chain"] != measured.chain or checkpoint["tree_size"] < measured.last_seq:
+        raise ReceiptFormatError(
+            "the checkpoint must be of the same chain and cover the last receipt"
+        )
+    files = {
+        "checkpoint.json": canonical_json(dict(checkpoint)),
+        "proofs.json": canonical_json(
+            {
+                "first_seq": measured.first_seq,
+                "prev_entry_hash": prev_entry_hash,
+                "left": list((proofs or {}).get("left", [])),
+                "right": list((proofs or {}).get("right", [])),
+            }
+        ),
+        **_key_files(public_keys),
+        **_schema_files(schemas),
+    }
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "v": BUNDLE_VERSION,
+        "chain": measured.chain,
+        "first_seq": measured.first_seq,
+        "last_seq": measured.last_seq,
+        "receipts": measured.last_seq - measured.first_seq + 1,
+        "files": {
+            **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+            RECEIPTS: measured.sha256,
+        },
+    }
+    with (
+        _open_out(out) as raw,
+        gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        # the manifest and small files first, so a reader meets them before receipts
+        _add(tar, MANIFEST, canonical_json(manifest))
+        for name in sorted(files):
+            _add(tar, name, files[name])
+        second = _SecondRead(_lines(again()), measured)
+        _add(tar, RECEIPTS, second, measured.size)
+        second.finish()
+
+
+def _rereadable(
+    receipts: BundleReceipts | Callable[[], BundleReceipts],
+) -> Callable[[], BundleReceipts]:
+    if callable(receipts):
+        return receipts
+    if iter(receipts) is receipts:  # a generator or iterator: it would be empty the second time
+        receipts = list(receipts)
+    return lambda: receipts
+
+
+def _lines(receipts: BundleReceipts) -> Iterator[ReceiptLine]:
+    """The receipts as lines, checked to be consecutive receipts of one chain in seq order
+    (the range the manifest announces)."""
+    last = None
+    for item in receipts:
+        line = item if isinstance(item, ReceiptLine) else ReceiptLine.of(item)
+        if last is not None and (line.seq != last.seq + 1 or line.chain != last.chain):
             raise ReceiptFormatError(
-                "the checkpoint must be of the same chain and cover the last receipt"
+                "a bundle holds consecutive receipts of one chain, in seq order"
             )
-        files = {
-            "checkpoint.json": canonical_json(dict(checkpoint)),
-            "proofs.json": canonical_json(
-                {
-                    "first_seq": first_seq,
-                    "prev_entry_hash": prev_entry_hash,
-                    "left": list((proofs or {}).get("left", [])),
-                    "right": list((proofs or {}).get("right", [])),
-                }
-            ),
-            **_key_files(public_keys),
-            **_schema_files(schemas),
-        }
-        manifest = {
-            "format": BUNDLE_FORMAT,
-            "v": BUNDLE_VERSION,
-            "chain": chain,
-            "first_seq": first_seq,
-            "last_seq": last_seq,
-            "receipts": last_seq - first_seq + 1,
-            "files": {
-                **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
-                RECEIPTS: digest,
-            },
-        }
-        size = lines.seek(0, io.SEEK_END)
-        lines.seek(0)
-        with (
-            _open_out(out) as raw,
-            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        last = line
+        yield line
+    if last is None:
+        raise ReceiptFormatError("a bundle needs at least one receipt")
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """receipts.jsonl as the first read found it: what the manifest and tar header announce."""
+
+    chain: str
+    first_seq: int
+    last_seq: int
+    size: int
+    sha256: str
+
+
+def _measure(lines: Iterator[ReceiptLine]) -> _Measured:
+    digest = hashlib.sha256()
+    size = 0
+    first = last = next(lines)  # _lines raises for none at all
+    for last in itertools.chain([first], lines):
+        digest.update(last.text)
+        digest.update(b"\n")
+        size += len(last.text) + 1
+    return _Measured(first.chain, first.seq, last.seq, size, digest.hexdigest())
+
+
+class _SecondRead:
+    """receipts.jsonl read again, for tarfile to copy the size the first read announced; it
+    must be the same bytes (`finish` checks the hash once tarfile has copied them)."""
+
+    def __init__(self, lines: Iterator[ReceiptLine], measured: _Measured) -> None:
+        self._lines = lines
+        self._measured = measured
+        self._digest = hashlib.sha256()
+        self._buffer = bytearray()
+        self._size = 0
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self._buffer) < size:
+            line = next(self._lines, None)
+            if line is None:
+                break
+            self._buffer += line.text
+            self._buffer += b"\n"
+        if (
+            size >= 0
+            and len(self._buffer) < size
+            and self._size + len(self._buffer) < (self._measured.size)
         ):
-            # the manifest and small files first, so a reader meets them before receipts
-            _add(tar, MANIFEST, canonical_json(manifest))
-            for name in sorted(files):
-                _add(tar, name, files[name])
-            _add(tar, RECEIPTS, lines, size)
+            self._changed()
+        data = bytes(self._buffer if size < 0 else self._buffer[:size])
+        del self._buffer[: len(data)]
+        self._digest.update(data)
+        self._size += len(data)
+        return data
+
+    def finish(self) -> None:
+        if self.read() or self._digest.hexdigest() != self._measured.sha256:
+            self._changed()
+
+    def _changed(self) -> None:
+        raise ReceiptFormatError(
+            "the receipts changed between the bundle's two reads of them:"
+            " the bundle is unfinished and must not be used"
+        )
 
 
 def _key_files(public_keys: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
@@ -147,46 +261,31 @@ def _schema_files(schemas: Mapping[str, Mapping[str, Any]]) -> dict[str, bytes]:
     return {f"schemas/{bound}.json": canonical_json(schema) for bound, schema in schemas.items()}
 
 
-def _write_receipts(
-    sink: IO[bytes], receipts: Iterable[Receipt | Mapping[str, Any]]
-) -> tuple[str, tuple[int, int, str]]:
-    digest = hashlib.sha256()
-    first = last = None
-    chain = None
-    for item in receipts:
-        obj = item.to_json_obj() if isinstance(item, Receipt) else item
-        if first is None:
-            first, chain = obj["seq"], obj["chain"]
-        elif obj["seq"] != last + 1 or obj["chain"] != chain:
-            raise ReceiptFormatError(
-                "a bundle holds consecutive receipts of one chain, in seq order"
-            )
-        last = obj["seq"]
-        line = canonical_json(obj) + b"\n"
-        digest.update(line)
-        sink.write(line)
-    if first is None or chain is None or last is None:
-        raise ReceiptFormatError("a bundle needs at least one receipt")
-    return digest.hexdigest(), (first, last, chain)
-
-
 @contextmanager
 def _open_out(out: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
     """A path is opened and closed here, a caller's file object left open. A file is private
     (0600, like the ledger it comes from), an existing one made so too: with retained
-    payloads a bundle holds every prompt. A device (/dev/null, a pipe) is left as it is."""
+    payloads a bundle holds every prompt. A device (/dev/null, a pipe) is left as it is. A
+    file an error left unfinished is removed (not through a symbolic link)."""
     if isinstance(out, (str, os.PathLike)):
+        linked = os.path.islink(out)
         fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
         with open(fd, "wb") as fh:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            if regular:
                 os.fchmod(fd, 0o600)  # first: one that cannot be made private is left whole
                 os.ftruncate(fd, 0)
-            yield fh
+            try:
+                yield fh
+            except BaseException:
+                if regular and not linked:
+                    os.unlink(out)  # an unfinished bundle is no bundle: none is left to verify
+                raise
     else:
         yield out
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes | IO[bytes], size: int = 0) -> None:
+def _add(tar: tarfile.TarFile, name: str, data: bytes | _SecondRead, size: int = 0) -> None:
     info = tarfile.TarInfo(name)
     info.size = len(data) if isinstance(data, bytes) else size
     info.mode = 0o644

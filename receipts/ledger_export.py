@@ -12,7 +12,8 @@ from typing import IO, Any
 import sqlalchemy as sa
 
 from receipts import queries
-from receipts.bundle import write_bundle
+from receipts.bundle import ReceiptLine, write_bundle
+from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import compact_range
 from receipts.queries import rfc3339
@@ -84,34 +85,42 @@ def export_bundle(
             ),
         )
         schemas = queries.schemas(conn, queries.schema_hashes(conn, tenant, first, last))
-        receipts = _consecutive(
-            queries.stream_rows(conn, tenant, first, last, should_stop), tenant, first, last
-        )
-        write_bundle(
-            out,
-            receipts,
-            schemas,
-            queries.public_keys(conn, tenant),
-            checkpoint,
-            prev_entry_hash=prev,
-            proofs={"left": [h.hex() for h in left], "right": [h.hex() for h in right]},
-        )
+        public_keys = queries.public_keys(conn, tenant)
+
+    def receipts() -> Iterator[ReceiptLine]:
+        """The range's rows, read anew on each call (write_bundle reads them twice)."""
+        with reading() as conn:
+            rows = queries.stream_rows(conn, tenant, first, last, should_stop)
+            yield from _consecutive(rows, tenant, first, last)
+
+    write_bundle(
+        out,
+        receipts,
+        schemas,
+        public_keys,
+        checkpoint,
+        prev_entry_hash=prev,
+        proofs={"left": [h.hex() for h in left], "right": [h.hex() for h in right]},
+    )
 
 
 def _consecutive(
     rows: Iterator[sa.Row], tenant: str, first: int, last: int
-) -> Iterator[dict[str, Any]]:
-    """Receipt objects for a bundle, which holds consecutive receipts: a database that lost
-    or reordered rows is ChainDamaged naming the first seq out of place (an export that
-    quietly stopped there read as a truncated chain)."""
+) -> Iterator[ReceiptLine]:
+    """The bundle's lines of consecutive receipts: a database that lost or reordered rows is
+    ChainDamaged naming the first seq out of place (an export that quietly stopped there read
+    as a truncated chain). A stored body is compact JSON with sorted keys; most are already
+    canonical, and loads_plain tells those apart at C speed."""
     expected = first
     for row in rows:
-        obj = json.loads(row.body)
+        text = row.body.encode()
+        obj = loads_plain(text)
+        line = canonical_plain(obj) if obj is not None else canonical_json(obj := json.loads(text))
         if row.seq != expected or not isinstance(obj, dict) or obj.get("seq") != expected:
             raise ChainDamaged(
                 f"chain {tenant!r}: receipt seq {expected} is missing or out of place"
             )
-        yield obj
+        yield ReceiptLine(obj.get("chain"), expected, line)
         expected += 1
     if expected <= last:
         raise ChainDamaged(f"chain {tenant!r}: receipt seq {expected} is missing")

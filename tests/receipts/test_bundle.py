@@ -15,7 +15,7 @@ from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
 import receipts.bundle_archive
 import receipts.bundle_verify
-from receipts.bundle import MANIFEST, RECEIPTS, key_file, write_bundle
+from receipts.bundle import MANIFEST, RECEIPTS, ReceiptLine, key_file, write_bundle
 from receipts.bundle_archive import MAX_SMALL_FILE
 from receipts.bundle_verify import verify_bundle
 from receipts.canonical import canonical_json
@@ -160,6 +160,57 @@ def test_layout_and_determinism(chain, signer, bundle: Path) -> None:
     for path in paths:  # nor the file's name (gzip keeps the one it is written to)
         write_bundle(path, chain, SCHEMAS, keys_of(signer), checkpoint)
     assert paths[0].read_bytes() == paths[1].read_bytes() == outputs[0]
+
+
+def test_receipts_are_read_twice_and_never_spooled(tmp_path: Path, chain, signer) -> None:
+    """The manifest, which hashes receipts.jsonl, comes first, so the writer reads the receipts
+    twice rather than hold them: a function is called twice, a one-shot iterator is read into
+    a list, and every form writes the same bytes."""
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    checkpoint = make_checkpoint("acme", N, tree.root().hex(), signer)
+    calls: list[int] = []
+
+    def again() -> list[Receipt]:
+        calls.append(1)
+        return chain
+
+    outputs = []
+    for source in (chain, again, iter(chain), (ReceiptLine.of(r) for r in chain)):
+        out = io.BytesIO()
+        write_bundle(out, source, SCHEMAS, keys_of(signer), checkpoint)
+        outputs.append(out.getvalue())
+    assert len(calls) == 2
+    assert len(set(outputs)) == 1
+    with tarfile.open(fileobj=io.BytesIO(outputs[0]), mode="r:gz") as tar:
+        names = tar.getnames()
+    assert names[0] == MANIFEST and names[-1] == RECEIPTS
+
+
+@pytest.mark.parametrize("change", ["edited", "shorter", "longer"])
+def test_receipts_that_change_between_the_two_reads_leave_no_bundle(
+    tmp_path: Path, chain, signer, change: str
+) -> None:
+    """A source that answers differently the second time (a database edited mid-export) is
+    ReceiptFormatError, and the unfinished file is removed: none is left to mislead."""
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    checkpoint = make_checkpoint("acme", N, tree.root().hex(), signer)
+    reads: list[int] = []
+
+    def receipts() -> list[Receipt | dict[str, Any]]:
+        reads.append(1)
+        if len(reads) == 1:
+            return chain[:-1] if change == "longer" else list(chain)
+        if change == "shorter":
+            return chain[:-1]
+        obj = chain[N // 2].to_json_obj()
+        edited = obj | {"entry_hash": obj["entry_hash"][::-1]}  # the same length: the hash tells
+        return [*chain[: N // 2], edited, *chain[N // 2 + 1 :]] if change == "edited" else chain
+
+    path = tmp_path / "bundle.tar.gz"
+    path.write_bytes(b"an older bundle")
+    with pytest.raises(ReceiptFormatError, match="changed between the bundle's two reads"):
+        write_bundle(path, receipts, SCHEMAS, keys_of(signer), checkpoint)
+    assert not path.exists()
 
 
 def test_range_bundle_verifies_against_whole_chain_checkpoint(
