@@ -11,14 +11,13 @@ import asyncio
 import contextlib
 import contextvars
 import functools
-import os
-import tempfile
+import logging
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import IO, Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from litestar import Controller, Request, get, post
 from litestar.di import NamedDependency
@@ -34,20 +33,27 @@ from gateway.deadline import within_db_timeout
 from gateway.disconnect import unless_client_leaves
 from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.openapi import GzipOperation, OptionalBodyOperation
+from gateway.pipe import ThreadPipe
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from receipts import queries, record
 from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport
 from receipts.checkpoint import Checkpoint
-from receipts.errors import ChainDamaged, LedgerUnavailable, OutOfRange, ReceiptFormatError
+from receipts.errors import (
+    ChainDamaged,
+    LedgerUnavailable,
+    OutOfRange,
+    ReceiptFormatError,
+    Stopped,
+)
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
 from receipts.signing import PublicKeyEntry
 
 T = TypeVar("T")
-_EXPORT_CHUNK = 1 << 16
+log = logging.getLogger("callproof.gateway")
 # Identifiers are checked by shape before any query: a malformed one is a 400, not a lookup.
 # (Python's `$` also matches before a final newline; `(?!\n)` shuts that out and is still an
 # ECMA pattern for the OpenAPI document.)
@@ -92,6 +98,45 @@ class LedgerRead:
         more is a 429: a tenant cannot queue whole-chain work in front of the others). When
         the client disconnects (a 499) or the request is cancelled, ``should_stop`` turns
         true and the thread gives up at its next receipt."""
+        future, stop = self._start(tenant, fn, *args)
+        try:
+            with _refusals_are_400():
+                return await unless_client_leaves(receive, asyncio.wrap_future(future))
+        finally:
+            stop.set()  # a no-op once done; else the thread stops at its next receipt
+
+    async def streamed(
+        self, tenant: str, receive: Receive, fn: Callable[..., object]
+    ) -> AsyncIterator[bytes]:
+        """Whole-chain work that writes a file, ``fn(out, should_stop=...)``, taken as
+        `unbounded` takes it, its bytes streamed as they are written. Returns once the
+        first chunk is ready, so a failure before it is an ordinary error answer; one after
+        it ends the stream unfinished, which its client sees as a broken download."""
+        pipe = ThreadPipe()
+
+        def write(should_stop: Callable[[], bool]) -> None:
+            try:
+                fn(pipe, should_stop=should_stop)
+            except Exception as exc:  # noqa: BLE001 - the reader raises it, on the loop
+                pipe.fail(exc)
+            else:
+                pipe.finish()
+
+        _, stop = self._start(tenant, write)
+        try:
+            with _refusals_are_400():
+                first = await unless_client_leaves(receive, pipe.read())
+        except BaseException:
+            stop.set()
+            pipe.close()
+            raise
+        return _rest(first, pipe, stop)
+
+    def _start(
+        self, tenant: str, fn: Callable[..., T], *args: Any
+    ) -> tuple[Future[T], threading.Event]:
+        """``fn(*args, should_stop=...)`` submitted to the whole-chain threads, counted to
+        its tenant until it ends, and the event that asks it to stop."""
         with self._lock:
             if self._tenant_work[tenant] >= self.per_tenant:
                 raise APIError(
@@ -108,11 +153,7 @@ class LedgerRead:
             self._release(tenant)
             raise
         future.add_done_callback(lambda _: self._release(tenant))  # ran, failed or dropped
-        try:
-            with _refusals_are_400():
-                return await unless_client_leaves(receive, asyncio.wrap_future(future))
-        finally:
-            stop.set()  # a no-op once done; else the thread stops at its next receipt
+        return future, stop
 
     def _release(self, tenant: str) -> None:
         with self._lock:
@@ -450,19 +491,13 @@ class AuditController(Controller):
         until: Timestamp = None,
     ) -> Stream:
         start, end = _window(since, until)
-        fd, path = tempfile.mkstemp(prefix="callproof-export-", suffix=".tar.gz")
-        os.close(fd)
-        try:
-            await read.unbounded(
-                principal.tenant, request.receive, ledger.export, principal.tenant, path, start, end
-            )
-            bundle = await asyncio.to_thread(open, path, "rb")
-        finally:
-            # No name is left behind, even when the client is gone before the body starts and
-            # _file_chunks never runs: the open file stays readable until it is closed.
-            os.unlink(path)
+        chunks = await read.streamed(
+            principal.tenant,
+            request.receive,
+            functools.partial(ledger.export, principal.tenant, since=start, until=end),
+        )
         return Stream(
-            _file_chunks(bundle),
+            chunks,
             media_type="application/gzip",
             headers={
                 "Content-Disposition": f'attachment; filename="{principal.tenant}-receipts.tar.gz"'
@@ -470,10 +505,25 @@ class AuditController(Controller):
         )
 
 
-async def _file_chunks(bundle: IO[bytes]) -> AsyncIterator[bytes]:
-    """The bundle's bytes; closing the (already unlinked) file frees its disk space."""
+async def _rest(
+    first: bytes | None, pipe: ThreadPipe, stop: threading.Event
+) -> AsyncIterator[bytes]:
+    """The stream from its first chunk on. A failure now cannot become an error answer (the
+    status is sent): it is logged, and raised so that the response ends unfinished rather than
+    as a complete download of a truncated file."""
     try:
-        while chunk := await asyncio.to_thread(bundle.read, _EXPORT_CHUNK):
+        chunk = first
+        while chunk is not None:
             yield chunk
+            chunk = await pipe.read()
+    except Stopped:
+        raise
+    except Exception as exc:
+        log.error(
+            "stream failed after its first byte",
+            extra={"event": "stream_failed", "kind": type(exc).__name__, "detail": str(exc)},
+        )
+        raise
     finally:
-        bundle.close()
+        stop.set()
+        pipe.close()

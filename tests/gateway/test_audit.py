@@ -828,3 +828,75 @@ def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
             assert time.monotonic() - gave_up < took / 2, "the abandoned verification ran on"
             time.sleep(0.1)
         assert small.status_code == 200 and small.json()["ok"], small.text
+
+
+def test_an_export_streams_while_it_is_written_and_stops_when_its_client_leaves(
+    gateway: Any, audited: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An export was written whole to a temporary file before its first byte left: at a
+    million receipts some 90 s of silence, past a proxy's read timeout. Its bytes now leave
+    as they are made. Here the writer is held once it has written 64 KiB: the client has its
+    first bytes before it is let go, the tenant's turn is held until the download ends, the bundle
+    verifies, and a client that leaves mid-download stops the writer and frees the turn."""
+    import time
+
+    from receipts.bundle_verify import verify_bundle
+
+    tenant = "streamed-export"
+    _slow_chain(gateway, audited, tenant, 300)  # big schemas: a bundle of some 350 KiB
+    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
+    hold, held = threading.Event(), threading.Event()
+    stopped: list[BaseException] = []
+    export = gateway.ledger.export
+
+    class HeldFile:
+        def __init__(self, out: Any) -> None:
+            self.out, self.written = out, 0
+
+        def write(self, data: bytes) -> int:
+            self.out.write(data)
+            self.written += len(data)
+            if self.written > 1 << 17 and not hold.is_set():
+                held.set()
+                assert hold.wait(30)
+            return len(data)
+
+        def flush(self) -> None:
+            self.out.flush()
+
+    def held_export(tenant: str, out: Any, **kwargs: Any) -> None:
+        try:
+            export(tenant, HeldFile(out), **kwargs)
+        except BaseException as exc:
+            stopped.append(exc)
+            raise
+
+    monkeypatch.setattr(gateway.ledger, "export", held_export)
+    bundle = tmp_path / "streamed.tar.gz"
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
+        with client.stream("GET", "/audit/export") as response, bundle.open("wb") as out:
+            assert response.status_code == 200
+            chunks = response.iter_bytes()
+            out.write(next(chunks))  # the first bytes, while the writer is still at work
+            assert held.wait(10)
+            assert client.get("/audit/export").status_code == 429  # its turn is held
+            hold.set()
+            for chunk in chunks:
+                out.write(chunk)
+        report = verify_bundle(
+            bundle, pinned=gateway.ledger.public_keys(tenant)[0]["public_key_pem"]
+        )
+        assert report.ok and report.checked == 300, report
+
+        hold.clear()
+        held.clear()
+        with client.stream("GET", "/audit/export") as response:
+            next(response.iter_bytes())
+            assert held.wait(10)
+        hold.set()  # the writer goes on, finds its reader gone and stops
+        started = time.monotonic()
+        while (again := client.get("/audit/export")).status_code == 429:
+            assert time.monotonic() - started < 10, "the abandoned export still holds the turn"
+            time.sleep(0.1)
+        assert again.status_code == 200
+    assert [type(exc).__name__ for exc in stopped] == ["Stopped"]
