@@ -40,13 +40,7 @@ from receipts import queries, record
 from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport
 from receipts.checkpoint import Checkpoint
-from receipts.errors import (
-    ChainDamaged,
-    LedgerUnavailable,
-    OutOfRange,
-    ReceiptFormatError,
-    Stopped,
-)
+from receipts.errors import ChainDamaged, LedgerUnavailable, OutOfRange, ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
@@ -516,9 +510,7 @@ async def _rest(
         while chunk is not None:
             yield chunk
             chunk = await pipe.read()
-    except Stopped:
-        raise
-    except Exception as exc:
+    except Exception as exc:  # Stopped too: the writer cut off a client that took nothing
         log.error(
             "stream failed after its first byte",
             extra={"event": "stream_failed", "kind": type(exc).__name__, "detail": str(exc)},

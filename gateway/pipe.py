@@ -4,13 +4,16 @@
 The thread never blocks the loop and the loop never blocks a thread: chunks cross with
 ``call_soon_threadsafe``, and a semaphore holds the writer once ``depth`` chunks wait unread,
 so a slow client costs at most ``depth`` chunks of memory. A reader that leaves is noticed by
-the writer at its next chunk (Stopped), as whole-chain work notices at its next receipt.
+the writer at its next chunk (Stopped), as whole-chain work notices at its next receipt; so is
+one that stays connected but takes no chunk for ``stall_s``: the writer holds a thread, and an
+export a database snapshot, that a reader must not keep forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from receipts.errors import Stopped
 
@@ -22,12 +25,13 @@ class ThreadPipe:
     """A binary file for one writer thread (``write``, then ``finish`` or ``fail``) and an
     async reader (``read``) on the loop that made it."""
 
-    def __init__(self, chunk: int = 1 << 16, depth: int = 8) -> None:
+    def __init__(self, chunk: int = 1 << 16, depth: int = 8, stall_s: float = 60.0) -> None:
         self._loop = asyncio.get_running_loop()
         self._items: asyncio.Queue[object] = asyncio.Queue()  # bounded by _room
         self._room = threading.Semaphore(depth)
         self._gone = threading.Event()
         self._chunk = chunk
+        self._stall_s = stall_s
         self._buffer = bytearray()
 
     # the writer's side (a worker thread)
@@ -54,9 +58,14 @@ class ThreadPipe:
         self._end(error)
 
     def _send(self, chunk: bytes) -> None:
+        deadline = time.monotonic() + self._stall_s
         while not self._room.acquire(timeout=_WAIT_S):
             if self._gone.is_set():
                 break
+            if time.monotonic() > deadline:
+                raise Stopped(
+                    f"the client took nothing of this stream for {self._stall_s:g} s; it is cut off"
+                )
         if self._gone.is_set():
             raise Stopped("the client reading this stream has gone")
         self._loop.call_soon_threadsafe(self._items.put_nowait, chunk)

@@ -15,6 +15,7 @@ receipts.bundle_archive reads a bundle within bounds; receipts.bundle_verify ver
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
@@ -23,7 +24,7 @@ import os
 import re
 import stat
 import tarfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import IO, Any, NamedTuple
@@ -103,7 +104,8 @@ def write_bundle(
     """
     check_checkpoint(checkpoint)
     again = _rereadable(receipts)
-    measured = _measure(_lines(again()))
+    with contextlib.closing(_lines(again())) as lines:
+        measured = _measure(lines)
     if checkpoint["chain"] != measured.chain or checkpoint["tree_size"] < measured.last_seq:
         raise ReceiptFormatError(
             "the checkpoint must be of the same chain and cover the last receipt"
@@ -142,9 +144,10 @@ def write_bundle(
         _add(tar, MANIFEST, canonical_json(manifest))
         for name in sorted(files):
             _add(tar, name, files[name])
-        second = _SecondRead(_lines(again()), measured)
-        _add(tar, RECEIPTS, second, measured.size)
-        second.finish()
+        with contextlib.closing(_lines(again())) as lines:  # a failure ends the read now
+            second = _SecondRead(lines, measured)
+            _add(tar, RECEIPTS, second, measured.size)
+            second.finish()
 
 
 def _rereadable(
@@ -161,14 +164,19 @@ def _lines(receipts: BundleReceipts) -> Iterator[ReceiptLine]:
     """The receipts as lines, checked to be consecutive receipts of one chain in seq order
     (the range the manifest announces)."""
     last = None
-    for item in receipts:
-        line = item if isinstance(item, ReceiptLine) else ReceiptLine.of(item)
-        if last is not None and (line.seq != last.seq + 1 or line.chain != last.chain):
-            raise ReceiptFormatError(
-                "a bundle holds consecutive receipts of one chain, in seq order"
-            )
-        last = line
-        yield line
+    source = iter(receipts)
+    try:
+        for item in source:
+            line = item if isinstance(item, ReceiptLine) else ReceiptLine.of(item)
+            if last is not None and (line.seq != last.seq + 1 or line.chain != last.chain):
+                raise ReceiptFormatError(
+                    "a bundle holds consecutive receipts of one chain, in seq order"
+                )
+            last = line
+            yield line
+    finally:
+        if isinstance(source, Generator):  # a database read: its transaction ends here
+            source.close()
     if last is None:
         raise ReceiptFormatError("a bundle needs at least one receipt")
 
@@ -268,21 +276,31 @@ def _open_out(out: str | os.PathLike[str] | IO[bytes]) -> Iterator[IO[bytes]]:
     payloads a bundle holds every prompt. A device (/dev/null, a pipe) is left as it is. A
     file an error left unfinished is removed (not through a symbolic link)."""
     if isinstance(out, (str, os.PathLike)):
-        linked = os.path.islink(out)
         fd = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
         with open(fd, "wb") as fh:
-            regular = stat.S_ISREG(os.fstat(fd).st_mode)
-            if regular:
+            opened = os.fstat(fd)
+            if stat.S_ISREG(opened.st_mode):
                 os.fchmod(fd, 0o600)  # first: one that cannot be made private is left whole
                 os.ftruncate(fd, 0)
             try:
                 yield fh
             except BaseException:
-                if regular and not linked:
-                    os.unlink(out)  # an unfinished bundle is no bundle: none is left to verify
+                _remove_unfinished(out, opened)
                 raise
     else:
         yield out
+
+
+def _remove_unfinished(path: str | os.PathLike[str], opened: os.stat_result) -> None:
+    """An unfinished bundle is no bundle: the regular file written is removed, if the name
+    still names it itself (not through a symbolic link, not a file put there since)."""
+    with contextlib.suppress(OSError):
+        now = os.stat(path, follow_symlinks=False)
+        if stat.S_ISREG(now.st_mode) and (now.st_dev, now.st_ino) == (
+            opened.st_dev,
+            opened.st_ino,
+        ):
+            os.unlink(path)
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes | _SecondRead, size: int = 0) -> None:

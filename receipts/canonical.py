@@ -137,8 +137,11 @@ def loads_plain(text: bytes) -> Any | None:
     if not text.isascii() or b"\\u" in text:
         return None
     try:
-        if _SIXTEEN_DIGITS not in text.translate(_DIGITS_AS_ZERO):
-            return _plain_decoder.decode(text)  # no integer here can pass 2**53 - 1
+        if (
+            _SIXTEEN_DIGITS not in text.translate(_DIGITS_AS_ZERO)  # no integer past 2**53 - 1
+            and text.count(b"[") + text.count(b"{") < _NESTING  # nor msgspec's deeper limit
+        ):
+            return _plain_decoder.decode(text)
         return json.loads(
             text, parse_float=_plain_float, parse_int=_plain_int, parse_constant=_no_constant
         )
@@ -151,6 +154,7 @@ _plain_decoder = msgspec.json.Decoder(float_hook=_plain_float)
 hook only for numbers with a fraction or exponent, so integers are checked apart, by length."""
 _DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
 _SIXTEEN_DIGITS = b"0" * 16  # 15 digits stay below 2**53 - 1 = 9007199254740991
+_NESTING = 512  # below where json.loads (about 990 levels) and msgspec (997) give up
 
 
 def canonical_plain(value: Any) -> bytes:

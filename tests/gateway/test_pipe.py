@@ -94,3 +94,20 @@ def test_a_writer_whose_reader_left_stops_even_when_the_pipe_is_full() -> None:
         assert len(raised) == 1
 
     asyncio.run(main())
+
+
+def test_a_reader_that_takes_nothing_is_cut_off_after_stall_s() -> None:
+    """A client that stays connected but reads nothing held a whole-chain thread (two of
+    them stopped every tenant's exports and verifications) and a database snapshot."""
+
+    async def main() -> None:
+        pipe = ThreadPipe(chunk=1, depth=1, stall_s=0.5)
+
+        def write() -> None:
+            pipe.write(b"a")
+            pipe.write(b"b")  # no room, and the reader never comes
+
+        with pytest.raises(Stopped, match="took nothing of this stream for 0.5 s"):
+            await asyncio.wait_for(asyncio.to_thread(write), 5)
+
+    asyncio.run(main())

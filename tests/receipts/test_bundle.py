@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,41 @@ def test_receipts_that_change_between_the_two_reads_leave_no_bundle(
     with pytest.raises(ReceiptFormatError, match="changed between the bundle's two reads"):
         write_bundle(path, receipts, SCHEMAS, keys_of(signer), checkpoint)
     assert not path.exists()
+
+
+def test_a_write_that_fails_ends_its_read_of_the_receipts_at_once(signer) -> None:
+    """A receipts generator (an export's database read, inside its transaction) is closed
+    when the write fails halfway, not whenever the exception that stopped it is collected."""
+    chain = build_chain(signer, 400)  # enough that the disk fills inside receipts.jsonl
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    checkpoint = make_checkpoint("acme", len(chain), tree.root().hex(), signer)
+    open_reads: list[int] = []
+    reading_when_full: list[int] = []
+
+    def receipts() -> Iterator[Receipt]:
+        open_reads.append(1)
+        try:
+            yield from chain
+        finally:
+            open_reads.pop()
+
+    class FillingDisk(io.RawIOBase):
+        written = 0
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            if self.written > 20_000:
+                reading_when_full.append(len(open_reads))  # gzip's close writes once more
+                raise OSError(28, "No space left on device")
+            self.written += len(data)
+            return len(data)
+
+    with pytest.raises(OSError, match="No space left") as failed:
+        write_bundle(FillingDisk(), receipts, SCHEMAS, keys_of(signer), checkpoint)
+    assert reading_when_full[0] == 1  # the disk filled during the second read
+    assert failed.value is not None and open_reads == []
 
 
 def test_range_bundle_verifies_against_whole_chain_checkpoint(

@@ -207,3 +207,14 @@ def test_plain_route_reads_what_json_loads_reads(value: Any) -> None:
 )
 def test_plain_route_edges(text: bytes, want: Any) -> None:
     assert loads_plain(text) == want
+
+
+@pytest.mark.parametrize("opening", [b"[", b'{"a":'])
+def test_deep_nesting_is_read_as_json_loads_reads_it(opening: bytes) -> None:
+    """msgspec nests a few levels deeper than json.loads (both limits move with the caller's
+    stack): text that opens many arrays or objects goes through json.loads, so the two routes
+    never disagree at any depth."""
+    closing = b"]" if opening == b"[" else b"}"
+    for depth in range(800, 1_001):
+        text = opening * depth + b"1" + closing * depth
+        assert loads_plain(text) == _plain_by_json_loads(text), depth
