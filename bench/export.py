@@ -21,11 +21,10 @@ import json
 import os
 import tempfile
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
-from bench.ledger import DraftFactory
+from bench.ledger import DraftFactory, append_windowed
 from bench.measure import percentile
 
 FIRST_CHUNK = 1 << 16  # what gateway.pipe.ThreadPipe sends first
@@ -51,13 +50,9 @@ class _Sink:
 
 
 def fill(ledger: Any, count: int) -> None:
-    in_flight: deque[Any] = deque()
-    for draft in (DraftFactory(TENANT, seed=3).draft() for _ in range(count)):
-        if len(in_flight) >= 256:
-            in_flight.popleft().result()
-        in_flight.append(ledger.submit(draft))
-    for future in in_flight:
-        future.result()
+    """`count` receipts of one factory's agents (tool sets, answers, linked follow-ups)."""
+    factory = DraftFactory(TENANT, seed=3)
+    append_windowed(ledger, (factory.draft() for _ in range(count)))
 
 
 def main(argv: list[str] | None = None) -> int:
