@@ -95,7 +95,8 @@ def write_bundle(
     held or spooled, so the first bytes leave as soon as the hash is known. `receipts` is a
     collection, or a function returning the same receipts anew on each call (a database
     read); a one-shot iterator is read into a list. A second read that differs from the first
-    is ReceiptFormatError, and `out` is left unfinished.
+    is ReceiptFormatError: a file written at a path is then removed, a file object left
+    unfinished.
 
     `public_keys` is ledger.public_keys()' shape ({key_id, public_key_pem, ranges});
     `proofs` holds the hex compact ranges {"left": [...], "right": [...]} that tie a range
