@@ -6,13 +6,14 @@ from typing import Annotated
 
 from litestar import Controller, delete, get, post
 from litestar.di import NamedDependency
-from litestar.params import JSONBody, Parameter
+from litestar.params import JSONBody
 
 from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore, log_key_change
 from gateway.auth import BEARER, Authenticator, KeyCall, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
+from gateway.shapes import KEY_ID, shaped
 
 
 def _info(key: ApiKey) -> KeyInfo:
@@ -69,7 +70,7 @@ class AdminKeysController(Controller):
         keys: NamedDependency[KeyStore],
         key_call: NamedDependency[KeyCall],
         authenticator: NamedDependency[Authenticator],
-        key_id: Annotated[str, Parameter(pattern=r"^key_[0-9a-f]{16}$(?!\n)")],
+        key_id: Annotated[str, shaped(KEY_ID)],
     ) -> KeyInfo:
         try:
             revoked, now = await key_call(keys.revoke, key_id)

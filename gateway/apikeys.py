@@ -18,14 +18,12 @@ from typing import Literal, get_args
 
 import sqlalchemy as sa
 
+from gateway.shapes import PRINTABLE, TENANT
+from receipts.record import format_timestamp
 from receipts.store import create_engine, short_error
 
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)
-# A tenant names a receipt chain, a database value and an export file name: keep it plain.
-# (`(?!\n)`: Python's `$` would also match before a final newline; see gateway/audit.py.)
-TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$(?!\n)"
-NAME_PATTERN = r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)"  # printable: no control characters
 
 _metadata = sa.MetaData()
 api_keys = sa.Table(
@@ -71,13 +69,14 @@ class ApiKey:
     revoked_at: datetime | None
 
     def as_json(self) -> dict[str, str | None]:
+        """The key without its secret, times written as receipts write theirs."""
         return {
             "id": self.id,
             "name": self.name,
             "role": self.role,
             "tenant": self.tenant,
-            "created_at": self.created_at.isoformat(),
-            "revoked_at": self.revoked_at.isoformat() if self.revoked_at else None,
+            "created_at": format_timestamp(self.created_at),
+            "revoked_at": format_timestamp(self.revoked_at) if self.revoked_at else None,
         }
 
 
@@ -130,14 +129,10 @@ class KeyStore:
         """A new key and its secret; the secret is not stored and cannot be shown again."""
         if role not in ROLES:
             raise InvalidKeyField(f"role must be one of {', '.join(ROLES)}, not {role!r}", "role")
-        if not re.fullmatch(TENANT_PATTERN, tenant):
-            raise InvalidKeyField(
-                f"tenant {tenant!r} must be 1-128 letters, digits, '.', '_', '@' or '-', "
-                "starting with a letter or digit",
-                "tenant",
-            )
-        if name is not None and not re.fullmatch(NAME_PATTERN, name):
-            raise InvalidKeyField("name must be 1-200 printable characters", "name")
+        if not re.fullmatch(TENANT.pattern, tenant):
+            raise InvalidKeyField(f"tenant {tenant!r} must be {TENANT.words}", "tenant")
+        if name is not None and not re.fullmatch(PRINTABLE.pattern, name):
+            raise InvalidKeyField(f"name must be {PRINTABLE.words}", "name")
         secret = "cp_" + secrets.token_hex(24)
         key = ApiKey(
             id="key_" + secrets.token_hex(8),

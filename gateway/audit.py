@@ -16,7 +16,7 @@ import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 from litestar import Controller, Request, get, post
@@ -25,7 +25,7 @@ from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
 from litestar.types import Receive
 
-from gateway.apikeys import NAME_PATTERN, ApiKey
+from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
@@ -36,7 +36,8 @@ from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.pipe import ThreadPipe
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
-from receipts import queries, record
+from gateway.shapes import CALL_ID, PRINTABLE, RECEIPT_ID, SHA256_HEX, TIME, shaped
+from receipts import queries
 from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport
 from receipts.checkpoint import Checkpoint
@@ -48,20 +49,7 @@ from receipts.signing import PublicKeyEntry
 
 T = TypeVar("T")
 log = logging.getLogger("callproof.gateway")
-# Identifiers are checked by shape before any query: a malformed one is a 400, not a lookup.
-# (Python's `$` also matches before a final newline; `(?!\n)` shuts that out and is still an
-# ECMA pattern for the OpenAPI document.)
-RECEIPT_ID = rf"^{record.RECEIPT_ID.pattern}$(?!\n)"
-CALL_ID = rf"^{record.CALL_ID.pattern}$(?!\n)"
-HEX64 = r"^[0-9a-f]{64}$(?!\n)"
-PRINTABLE = NAME_PATTERN  # a tool or model name to filter by: printable, like a key's name
-RFC3339 = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$(?!\n)"
-# A time bound, as RFC 3339 says it: with its offset (a time without one, a Unix time or a
-# space for the T would be guessed at).
-Timestamp = Annotated[
-    str | None,
-    Parameter(pattern=RFC3339, description="RFC 3339 with its offset: 2026-11-22T16:00:00Z"),
-]
+Timestamp = Annotated[str | None, shaped(TIME)]
 
 
 class LedgerRead:
@@ -180,16 +168,9 @@ def _window(since: str | None, until: str | None) -> tuple[datetime | None, date
     bounds = []
     for name, value in (("since", since), ("until", until)):
         try:
-            moment = datetime.fromisoformat(value) if value is not None else None
-            bounds.append(moment.astimezone(UTC) if moment is not None else None)
-        except ValueError as exc:
-            raise APIError(
-                400, f"{name} is not a valid time: {exc}", code="invalid_value", param=name
-            ) from None
-        except OverflowError:  # 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
-            raise APIError(
-                400, f"{name} is outside years 1-9999 in UTC", code="invalid_value", param=name
-            ) from None
+            bounds.append(queries.parse_time(value) if value is not None else None)
+        except ReceiptFormatError as exc:
+            raise APIError(400, f"{name}: {exc}", code="invalid_value", param=name) from None
     start, end = bounds
     if start is not None and end is not None and start > end:
         raise APIError(400, "since must not be after until", code="invalid_value", param="since")
@@ -227,11 +208,11 @@ class AuditController(Controller):
         read: NamedDependency[LedgerRead],
         since: Timestamp = None,
         until: Timestamp = None,
-        tool_name: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
-        model: Annotated[str | None, Parameter(pattern=PRINTABLE)] = None,
-        schema_hash: Annotated[str | None, Parameter(pattern=HEX64)] = None,
-        call_id: Annotated[str | None, Parameter(pattern=CALL_ID)] = None,
-        answering: Annotated[str | None, Parameter(pattern=CALL_ID)] = None,
+        tool_name: Annotated[str | None, shaped(PRINTABLE)] = None,
+        model: Annotated[str | None, shaped(PRINTABLE)] = None,
+        schema_hash: Annotated[str | None, shaped(SHA256_HEX)] = None,
+        call_id: Annotated[str | None, shaped(CALL_ID)] = None,
+        answering: Annotated[str | None, shaped(CALL_ID)] = None,
         cursor: int | None = Parameter(
             default=None,
             ge=0,
@@ -265,7 +246,7 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
+        receipt_id: Annotated[str, shaped(RECEIPT_ID)],
     ) -> Receipt:
         receipt = await read(ledger.get, principal.tenant, receipt_id)
         return _found(receipt, f"receipt {receipt_id}")
@@ -286,7 +267,7 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        call_id: Annotated[str, Parameter(pattern=CALL_ID)],
+        call_id: Annotated[str, shaped(CALL_ID)],
     ) -> CallRecord:
         issuer = _found(await read(ledger.find_call, principal.tenant, call_id), f"call {call_id}")
         answers = await read(ledger.answers_to, principal.tenant, call_id)
@@ -302,7 +283,7 @@ class AuditController(Controller):
         principal: NamedDependency[ApiKey],
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
-        schema_hash: Annotated[str, Parameter(pattern=HEX64)],
+        schema_hash: Annotated[str, shaped(SHA256_HEX)],
     ) -> dict[str, Any]:
         bound = await read(
             ledger.query, ReceiptQuery(tenant=principal.tenant, schema_hash=schema_hash, limit=1)
@@ -451,7 +432,7 @@ class AuditController(Controller):
         ledger: NamedDependency[Ledger],
         read: NamedDependency[LedgerRead],
         completions: NamedDependency[Completions],
-        receipt_id: Annotated[str, Parameter(pattern=RECEIPT_ID)],
+        receipt_id: Annotated[str, shaped(RECEIPT_ID)],
         data: JSONBody[ReplayRequest | None] = None,
     ) -> ReplayReport:
         receipt = _found(

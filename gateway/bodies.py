@@ -17,6 +17,7 @@ from litestar.dto import MsgspecDTO
 from litestar.typing import FieldDefinition
 
 from gateway.errors import APIError
+from gateway.shapes import in_words
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator
@@ -49,12 +50,12 @@ def decode_body(raw: bytes, model: type[T]) -> T:
         return msgspec.json.decode(raw, type=model)
     except msgspec.ValidationError as exc:
         message = str(exc)
-        unknown = "unknown field `" in message
+        param = field_named_in(message)
         raise APIError(
             400,
-            f"invalid request: {message}",
-            code="unsupported_parameter" if unknown else "invalid_value",
-            param=field_named_in(message),
+            f"invalid request: {in_words(message, param)}",
+            code="unsupported_parameter" if "unknown field `" in message else "invalid_value",
+            param=param,
         ) from None
     except msgspec.DecodeError as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None

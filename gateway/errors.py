@@ -17,6 +17,7 @@ from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.apikeys import KeyStoreUnavailable
 from gateway.schemas import ErrorBody
+from gateway.shapes import in_words
 from receipts.errors import ChainBehind, ChainDamaged, LedgerUnavailable
 from runtime.errors import (
     EngineError,
@@ -179,10 +180,11 @@ _LASTING = (ChainBehind, ModelNotFetched)
 
 def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
     status, body = error_for(exc)
-    headers = None
+    # Litestar's own headers go along, such as a 405's Allow (RFC 9110 section 15.5.6)
+    headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
     if status == 503:
         lasting = isinstance(exc, _LASTING)
-        headers = {"x-should-retry": "false"} if lasting else {"Retry-After": RETRY_AFTER_S}
+        headers.update({"x-should-retry": "false"} if lasting else {"Retry-After": RETRY_AFTER_S})
     return Response(body, status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
@@ -198,10 +200,9 @@ def _validation_body(exc: ValidationException) -> dict[str, Any]:
                 param=None,
             )
         if isinstance(item, dict):
-            message = item.get("message", exc.detail)
-            return error_body(
-                400, f"invalid request: {message}", code="invalid_value", param=item.get("key")
-            )
+            key = item.get("key")
+            message = in_words(str(item.get("message", exc.detail)), key)
+            return error_body(400, f"invalid request: {message}", code="invalid_value", param=key)
     return error_body(400, f"invalid request: {exc.detail}", code="invalid_value", param=None)
 
 

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from gateway.apikeys import NAME_PATTERN, TENANT_PATTERN
+from gateway.shapes import PRINTABLE, TENANT
 from receipts.canonical import MAX_SAFE_INT
 from receipts.record import Receipt
 from runtime.exact_json import MAX_EXACT_INTEGER
@@ -319,8 +319,8 @@ class Readiness(Struct):
 
 class KeyCreate(Struct, forbid_unknown_fields=True):
     role: Literal["agent", "auditor", "admin"]
-    tenant: Annotated[str, Meta(pattern=TENANT_PATTERN)]
-    name: Annotated[str, Meta(pattern=NAME_PATTERN)] | None = None
+    tenant: Annotated[str, Meta(pattern=TENANT.pattern, description=TENANT.words)]
+    name: Annotated[str, Meta(pattern=PRINTABLE.pattern, description=PRINTABLE.words)] | None = None
 
 
 class KeyInfo(Struct):

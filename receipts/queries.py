@@ -6,6 +6,7 @@ turns stored receipt JSON back into receipts; none of them writes.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -67,14 +68,33 @@ class ReceiptPage:
     ``limit`` receipts or after the one that passes PAGE_BYTES, whichever comes first."""
 
 
+RFC3339_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$(?!\n)"
+"""A time bound as RFC 3339 writes it, with its offset (also an ECMA pattern, for OpenAPI).
+A time without one, a Unix time or a space for the T would be guessed at: an auditor in
+another time zone would get another window than they meant, and no word of it."""
+_RFC3339_TIME = re.compile(RFC3339_TIME, re.ASCII)  # \d as ECMA reads it
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 time with its offset, in UTC; anything else is ReceiptFormatError."""
+    if not _RFC3339_TIME.match(text):
+        raise ReceiptFormatError(
+            f"{text!r} is not an RFC 3339 time with its offset, such as 2026-11-22T16:00:00Z"
+        )
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except ValueError as exc:  # month 13, February 30, an offset of 73 h
+        raise ReceiptFormatError(f"{text!r} is not a valid time: {exc}") from None
+    except OverflowError:  # 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
+        raise ReceiptFormatError(f"{text!r} is outside years 1-9999 in UTC") from None
+
+
 def rfc3339(value: datetime | str) -> str:
     """The fixed-width UTC form receipts store (``...T..:..:..ffffffZ``), so that a text
-    comparison in SQL is a time comparison. Naive datetimes are taken as UTC."""
+    comparison in SQL is a time comparison. A string must be RFC 3339 with its offset
+    (parse_time); a naive datetime is taken as UTC."""
     if isinstance(value, str):
-        try:
-            value = datetime.fromisoformat(value)
-        except ValueError as exc:
-            raise ReceiptFormatError(f"not an RFC 3339 time: {value!r}") from exc
+        value = parse_time(value)
     return format_timestamp(value if value.tzinfo else value.replace(tzinfo=UTC))
 
 

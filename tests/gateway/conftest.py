@@ -150,6 +150,17 @@ def gateway_engine(request: pytest.FixtureRequest, server_loop: ServerLoop) -> I
     server_loop.run(engine.aclose())
 
 
+def error_of(response: Any, status: int) -> dict[str, Any]:
+    """The OpenAI-shaped error of a response that must have `status`."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert {"message", "type", "param", "code"} <= set(error)
+    assert error["message"]
+    return error
+
+
 def gateway_settings(data_dir: Path, db_url: str, **overrides: Any) -> Settings:
     """Small token budgets keep the real model fast; payloads are retained for replay."""
     values: dict[str, Any] = {

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-from conftest import gateway_settings
+from conftest import error_of, gateway_settings
 
 from gateway.app import create_app
 from migrations.runner import upgrade
@@ -160,9 +160,10 @@ def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
                 "2026-13-01T00:00:00Z",
                 "2026-11-22T16:29:20-73:76",
             ):
-                response = client.get(path, params={"since": guessed})
-                assert response.status_code == 400, (path, guessed, response.text)
-                assert response.json()["error"]["param"] == "since"
+                error = error_of(client.get(path, params={"since": guessed}), 400)
+                assert error["param"] == "since", (path, guessed, error)
+                words = ("RFC 3339 time with its offset", "not a valid time")
+                assert any(w in error["message"] for w in words), error  # not a regex
             backwards = {"since": "2026-11-22T17:00:00Z", "until": "2026-11-22T16:00:00Z"}
             response = client.get(path, params=backwards)
             assert response.status_code == 400, response.text
@@ -697,20 +698,31 @@ def test_a_tenant_without_receipts_can_pin_the_key_that_will_sign(gateway: Any) 
 def test_an_identifier_with_a_trailing_newline_is_malformed_not_looked_up(
     gateway: Any, audited: dict[str, Any]
 ) -> None:
-    """Python's `$` matches before a final newline: the shape checks must not let one in."""
+    """Python's `$` matches before a final newline: the shape checks must not let one in.
+    The 400 says the shape in words, not the pattern that checks it."""
     receipt_id, call_id = audited["receipt"]["id"], audited["call"].id
+    rcpt, call = "rcpt_ and 24 lowercase hex digits", "call_ and 24 lowercase hex digits"
     with gateway.http("auditor") as client:
-        for path in (f"/audit/receipts/{receipt_id}%0A", f"/audit/calls/{call_id}%0A"):
-            response = client.get(path)
-            assert response.status_code == 400, (path, response.text)
+        for path, param, words in (
+            (f"/audit/receipts/{receipt_id}%0A", "receipt_id", rcpt),
+            (f"/audit/calls/{call_id}%0A", "call_id", call),
+            ("/audit/schemas/abc", "schema_hash", "a SHA-256 hash: 64 lowercase hex digits"),
+        ):
+            error = error_of(client.get(path), 400)
+            assert error["param"] == param and f"{param} must be {words}" in error["message"]
         listed = client.get("/audit/receipts", params={"call_id": call_id + "\n"})
-        assert listed.status_code == 400, listed.text
+        assert f"call_id must be {call}" in error_of(listed, 400)["message"]
         not_a_seq = client.get("/audit/proofs/inclusion/abc")  # a route segment: no such route
         assert (not_a_seq.status_code, not_a_seq.json()["error"]["code"]) == (404, "not_found")
     with gateway.http("admin") as client:
-        assert client.delete("/admin/keys/key_0123456789abcdef%0A").status_code == 400
-        created = client.post("/admin/keys", json={"role": "agent", "tenant": "acme\n"})
-        assert created.status_code == 400, created.text
+        revoked = client.delete("/admin/keys/key_0123456789abcdef%0A")
+        assert (
+            "key_id must be key_ and 16 lowercase hex digits" in error_of(revoked, 400)["message"]
+        )
+        for tenant in ("acme\n", ""):
+            created = client.post("/admin/keys", json={"role": "agent", "tenant": tenant})
+            error = error_of(created, 400)
+            assert error["param"] == "tenant" and "tenant must be 1-128 letters" in error["message"]
 
 
 def test_whole_chain_audits_in_flight_leave_every_tenant_served(

@@ -14,6 +14,7 @@ from typing import Any
 
 import openai
 import pytest
+from conftest import error_of
 
 from receipts.queries import ReceiptQuery
 
@@ -30,16 +31,6 @@ TOOL = {
     },
 }
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-def error_of(response: Any, status: int) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert {"message", "type", "param", "code"} <= set(error)
-    assert error["message"]
-    return error
 
 
 def post_chat(gateway: Any, role: str | None = "agent", **body: Any) -> Any:
@@ -631,7 +622,11 @@ def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:
 def test_unknown_route_and_wrong_method_in_the_error_shape(gateway: Any) -> None:
     with gateway.http("agent") as client:
         assert error_of(client.get("/v1/nothing-here"), 404)["code"] == "not_found"
-        assert error_of(client.get("/v1/chat/completions"), 405)["code"] == "method_not_allowed"
+        wrong_method = client.get("/v1/chat/completions")
+        assert error_of(wrong_method, 405)["code"] == "method_not_allowed"
+        allowed = set(wrong_method.headers["allow"].split(", "))  # RFC 9110: a 405 says
+        assert allowed == {"POST", "OPTIONS"}, allowed  # what is allowed, and it is
+        assert client.options("/v1/chat/completions").status_code == 204
     tool_choice_alone = error_of(post_chat(gateway, tool_choice="required"), 400)
     assert tool_choice_alone["code"] == "invalid_value"  # a code docs/api.md lists
 

@@ -18,6 +18,8 @@ import openai
 import pytest
 import sqlalchemy as sa
 
+from receipts.record import is_timestamp
+
 pytestmark = pytest.mark.model
 
 TOOL = {
@@ -247,7 +249,9 @@ def test_admin_key_api_and_revocation(gateway: Any, caplog: pytest.LogCaptureFix
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=key["secret"], max_retries=0)
         assert client.models.list().data[0].id == gateway.model  # now in the key cache
         revoked = admin.delete(f"/admin/keys/{key['key']['id']}")
-        assert revoked.status_code == 200 and revoked.json()["revoked_at"]
+        assert revoked.status_code == 200
+        for moment in (key["key"]["created_at"], revoked.json()["revoked_at"]):
+            assert is_timestamp(moment), moment  # written as receipts write times
         with pytest.raises(openai.AuthenticationError):  # at once: revoking drops the entry
             client.models.list()
         again = admin.delete(f"/admin/keys/{key['key']['id']}")  # idempotent, and not logged

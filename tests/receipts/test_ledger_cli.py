@@ -120,6 +120,21 @@ def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     assert f"seq 10..29 of tree size {report['tree_size']}" in out
 
 
+def test_export_refuses_a_time_it_would_have_to_guess(filled, tmp_path: Path, capsys) -> None:
+    """--from and --to read times as GET /audit/export does: RFC 3339 with its offset. A
+    time without one was taken as UTC, an operator elsewhere got another window than meant."""
+    url, _, key = filled
+    bundle = tmp_path / "guessed.tar.gz"
+    for guessed in ("2026-11-23 23:45:50", "2026-11-23T23:45:50", "20261123T234550Z", "2026-11-23"):
+        argv = ["export", "--db", url, "--tenant", "acme", "--from", guessed, "-o", str(bundle)]
+        code, _, err = run(capsys, *argv, "--signing-key", str(key))
+        assert code == 2 and "not an RFC 3339 time with its offset" in err, (guessed, err)
+        assert not bundle.exists()
+    argv = ["export", "--db", url, "--tenant", "acme", "--to", "2026-02-30T00:00:00Z"]
+    code, _, err = run(capsys, *argv, "-o", str(bundle), "--signing-key", str(key))
+    assert code == 2 and "day is out of range for month" in err and not bundle.exists()
+
+
 def test_export_needs_a_tenant_when_there_are_several(filled, tmp_path: Path, capsys) -> None:
     url, _, _ = filled
     code, _, err = run(capsys, "export", "--db", url, "-o", str(tmp_path / "x.tar.gz"))
