@@ -49,6 +49,19 @@ _NEUTRAL: dict[str, Any] = {
     "logit_bias": {},
     "store": False,
     "metadata": {},
+    **dict.fromkeys(
+        (
+            "service_tier",
+            "reasoning_effort",
+            "verbosity",
+            "modalities",
+            "audio",
+            "prediction",
+            "web_search_options",
+            "functions",
+            "function_call",
+        )
+    ),
 }
 
 
@@ -86,6 +99,12 @@ def prepare(
     if request.stream_options is not None and not request.stream:
         raise UnsupportedParameter(
             "stream_options is only allowed when stream is true", param="stream_options"
+        )
+    if request.stream_options is not None and request.stream_options.include_obfuscation:
+        raise UnsupportedParameter(
+            "stream_options.include_obfuscation=true is not supported here: the gateway does"
+            " not pad its chunks; leave it out or send false",
+            param="stream_options.include_obfuscation",
         )
     if request.model != served_model:
         raise model_not_served(request.model, served_model)

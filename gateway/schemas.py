@@ -45,6 +45,7 @@ class ErrorBody(Struct):
 class ContentPart(Struct, omit_defaults=True):
     type: str
     text: str | None = None
+    refusal: str | None = None  # an assistant's refusal part: what that turn said
 
 
 class FunctionCall(Struct):
@@ -114,12 +115,16 @@ class JsonSchemaFormat(Struct, tag_field="type", tag="json_schema"):
 
 class StreamOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
     include_usage: bool = False
+    # OpenAI pads chunks with random `obfuscation` text against length side channels; the
+    # gateway never does, so only false (or null) is accepted
+    include_obfuscation: bool | None = None
 
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
 StopString = Annotated[str, Meta(max_length=256)]
+NullOnly = Annotated[Any, Meta(description="not supported: only null is accepted")]
 
 
 class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -146,6 +151,8 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     stream: bool | None = None  # null as the SDK sends it: not streamed, as OpenAI takes it
     stream_options: StreamOptions | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # who the end user is, as `user`: accepted, not used
+    prompt_cache_key: str | None = None  # a cache hint: accepted, not used
     # Accepted only at their neutral value (OpenAI clients such as LangChain send them by
     # default); any other value is a 400, since the gateway does not implement them.
     frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
@@ -155,6 +162,17 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     logit_bias: dict[str, int] | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
+    # Not implemented, accepted as null (what an SDK wrapper sends for None): any other value
+    # is a 400 naming the parameter.
+    service_tier: NullOnly = None
+    reasoning_effort: NullOnly = None
+    verbosity: NullOnly = None
+    modalities: NullOnly = None
+    audio: NullOnly = None
+    prediction: NullOnly = None
+    web_search_options: NullOnly = None
+    functions: NullOnly = None
+    function_call: NullOnly = None
 
 
 # --- chat completion response -------------------------------------------------------------

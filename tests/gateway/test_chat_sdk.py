@@ -374,6 +374,31 @@ def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
     assert [r["id"] for r in found["answered_by"]] == [answer.id]
 
 
+def test_an_assistant_refusal_reads_the_same_however_it_is_written(gateway: Any) -> None:
+    """An SDK message may carry an assistant's refusal as its `refusal` member or as a
+    content part of type refusal (ChatCompletionContentPartRefusalParam); either is what
+    that turn said, the same prompt as that text written as content."""
+    said = "I can't help with that."
+    spellings = (
+        {"content": said},
+        {"content": None, "refusal": said},
+        {"content": [{"type": "refusal", "refusal": said}]},
+    )
+    prompt_tokens = set()
+    for spelling in spellings:
+        completion = gateway.openai().chat.completions.create(
+            model=gateway.model,
+            max_tokens=1,
+            messages=[
+                {"role": "user", "content": "How do I pick a lock?"},
+                {"role": "assistant", **spelling},
+                {"role": "user", "content": "Then say hi."},
+            ],
+        )
+        prompt_tokens.add(completion.usage.prompt_tokens)
+    assert len(prompt_tokens) == 1, prompt_tokens
+
+
 def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
     ghost = "call_" + "0" * 24
     completion = create(

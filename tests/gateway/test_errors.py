@@ -406,10 +406,16 @@ def test_models_retrieve_names_the_served_model_and_404s_others(gateway: Any) ->
 def test_stream_options_without_stream(gateway: Any) -> None:
     err = error_of(post_chat(gateway, stream_options={"include_usage": True}), 400)
     assert err["param"] == "stream_options"
-    unknown = {"include_usage": True, "include_obfuscation": True}
-    err = error_of(post_chat(gateway, stream=True, stream_options=unknown), 400)
+    padded = {"include_usage": True, "include_obfuscation": True}  # chunks are never padded
+    err = error_of(post_chat(gateway, stream=True, stream_options=padded), 400)
     assert (err["param"], err["code"]) == (
         "stream_options.include_obfuscation",
+        "unsupported_parameter",
+    )
+    unknown = {"include_usage": True, "include_nothing": True}
+    err = error_of(post_chat(gateway, stream=True, stream_options=unknown), 400)
+    assert (err["param"], err["code"]) == (
+        "stream_options.include_nothing",
         "unsupported_parameter",
     )
 
@@ -572,8 +578,18 @@ def test_unimplemented_parameters_pass_only_at_their_neutral_value(gateway: Any)
         logit_bias={},
         store=False,
         metadata={},
+        stream_options=None,
+        extra_body=dict.fromkeys(NULL_ONLY) | {"safety_identifier": "u1", "prompt_cache_key": "k"},
     )
     assert completion.model_extra["receipt"]["seq"] >= 1
+    streamed = gateway.openai().chat.completions.create(
+        model=gateway.model,
+        messages=HELLO,
+        max_tokens=1,
+        stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False},
+    )
+    assert [chunk for chunk in streamed][-1].usage.completion_tokens == 1
     for field, value in [
         ("frequency_penalty", 0.5),
         ("presence_penalty", -1),
@@ -582,10 +598,29 @@ def test_unimplemented_parameters_pass_only_at_their_neutral_value(gateway: Any)
         ("logit_bias", {"50256": -100}),
         ("store", True),
         ("metadata", {"k": "v"}),
+        ("service_tier", "auto"),
+        ("reasoning_effort", "low"),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("function_call", "auto"),
     ]:
         err = error_of(post_chat(gateway, **{field: value}), 400)
         assert (err["param"], err["code"]) == (field, "unsupported_parameter")
         assert "leave it out" in err["message"]
+
+
+# OpenAI parameters the gateway does not implement that mean "off" only as null, which an
+# SDK wrapper sends for an unset Python argument
+NULL_ONLY = (
+    "service_tier",
+    "reasoning_effort",
+    "verbosity",
+    "modalities",
+    "audio",
+    "prediction",
+    "web_search_options",
+    "functions",
+    "function_call",
+)
 
 
 def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
