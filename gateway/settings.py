@@ -179,13 +179,20 @@ def _flag(raw: Any) -> bool:
     raise ValueError("must be true or false")
 
 
+_ZERO_IS_NONE = frozenset({"key_cache_ttl_s"})  # durations whose 0 means "none": no key cache
+
+
 def _number(name: str, raw: Any, kind: type[int | float]) -> int | float:
+    wrong_kind = ValueError(f"must be {'a whole number' if kind is int else 'a number'}")
     if isinstance(raw, bool) or (kind is int and isinstance(raw, float)):
-        raise ValueError(f"must be {'a whole number' if kind is int else 'a number'}")
-    value = kind(raw)
+        raise wrong_kind
+    try:
+        value = kind(raw)
+    except ValueError:  # int("8791.7"): Python's own words name no setting's rule
+        raise wrong_kind from None
     if not math.isfinite(value) or value < 0:
         raise ValueError("must be a finite number, not negative")
-    if name.endswith("_s") and value == 0:
+    if name.endswith("_s") and value == 0 and name not in _ZERO_IS_NONE:
         raise ValueError("must be more than 0 (a duration of 0 fails or disables it)")
     low, high = _RANGES.get(name, (0, math.inf))
     if not low <= value <= high:
@@ -344,7 +351,8 @@ HELP = {
     "max_grammar_depth": "grammars whose rule references nest deeper are a 400",
     "checkpoint_every": "sign a checkpoint every N receipts of a chain",
     "checkpoint_interval_s": "... or every T seconds when a chain has unsigned receipts",
-    "key_cache_ttl_s": "how long a looked-up API key is trusted before it is checked again",
+    "key_cache_ttl_s": "how long a looked-up API key is trusted before it is checked again"
+    " (0: no cache, a revoked key stops at once)",
     "db_timeout_s": "longest wait on the database before failing closed with a 503",
     "log_level": "JSON log level",
 }

@@ -54,6 +54,26 @@ def test_concurrent_misses_share_one_lookup_and_revocation_applies_after_ttl(
         store.close()
 
 
+def test_a_ttl_of_zero_checks_every_request_so_a_revocation_elsewhere_applies_at_once(
+    fresh_sqlite_url: str,
+) -> None:
+    """key_cache_ttl_s = 0 is no cache (docs/configuration.md): a key another process
+    revoked (here the store, as `callproof keys revoke` does) is refused on the next request."""
+    upgrade(fresh_sqlite_url)
+    store = KeyStore.open(fresh_sqlite_url)
+    try:
+        key, secret = store.create("agent", "acme")
+        auth = Authenticator(store, ttl_s=0, call=KeyCall(10))
+        header = f"Bearer {secret}"
+        assert asyncio.run(auth.authenticate(header)).id == key.id
+        store.revoke(key.id)
+        with pytest.raises(APIError) as err:
+            asyncio.run(auth.authenticate(header))
+        assert err.value.status == 401
+    finally:
+        store.close()
+
+
 def test_a_lookup_in_flight_when_its_key_is_revoked_is_not_cached(fresh_sqlite_url: str) -> None:
     """A lookup that read the key just before the admin API revoked it must not put it back
     in the cache after `forget`, where it would work for another TTL."""

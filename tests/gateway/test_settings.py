@@ -39,6 +39,8 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
     [
         ({"engine": "tpu"}, {}, "must be one of embedded, vllm"),
         ({"port": "-1"}, {}, "not negative"),
+        ({"port": "8791.7"}, {}, "'port': '8791.7' must be a whole number$"),
+        ({}, {"CALLPROOF_DB_TIMEOUT_S": "soon"}, "'db_timeout_s': 'soon' must be a number$"),
         ({"db_timeout_s": "0"}, {}, "must be more than 0"),
         ({}, {"CALLPROOF_VLLM_TIMEOUT_S": "nan"}, "must be a finite number"),
         ({}, {"CALLPROOF_RETAIN_PAYLOADS": "maybe"}, "must be true or false"),
@@ -63,6 +65,11 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
 def test_bad_values_are_named(flags: dict, env: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings(flags, env)
+
+
+def test_a_key_cache_ttl_of_zero_turns_the_cache_off() -> None:
+    """The one duration whose 0 means something: no cache (every other 0 fails or hangs)."""
+    assert load_settings({"key_cache_ttl_s": "0"}, {}).key_cache_ttl_s == 0
 
 
 def test_a_config_file_number_of_the_wrong_kind_is_refused(tmp_path: Path) -> None:
