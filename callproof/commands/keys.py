@@ -20,9 +20,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create = actions.add_parser(
         "create", help="create a key; its secret is printed alone on the last line"
     )
-    create.add_argument("--role", required=True, choices=("agent", "auditor", "admin"))
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--name")
+    create.add_argument(
+        "--role",
+        required=True,
+        choices=("agent", "auditor", "admin"),
+        help="agent: /v1 only; auditor: /audit, its tenant's chain only; admin: /admin",
+    )
+    create.add_argument(
+        "--tenant", required=True, help="the tenant, whose receipt chain the key writes or reads"
+    )
+    create.add_argument("--name", help="a label for `keys list` (default: ROLE@TENANT)")
     create.set_defaults(handler=_create)
     listing = actions.add_parser("list", help="list keys (never their secrets)")
     listing.set_defaults(handler=_list)

@@ -69,8 +69,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     db_verify = actions.add_parser("verify", help="verify the chains stored in the database")
     _add_db(db_verify)
     db_verify.add_argument("--tenant", help="one chain (default: every chain)")
-    db_verify.add_argument("--from-seq", type=int, metavar="N")
-    db_verify.add_argument("--to-seq", type=int, metavar="M")
+    db_verify.add_argument(
+        "--from-seq", type=int, metavar="N", help="first seq to verify (default: 1)"
+    )
+    db_verify.add_argument(
+        "--to-seq", type=int, metavar="M", help="last seq to verify (default: the head)"
+    )
     _add_report_options(db_verify)
     db_verify.set_defaults(handler=_verify_db)
     migrate = actions.add_parser("migrate", help="create or upgrade the ledger tables")
@@ -173,20 +177,19 @@ def _gateway_signer(settings: Settings) -> Signer | None:
 def _only_chain(chains: list[str]) -> str:
     from receipts.errors import OutOfRange
 
-    if len(chains) != 1:
-        listed = ", ".join(chains) or "none"
-        raise OutOfRange(f"pass --tenant: the database holds chains {listed}")
+    if len(_any_chain(chains, "export")) != 1:
+        raise OutOfRange(f"pass --tenant: the database holds chains {', '.join(chains)}")
     return chains[0]
 
 
-def _any_chain(chains: list[str]) -> list[str]:
+def _any_chain(chains: list[str], what: str = "verify") -> list[str]:
     """Every chain, when there is one: a database with none (not the gateway's, named by a
     typo) printed 'no chains in the database' with exit 0, as if it had verified."""
     from receipts.errors import OutOfRange
 
     if not chains:
         raise OutOfRange(
-            "no chains in this ledger: nothing to verify (is it the gateway's database?"
+            f"no chains in this ledger: nothing to {what} (is it the gateway's database?"
             " --db, --data-dir, --config and their CALLPROOF_ variables name it)"
         )
     return chains
@@ -307,7 +310,7 @@ def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
         print(json.dumps(reports[0] if len(reports) == 1 else {"ok": ok, "chains": reports}))
         return OK if ok else FAILED
     for r in reports:
-        chain = r.get("chain") or "?"
+        chain = r.get("chain")
         if r["ok"]:
             size = f", Merkle root at tree size {r['tree_size']}" if r.get("tree_size") else ""
             span = ""
@@ -319,8 +322,11 @@ def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
                 span = f" (seq {r['first_seq']}..{r['last_seq']} of tree size {r['tree_size']})"
             print(f"OK: chain {chain!a}, {r['checked']} receipts verified{span}{size}")
         else:
-            where = f" at seq {r['first_failure_seq']}" if r["first_failure_seq"] else ""
-            print(f"FAILED: chain {chain!a}{where}: {r['reason']}")
+            # no chain when the bundle was refused before its receipts were read
+            named = f"chain {chain!a}" if chain else ""
+            seq = f"at seq {r['first_failure_seq']}" if r["first_failure_seq"] else ""
+            where = " ".join(part for part in (named, seq) if part)
+            print(f"FAILED: {where}: {r['reason']}" if where else f"FAILED: {r['reason']}")
         for note in r.get("notes") or ():
             print(f"note: {note}")
     return OK if ok else FAILED

@@ -153,7 +153,7 @@ def test_every_command_that_reads_settings_names_typos_and_the_database_it_used(
 
 
 def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
-    fresh_sqlite_url: str, capsys: pytest.CaptureFixture[str]
+    fresh_sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """It printed 'no chains in the database' with exit 0: an operator who named the wrong
     database believed it verified. Exit 2, as for a --tenant it does not hold, naming it."""
@@ -166,6 +166,10 @@ def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
         out, err = capsys.readouterr()
         assert not out and f"callproof: ledger at {fresh_sqlite_url}" in err, err
         assert "no chains in this ledger: nothing to verify" in err, err
+    bundle = tmp_path / "none.tar.gz"
+    assert main(["export", "--db", fresh_sqlite_url, "-o", str(bundle)]) == 2
+    err = capsys.readouterr().err  # not "pass --tenant": no tenant would help
+    assert "no chains in this ledger: nothing to export" in err and not bundle.exists(), err
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,9 @@ def test_export_then_verify(filled, tmp_path: Path, capsys) -> None:
     report = json.loads(out)
     assert code == 1 and report["first_failure_seq"] == 1 and "unknown key" in report["reason"]
 
+    code, out, _ = run(capsys, "verify", str(bundle), "--chain", "acm")  # it said chain '?'
+    assert (code, out) == (1, "FAILED: the bundle is of chain 'acme', not 'acm'\n")
+
 
 def test_an_exported_bundle_is_private_as_the_ledger_is(filled, tmp_path: Path, capsys) -> None:
     """It was written 0644 (the umask) beside a 0600 ledger in a 0700 directory, while with
