@@ -65,7 +65,9 @@ class ChatController(Controller):
         created = int(time.time())
         if prepared.stream:
             events = await completions.open_stream(prepared)
-            writer = ChunkWriter(completion_id, created, model, prepared.include_usage)
+            writer = ChunkWriter(
+                completion_id, created, model, completions.fingerprint, prepared.include_usage
+            )
             return Stream(  # type: ignore[return-value]
                 stream_completion(completions, prepared, principal, events, writer),
                 media_type="text/event-stream",
@@ -92,5 +94,6 @@ class ChatController(Controller):
             ],
             usage=usage_of(generation),
             receipt=receipt_ref(receipt),
+            system_fingerprint=completions.fingerprint,
         )
         return Response(body, headers={RECEIPT_HEADER: receipt.id})

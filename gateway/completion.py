@@ -10,6 +10,8 @@ on top of the same `prepare` and `record`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import logging
 import secrets
 import time
@@ -31,7 +33,7 @@ from gateway.settings import Settings
 from receipts.errors import CanonicalizationError, LedgerUnavailable
 from receipts.ledger import Ledger
 from receipts.record import Receipt
-from runtime.engines.base import Engine, Generation, Sampling, StreamEvent
+from runtime.engines.base import Engine, EngineIdentity, Generation, Sampling, StreamEvent
 from runtime.errors import RuntimeInputError, StructuredOutputInvalid, UnsupportedParameter
 from runtime.limits import check_constraint, check_tool_count
 from runtime.output_parsing import ParsedResponse
@@ -167,12 +169,21 @@ def _sampling(request: ChatCompletionRequest, settings: Settings) -> Sampling:
     )
 
 
+def system_fingerprint(identity: EngineIdentity) -> str:
+    """OpenAI's `system_fingerprint`: it changes when what makes the output does (model,
+    weights, tokenizer, engine, grammar backends), so a client comparing seeded answers knows
+    when to expect a difference. The receipt's manifest binds the same facts, and more."""
+    facts = msgspec.json.encode(dataclasses.asdict(identity))
+    return "fp_" + hashlib.sha256(facts).hexdigest()[:10]
+
+
 class Completions:
     """Runs prepared requests on the engine and receipts them in the ledger."""
 
     def __init__(self, engine: Engine, ledger: Ledger, settings: Settings, metrics: Metrics):
         self.started_at = int(time.time())
         self.engine = engine
+        self.fingerprint = system_fingerprint(engine.identity)
         self.ledger = ledger
         self.settings = settings
         self.metrics = metrics

@@ -53,14 +53,18 @@ def event(payload: object) -> bytes:
 
 
 class ChunkWriter:
-    """Builds the chunks of one completion (shared id, created time and model name)."""
+    """Builds the chunks of one completion (shared id, created time, model name and system
+    fingerprint)."""
 
-    def __init__(self, completion_id: str, created: int, model: str, include_usage: bool):
+    def __init__(
+        self, completion_id: str, created: int, model: str, fingerprint: str, include_usage: bool
+    ):
         self._base = {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
+            "system_fingerprint": fingerprint,
             **({"usage": None} if include_usage else {}),
         }
 

@@ -263,8 +263,11 @@ def test_streamed_answer_with_usage_chunk(gateway: Any) -> None:
 
 def test_chunks_carry_the_fields_openai_sends(gateway: Any) -> None:
     """Field by field as OpenAI's stream: the role chunk has content "" and refusal null;
-    system_fingerprint is in every chunk; with include_usage every chunk but the usage chunk
-    has usage null, and without it there is no usage key at all."""
+    system_fingerprint is in every chunk, the same as a whole answer's; with include_usage
+    every chunk but the usage chunk has usage null, and without it there is no usage key."""
+    answer = create(gateway, messages=[{"role": "user", "content": "Hi."}], max_tokens=1)
+    fingerprint = answer.system_fingerprint
+    assert re.fullmatch(r"fp_[0-9a-f]{10}", fingerprint), fingerprint
     body = {
         "model": gateway.model,
         "messages": [{"role": "user", "content": "Say hi."}],
@@ -283,7 +286,7 @@ def test_chunks_carry_the_fields_openai_sends(gateway: Any) -> None:
             "content": "",
             "refusal": None,
         }
-        assert all(c["system_fingerprint"] is None for c in chunks)
+        assert {c["system_fingerprint"] for c in chunks} == {fingerprint}
         assert len({c["id"] for c in chunks}) == 1
         if include_usage:
             assert all(c["usage"] is None for c in chunks[:-1])
