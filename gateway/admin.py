@@ -12,8 +12,9 @@ from gateway.apikeys import ApiKey, InvalidKeyField, KeyNotFound, KeyStore, log_
 from gateway.auth import BEARER, Authenticator, KeyCall, require_role
 from gateway.bodies import StrictBody
 from gateway.errors import BODY_ERRORS, APIError, documented
+from gateway.query import shaped
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
-from gateway.shapes import KEY_ID, shaped
+from gateway.shapes import KEY_ID
 
 
 def _info(key: ApiKey) -> KeyInfo:

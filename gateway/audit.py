@@ -34,9 +34,10 @@ from gateway.disconnect import unless_client_leaves
 from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.pipe import ThreadPipe
+from gateway.query import shaped
 from gateway.replay import replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
-from gateway.shapes import CALL_ID, PRINTABLE, RECEIPT_ID, SHA256_HEX, TIME, shaped
+from gateway.shapes import CALL_ID, PRINTABLE, RECEIPT_ID, SHA256_HEX, TIME
 from receipts import queries
 from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport

@@ -95,7 +95,8 @@ class Authenticator:
             del self._lookups[digest]
         if key is None:
             self._cache.pop(digest, None)
-        elif revocations == self._revocations:  # else it may have read a key since revoked
+        elif self._ttl_s > 0 and revocations == self._revocations:  # a TTL of 0: no cache;
+            # a revocation since the lookup began: it may have read the key before it
             self._cache[digest] = (key, time.monotonic() + self._ttl_s)
         return key
 

@@ -51,6 +51,13 @@ def decode_body(raw: bytes, model: type[T]) -> T:
     except msgspec.ValidationError as exc:
         message = str(exc)
         param = field_named_in(message)
+        if message.startswith(_NOT_NULL):  # a schemas.NullOnly parameter with a value
+            raise APIError(
+                400,
+                f"{param} is not supported here; leave it out or send null",
+                code="unsupported_parameter",
+                param=param,
+            ) from None
         raise APIError(
             400,
             f"invalid request: {in_words(message, param)}",
@@ -71,6 +78,9 @@ def decode_body(raw: bytes, model: type[T]) -> T:
             "the body nests arrays or objects deeper than the JSON decoder follows",
             code="invalid_json",
         ) from None
+
+
+_NOT_NULL = "Expected `null`, got "
 
 
 def decode_as_sent(raw: bytes) -> dict[str, Any]:

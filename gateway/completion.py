@@ -51,19 +51,6 @@ _NEUTRAL: dict[str, Any] = {
     "logit_bias": {},
     "store": False,
     "metadata": {},
-    **dict.fromkeys(
-        (
-            "service_tier",
-            "reasoning_effort",
-            "verbosity",
-            "modalities",
-            "audio",
-            "prediction",
-            "web_search_options",
-            "functions",
-            "function_call",
-        )
-    ),
 }
 
 

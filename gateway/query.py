@@ -5,6 +5,7 @@ one. For an auditor a mistyped filter (`?tool=` for `?tool_name=`) would then re
 "everything matched", and `?tool_name=a&tool_name=b` as a filter on b alone; both are a 400
 naming the parameter instead. An integer, in the query or the path, is ASCII digits only:
 `1_0`, `+1` and `1e1` would each read as a number the client may not have meant.
+`shaped` declares a parameter checked by its shape (gateway.shapes).
 """
 
 from __future__ import annotations
@@ -12,14 +13,22 @@ from __future__ import annotations
 import functools
 import re
 import typing
+from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import Parameter
 
 from gateway.errors import APIError
+from gateway.shapes import Shape
 
 _PATH_PARAM = re.compile(r"\{(\w+)(?::\w+)?\}")
 _DIGITS = re.compile(r"[0-9]+")
+
+
+def shaped(shape: Shape) -> Any:
+    """A query or path parameter of this shape: its pattern checked, its words in OpenAPI."""
+    return Parameter(pattern=shape.pattern, description=shape.words)
 
 
 def refuse_unknown_query(connection: ASGIConnection) -> None:

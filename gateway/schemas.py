@@ -117,14 +117,18 @@ class StreamOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
     include_usage: bool = False
     # OpenAI pads chunks with random `obfuscation` text against length side channels; the
     # gateway never does, so only false (or null) is accepted
-    include_obfuscation: bool | None = None
+    include_obfuscation: Annotated[
+        bool | None, Meta(description="only false or null: chunks are never padded")
+    ] = None
 
 
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
 StopString = Annotated[str, Meta(max_length=256)]
-NullOnly = Annotated[Any, Meta(description="not supported: only null is accepted")]
+# An OpenAI parameter the gateway does not implement, accepted as null (what an SDK wrapper
+# sends for an unset argument); gateway.bodies words any other value as unsupported
+NullOnly = Annotated[None, Meta(description="not supported: only null is accepted")]
 
 
 class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -162,8 +166,6 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     logit_bias: dict[str, int] | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    # Not implemented, accepted as null (what an SDK wrapper sends for None): any other value
-    # is a 400 naming the parameter.
     service_tier: NullOnly = None
     reasoning_effort: NullOnly = None
     verbosity: NullOnly = None

@@ -188,7 +188,7 @@ def _number(name: str, raw: Any, kind: type[int | float]) -> int | float:
         raise wrong_kind
     try:
         value = kind(raw)
-    except ValueError:  # int("8791.7"): Python's own words name no setting's rule
+    except (ValueError, TypeError):  # int("8791.7"), int([1]): Python's words, no rule
         raise wrong_kind from None
     if not math.isfinite(value) or value < 0:
         raise ValueError("must be a finite number, not negative")

@@ -11,9 +11,6 @@ and is still an ECMA pattern for the OpenAPI document.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-from litestar.params import Parameter
 
 from receipts import queries, record
 
@@ -33,14 +30,13 @@ TENANT = Shape(
     r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$(?!\n)",
     "1-128 letters, digits, '.', '_', '@' or '-', starting with a letter or digit",
 )
-# A key's name, or a tool or model name to filter receipts by: no control characters.
-PRINTABLE = Shape(r"^[^\x00-\x1f\x7f]{1,200}$(?!\n)", "1-200 printable characters")
-TIME = Shape(queries.RFC3339_TIME, "an RFC 3339 time with its offset, such as 2026-11-22T16:00:00Z")
-
-
-def shaped(shape: Shape) -> Any:
-    """A query or path parameter of this shape (its pattern, its words in OpenAPI)."""
-    return Parameter(pattern=shape.pattern, description=shape.words)
+# A key's name, or a tool or model name to filter receipts by: no control characters (C0,
+# C1), nor the line separators and bidirectional overrides that would garble `keys list`.
+PRINTABLE = Shape(
+    r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]{1,200}$(?!\n)",
+    "1-200 printable characters",
+)
+TIME = Shape(queries.RFC3339_TIME, queries.TIME_WORDS)
 
 
 _MISMATCH = {

@@ -9,7 +9,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
@@ -68,22 +68,30 @@ class ReceiptPage:
     ``limit`` receipts or after the one that passes PAGE_BYTES, whichever comes first."""
 
 
-RFC3339_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)$(?!\n)"
+RFC3339_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$(?!\n)"
 """A time bound as RFC 3339 writes it, with its offset (also an ECMA pattern, for OpenAPI).
 A time without one, a Unix time or a space for the T would be guessed at: an auditor in
 another time zone would get another window than they meant, and no word of it."""
+TIME_WORDS = "an RFC 3339 time with its offset, such as 2026-11-22T16:00:00Z"
 _RFC3339_TIME = re.compile(RFC3339_TIME, re.ASCII)  # \d as ECMA reads it
+_MICROSECOND = timedelta(microseconds=1)
 
 
 def parse_time(text: str) -> datetime:
-    """An RFC 3339 time with its offset, in UTC; anything else is ReceiptFormatError."""
-    if not _RFC3339_TIME.match(text):
-        raise ReceiptFormatError(
-            f"{text!r} is not an RFC 3339 time with its offset, such as 2026-11-22T16:00:00Z"
-        )
+    """An RFC 3339 time with its offset, in UTC; anything else is ReceiptFormatError.
+
+    Receipts are stamped to the microsecond, so a bound written finer is the next
+    microsecond: `since` (included) and `until` (excluded) then select exactly what the
+    finer time would."""
+    found = _RFC3339_TIME.match(text)
+    if not found:
+        raise ReceiptFormatError(f"{text!r} is not {TIME_WORDS}")
+    digits = (found.group(1) or ".")[1:]
     try:
-        return datetime.fromisoformat(text).astimezone(UTC)
-    except ValueError as exc:  # month 13, February 30, an offset of 73 h
+        moment = datetime.fromisoformat(f"{text[:19]}.{digits[:6]:0<6}{found.group(2)}")
+        moment = moment.astimezone(UTC)
+        return moment + _MICROSECOND if digits[6:].strip("0") else moment
+    except ValueError as exc:  # month 13, February 30, second 60
         raise ReceiptFormatError(f"{text!r} is not a valid time: {exc}") from None
     except OverflowError:  # 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
         raise ReceiptFormatError(f"{text!r} is outside years 1-9999 in UTC") from None

@@ -52,7 +52,8 @@ def format_timestamp(moment: datetime) -> str:
     """RFC 3339 UTC with microseconds and a "Z" suffix, e.g. 2026-11-21T23:15:00.123456Z."""
     if moment.tzinfo is None:
         raise ReceiptFormatError("timestamps must be timezone-aware (UTC)")
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    moment = moment.astimezone(UTC)  # the year padded (strftime's %Y is not), so text sorts
+    return f"{moment.year:04d}{moment:-%m-%dT%H:%M:%S.%f}Z"  # as time: SQL compares it so
 
 
 def utc_now() -> str:

@@ -151,6 +151,11 @@ def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
     assert later in listed_ids(gateway, since=created_later)
     before_later = listed_ids(gateway, until=created_later)  # ...and until excluded
     assert first in before_later and later not in before_later
+    just_after = created_later[:-1] + "0001Z"  # finer than the receipts' microseconds
+    assert later in listed_ids(gateway, until=just_after)
+    assert later not in listed_ids(gateway, since=just_after)
+    assert first in listed_ids(gateway, since="0999-01-01T00:00:00Z")  # a year before 1000
+    assert listed_ids(gateway, until="0999-01-01T00:00:00Z") == []  # sorts as a time
     with gateway.http("auditor") as client:
         for path in ("/audit/receipts", "/audit/export"):
             for guessed in (
@@ -159,6 +164,8 @@ def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
                 "2026-11-22 16:29:20Z",
                 "2026-13-01T00:00:00Z",
                 "2026-11-22T16:29:20-73:76",
+                "2026-11-22T16:29:20+05:99",  # read by Python as +06:39
+                "2026-11-22T16:29:20+24:00",
             ):
                 error = error_of(client.get(path, params={"since": guessed}), 400)
                 assert error["param"] == "since", (path, guessed, error)

@@ -80,6 +80,12 @@ def test_a_config_file_number_of_the_wrong_kind_is_refused(tmp_path: Path) -> No
     config.write_text("checkpoint_every = true\n")
     with pytest.raises(SettingsError, match="whole number"):
         load_settings({}, {}, config)
+    config.write_text("port = [1]\n")  # Python's int() message, naming no rule
+    with pytest.raises(SettingsError, match=r"'port': \[1\] must be a whole number$"):
+        load_settings({}, {}, config)
+    config.write_text("db_timeout_s = {a = 1}\n")
+    with pytest.raises(SettingsError, match="must be a number$"):
+        load_settings({}, {}, config)
     config.write_text("host = 5\n")  # was the host "5"
     with pytest.raises(SettingsError, match="'host': 5 must be a string"):
         load_settings({}, {}, config)

@@ -124,18 +124,29 @@ def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
 
 
 def test_export_refuses_a_time_it_would_have_to_guess(filled, tmp_path: Path, capsys) -> None:
-    """--from and --to read times as GET /audit/export does: RFC 3339 with its offset. A
-    time without one was taken as UTC, an operator elsewhere got another window than meant."""
+    """--from and --to read times as GET /audit/export does: RFC 3339 with its offset (a
+    time without one was taken as UTC: an operator elsewhere got another window than meant),
+    refused as a usage error before any database is opened, and in order."""
     url, _, key = filled
     bundle = tmp_path / "guessed.tar.gz"
-    for guessed in ("2026-11-23 23:45:50", "2026-11-23T23:45:50", "20261123T234550Z", "2026-11-23"):
-        argv = ["export", "--db", url, "--tenant", "acme", "--from", guessed, "-o", str(bundle)]
-        code, _, err = run(capsys, *argv, "--signing-key", str(key))
-        assert code == 2 and "not an RFC 3339 time with its offset" in err, (guessed, err)
+    for flag, guessed, says in (
+        ("--from", "2026-11-23 23:45:50", "not an RFC 3339 time with its offset"),
+        ("--from", "2026-11-23T23:45:50", "not an RFC 3339 time with its offset"),
+        ("--from", "20261123T234550Z", "not an RFC 3339 time with its offset"),
+        ("--from", "2026-11-23", "not an RFC 3339 time with its offset"),
+        ("--to", "2026-11-23T23:45:50+05:99", "not an RFC 3339 time with its offset"),
+        ("--to", "2026-02-30T00:00:00Z", "day is out of range for month"),
+    ):
+        argv = ["export", "--db", url, "--tenant", "acme", flag, guessed, "-o", str(bundle)]
+        with pytest.raises(SystemExit) as exited:
+            run(capsys, *argv, "--signing-key", str(key))
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and says in err, (guessed, err)
         assert not bundle.exists()
-    argv = ["export", "--db", url, "--tenant", "acme", "--to", "2026-02-30T00:00:00Z"]
-    code, _, err = run(capsys, *argv, "-o", str(bundle), "--signing-key", str(key))
-    assert code == 2 and "day is out of range for month" in err and not bundle.exists()
+    backwards = ["--from", "2026-11-23T10:00:00Z", "--to", "2026-11-23T09:00:00Z"]
+    argv = ["export", "--db", url, "--tenant", "acme", *backwards, "-o", str(bundle)]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "--from must not be after --to" in err and not bundle.exists()
 
 
 def test_export_needs_a_tenant_when_there_are_several(filled, tmp_path: Path, capsys) -> None:
