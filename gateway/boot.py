@@ -61,6 +61,18 @@ def listening_socket(settings: Settings) -> socket.socket:
         ) from None
 
 
+def refuse_before_creating(settings: Settings) -> None:
+    """What stops a start and needs no database, checked before anything is created: a
+    gateway refused for a wrong --model or a missing signing_key_file left a data directory,
+    a ledger and a generated key behind it."""
+    if settings.engine == "embedded" and settings.model is not None:
+        from runtime.engines.embedded import resolve_model
+
+        resolve_model(settings.model)  # the files' shapes only: the weights load later
+    if settings.signing_key_file is not None and signer_from_env() is None:
+        load_or_create_signer(settings.signing_key_file, create=False)
+
+
 def prepare_database(settings: Settings) -> None:
     """Bring the database schema up to date (idempotent); a SQLite ledger file is created
     first, 0600 (SQLite gives its -wal and -shm files the same mode), the default one inside

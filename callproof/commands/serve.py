@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         load_signer,
         open_resources,
         prepare_database,
+        refuse_before_creating,
         say_ledger,
         superseded_key,
     )
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log_level)
         listener = listening_socket(settings)  # first: a port in use must create nothing
+        refuse_before_creating(settings)
         prepare_database(settings)
         signer = load_signer(settings)  # before the engine: seconds to load a model
         resources = open_resources(settings, load_engine(settings), signer)

@@ -397,6 +397,7 @@ def test_keys_with_postgres_leave_the_data_directory_alone(
     ("flags", "says"),
     [
         (["--signing-key-file", "{tmp}/mount/signing.pem"], "does not exist"),
+        (["--model", "{tmp}/no-model"], "is neither an HF model directory nor a .gguf file"),
         (["--engine", "vllm"], "needs --vllm-url"),
         (["--db", "postgresql+psycopg://callproof@127.0.0.1:1/none"], "127.0.0.1"),
         (["--log-level", "LOUD"], "must be one of DEBUG"),
@@ -410,13 +411,14 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     tmp_path: Path, flags: list[str], says: str
 ) -> None:
     """Exit 2 and one line on stderr, before any model is loaded; a signing key file named in
-    the settings is never generated (a failed secret mount must not mean a new identity)."""
+    the settings is never generated (a failed secret mount must not mean a new identity), and
+    nothing is left in the data directory (it held a ledger and a new key)."""
     (tmp_path / "a-file").write_text("")
     data_dir = [] if "--data-dir" in flags else ["--data-dir", str(tmp_path / "data")]
     done = serve_once(*data_dir, *(flag.format(tmp=tmp_path) for flag in flags))
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and says in done.stderr, done.stderr
-    assert not (tmp_path / "mount").exists()
+    assert not (tmp_path / "mount").exists() and not (tmp_path / "data").exists()
 
 
 def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
