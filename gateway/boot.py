@@ -61,16 +61,14 @@ def listening_socket(settings: Settings) -> socket.socket:
         ) from None
 
 
-def refuse_before_creating(settings: Settings) -> None:
-    """What stops a start and needs no database, checked before anything is created: a
-    gateway refused for a wrong --model or a missing signing_key_file left a data directory,
-    a ledger and a generated key behind it."""
+def check_model_files(settings: Settings) -> None:
+    """An embedded --model that is not a model stops the start before anything is created
+    (it left a data directory, a ledger and a generated key behind); only the files' shapes
+    are read here, the weights load later."""
     if settings.engine == "embedded" and settings.model is not None:
         from runtime.engines.embedded import resolve_model
 
-        resolve_model(settings.model)  # the files' shapes only: the weights load later
-    if settings.signing_key_file is not None and signer_from_env() is None:
-        load_or_create_signer(settings.signing_key_file, create=False)
+        resolve_model(settings.model)
 
 
 def prepare_database(settings: Settings) -> None:
@@ -143,12 +141,11 @@ def say_ledger(url: str) -> None:
     print(f"callproof: ledger at {shown_url(url)}", file=sys.stderr, flush=True)
 
 
-def load_signer(settings: Settings) -> Signer:
-    """CALLPROOF_SIGNING_KEY (PEM text) when set, else the key file. Only the default file
-    (<data_dir>/signing-key.pem) is generated, and only on first run: a key file named in the
-    settings that is missing (a secret mount that failed), or a default one gone from a ledger
-    some key already signs (a data directory not mounted, a restore without its key), must
-    stop the gateway, not give it a new signing identity."""
+def named_signer(settings: Settings) -> Signer | None:
+    """CALLPROOF_SIGNING_KEY (PEM text) when set, else the signing_key_file the settings name,
+    which is never generated: a missing one (a secret mount that failed) must stop the
+    gateway, not give it a new signing identity. None: the default key file, default_signer's.
+    It needs no database, so a start it refuses has created nothing."""
     from_env = signer_from_env()
     if from_env is not None:
         if settings.signing_key_file is not None:  # two keys named: say which one signs
@@ -158,12 +155,18 @@ def load_signer(settings: Settings) -> Signer:
             )
         return from_env
     if settings.signing_key_file is None:
-        _private_data_dir(settings)
-        if not settings.signing_key_path.exists():
-            _refuse_new_identity(settings)
-    return load_or_create_signer(
-        settings.signing_key_path, create=settings.signing_key_file is None
-    )
+        return None
+    return load_or_create_signer(settings.signing_key_file, create=False)
+
+
+def default_signer(settings: Settings) -> Signer:
+    """The default key file, <data_dir>/signing-key.pem (after prepare_database), generated
+    on first run only: one gone from a ledger some key already signs (a data directory not
+    mounted, a restore without its key) must stop the gateway, not give it a new identity."""
+    _private_data_dir(settings)
+    if not settings.signing_key_path.exists():
+        _refuse_new_identity(settings)
+    return load_or_create_signer(settings.signing_key_path, create=True)
 
 
 def _refuse_new_identity(settings: Settings) -> None:

@@ -69,13 +69,14 @@ def run(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.boot import (
         PortInUse,
+        check_model_files,
+        default_signer,
         first_run_admin_key,
         listening_socket,
         load_engine,
-        load_signer,
+        named_signer,
         open_resources,
         prepare_database,
-        refuse_before_creating,
         say_ledger,
         superseded_key,
     )
@@ -91,9 +92,11 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log_level)
         listener = listening_socket(settings)  # first: a port in use must create nothing
-        refuse_before_creating(settings)
+        check_model_files(settings)
+        signer = named_signer(settings)  # before anything is created: it needs no database
         prepare_database(settings)
-        signer = load_signer(settings)  # before the engine: seconds to load a model
+        if signer is None:
+            signer = default_signer(settings)  # before the engine: seconds to load a model
         resources = open_resources(settings, load_engine(settings), signer)
     except PortInUse as exc:
         return _cannot_start(exc, 3)

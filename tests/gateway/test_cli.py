@@ -375,7 +375,7 @@ def test_keys_with_postgres_leave_the_data_directory_alone(
 ) -> None:
     """With `--db` elsewhere and a signing key from the environment, nothing lives in the
     data directory: it is neither created nor judged."""
-    from gateway.boot import load_signer, prepare_database
+    from gateway.boot import default_signer, named_signer, prepare_database
     from gateway.settings import Settings
     from receipts.signing import Signer
 
@@ -386,10 +386,11 @@ def test_keys_with_postgres_leave_the_data_directory_alone(
     absent = Settings(data_dir=tmp_path / "absent", db=fresh_postgres_url)
     prepare_database(absent)
     monkeypatch.setenv("CALLPROOF_SIGNING_KEY", Signer.generate().private_key_pem().decode())
-    load_signer(absent)
+    assert named_signer(absent) is not None
     assert not caplog.records and not (tmp_path / "absent").exists()
     monkeypatch.delenv("CALLPROOF_SIGNING_KEY")
-    load_signer(absent)  # the default key file: now the directory is made, private
+    assert named_signer(absent) is None
+    default_signer(absent)  # the default key file: now the directory is made, private
     assert (tmp_path / "absent").stat().st_mode & 0o777 == 0o700
 
 
@@ -540,7 +541,7 @@ def test_a_signing_key_file_the_environment_overrides_is_named(
 ) -> None:
     """CALLPROOF_SIGNING_KEY wins (documented); an operator who also passed a file learns
     that the file is not what signs."""
-    from gateway.boot import load_signer
+    from gateway.boot import named_signer
     from gateway.settings import Settings
     from receipts.signing import Signer
 
@@ -548,10 +549,10 @@ def test_a_signing_key_file_the_environment_overrides_is_named(
     monkeypatch.setenv("CALLPROOF_SIGNING_KEY", from_env.private_key_pem().decode())
     key_file = tmp_path / "mounted.pem"
     settings = Settings(data_dir=tmp_path / "data", signing_key_file=key_file)
-    assert load_signer(settings).key_id == from_env.key_id
+    assert named_signer(settings).key_id == from_env.key_id
     assert f"CALLPROOF_SIGNING_KEY is set, so signing_key_file {key_file} is ignored" in caplog.text
     caplog.clear()
-    load_signer(Settings(data_dir=tmp_path / "data"))
+    named_signer(Settings(data_dir=tmp_path / "data"))
     assert not caplog.records
 
 
@@ -559,7 +560,7 @@ def test_a_default_key_gone_from_a_signed_ledger_is_not_replaced(tmp_path: Path)
     """The default key file is generated on first run only: once some key has signed the
     ledger, a missing file (a data directory not mounted, a restore without its key) stops
     the gateway, naming the key it had, instead of quietly giving it a second identity."""
-    from gateway.boot import load_signer, prepare_database
+    from gateway.boot import default_signer, named_signer, prepare_database
     from gateway.settings import Settings
     from receipts.errors import SigningKeyError
     from receipts.ledger import Ledger
@@ -568,8 +569,8 @@ def test_a_default_key_gone_from_a_signed_ledger_is_not_replaced(tmp_path: Path)
 
     settings = Settings(data_dir=tmp_path / "data")
     prepare_database(settings)
-    signer = load_signer(settings)  # first run: generated
-    assert load_signer(settings).key_id == signer.key_id  # then the same key, from its file
+    signer = default_signer(settings)  # first run: generated
+    assert default_signer(settings).key_id == signer.key_id  # then the same key, from its file
     manifest = build_manifest(
         schema_hash=None,
         model="m",
@@ -597,10 +598,10 @@ def test_a_default_key_gone_from_a_signed_ledger_is_not_replaced(tmp_path: Path)
         ledger.append(answer)
     settings.signing_key_path.rename(tmp_path / "moved.pem")
     with pytest.raises(SigningKeyError, match=f"signed by {signer.key_id}: restore that key"):
-        load_signer(settings)
+        default_signer(settings)
     assert not settings.signing_key_path.exists()
     restored = Settings(data_dir=tmp_path / "data", signing_key_file=tmp_path / "moved.pem")
-    assert load_signer(restored).key_id == signer.key_id
+    assert named_signer(restored).key_id == signer.key_id
 
 
 def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) -> None:
