@@ -17,13 +17,14 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway.admin import AdminKeysController
 from gateway.apikeys import KeyStore
-from gateway.audit import AuditController, LedgerRead
+from gateway.audit import AuditController
 from gateway.auth import Authenticator, KeyCall, current_principal
 from gateway.body_deadline import body_deadline
 from gateway.chat import ChatController
 from gateway.completion import Completions
 from gateway.errors import handle_exception
 from gateway.health import HealthController
+from gateway.ledger_read import LedgerRead, tenant_chain
 from gateway.metrics import Metrics
 from gateway.models import ModelsController
 from gateway.openapi import StrictStructSchemaPlugin
@@ -63,6 +64,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             "metrics": _singleton(metrics),
             "authenticator": _singleton(authenticator),
             "principal": Provide(current_principal, sync_to_thread=False),
+            "chain": Provide(tenant_chain, sync_to_thread=False),
         },
         state=State({"authenticator": authenticator}),  # for the guards (gateway.auth)
         exception_handlers={Exception: handle_exception},

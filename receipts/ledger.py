@@ -159,10 +159,6 @@ class Ledger:
         with self._reading() as conn:
             return queries.get(conn, tenant, receipt_id)
 
-    def get_by_seq(self, tenant: str, seq: int) -> Receipt | None:
-        with self._reading() as conn:
-            return queries.get_by_seq(conn, tenant, seq)
-
     def find_call(self, tenant: str, call_id: str) -> Receipt | None:
         with self._reading() as conn:
             return queries.find_call(conn, tenant, call_id)
@@ -182,12 +178,26 @@ class Ledger:
         with self._reading() as conn:
             return queries.public_keys(conn, tenant)
 
+    def chain_keys(self, tenant: str) -> list[PublicKeyEntry]:
+        """The keys an auditor pins for ``tenant``'s chain: those that signed it, with their
+        seq ranges; before its first receipt, this ledger's key, which will sign it (no range
+        yet), so that it can be pinned before anything is signed."""
+        with self._reading() as conn:
+            if self.signer is not None and _reach(conn, tenant) == 0:
+                return [
+                    PublicKeyEntry(
+                        key_id=self.signer.key_id,
+                        public_key_pem=self.signer.public_key_pem(),
+                        ranges=[],
+                    )
+                ]
+            return queries.public_keys(conn, tenant)
+
     def last_seq(self, tenant: str) -> int:
         """How far the chain reaches (0: no chain yet): its head row's seq, or a higher stored
         receipt's. Deleting a receipt moves neither, so a range check on this cannot hide one."""
         with self._reading() as conn:
-            head = queries.chain_head(conn, tenant)
-            return max(head.head_seq if head else 0, queries.last_seq(conn, tenant))
+            return _reach(conn, tenant)
 
     def latest_checkpoint(self, tenant: str) -> dict[str, Any] | None:
         with self._reading() as conn:
@@ -259,3 +269,9 @@ class Ledger:
             sign_checkpoint=None if self._writer is None else self._writer.checkpoint_now,
             should_stop=should_stop,
         )
+
+
+def _reach(conn: sa.Connection, tenant: str) -> int:
+    """How far the chain reaches (Ledger.last_seq)."""
+    head = queries.chain_head(conn, tenant)
+    return max(head.head_seq if head else 0, queries.last_seq(conn, tenant))

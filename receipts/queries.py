@@ -257,11 +257,6 @@ def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
     return receipt if receipt is not None and receipt.id == receipt_id else None
 
 
-def get_by_seq(conn: sa.Connection, tenant: str, seq: int) -> Receipt | None:
-    r = ReceiptRow.__table__.c
-    return _one(conn, tenant, sa.select(r.seq, r.body).where(r.chain == tenant, r.seq == seq))
-
-
 def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
     """The receipt whose output issued tool call ``call_id``."""
     r, c = ReceiptRow.__table__.c, CallRow.__table__.c
