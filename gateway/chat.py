@@ -89,7 +89,7 @@ class ChatController(Controller):
                 Choice(
                     index=0,
                     message=AssistantMessage(content=parsed.content, tool_calls=calls or None),
-                    finish_reason=finish_reason(parsed, generation),  # type: ignore[arg-type]
+                    finish_reason=finish_reason(parsed, generation),
                 )
             ],
             usage=usage_of(generation),

@@ -1,6 +1,7 @@
-"""One chat completion, from validated request to committed receipt (no HTTP here).
+"""One chat completion, from validated request to committed receipt. No HTTP here: chat.py
+and sse.py shape the answers, from the body parts both share (`usage_of`, `receipt_ref`).
 
-    prepare (pure: parameters, plan, limits)  ->  engine  ->  plan.parse  ->  ledger.append
+    prepare (parameters, plan, limits)  ->  engine  ->  plan.parse  ->  ledger.append
 
 The receipt is committed before the caller gets anything it could act on; a ledger fault
 propagates (LedgerUnavailable -> 503) and the output is dropped. Streaming lives in sse.py
@@ -64,19 +65,12 @@ class PreparedChat:
     sampling: Sampling
     stream: bool
     include_usage: bool
+    max_tokens_param: str  # the parameter a 422 for a cut-off output tells to raise
 
 
-def prepare(
-    request: ChatCompletionRequest,
-    settings: Settings,
-    served_model: str,
-    *,
-    sent: dict[str, Any] | None = None,
-    sampling: Sampling | None = None,
-) -> PreparedChat:
-    """Validate, plan and limit-check. `sent` is the body exactly as the client sent it, which
-    the receipt's digests cover (default: the request itself); `sampling` overrides the
-    request's (replay)."""
+def _refuse_unsupported(request: ChatCompletionRequest) -> None:
+    """A parameter set to what the gateway cannot honour: a 400 naming it, never silently
+    dropped."""
     for name, neutral in _NEUTRAL.items():
         value = getattr(request, name)
         if value is not None and value != neutral:
@@ -95,52 +89,13 @@ def prepare(
             " not pad its chunks; leave it out or send false",
             param="stream_options.include_obfuscation",
         )
-    if request.model != served_model:
-        raise model_not_served(request.model, served_model)
-    limits = settings.limits
-    if request.tools:
-        check_tool_count(len(request.tools), limits)
-    body = to_plain(request)
-    plan = plan_chat(
-        ChatInput(
-            messages=body["messages"],
-            tools=body.get("tools"),
-            tool_choice=body.get("tool_choice"),
-            parallel_tool_calls=body.get("parallel_tool_calls"),
-            response_format=body.get("response_format"),
-            regex=request.regex,
-            grammar=request.grammar,
-            model=served_model,
-        ),
-        reasoning=settings.reasoning,
-        limits=limits,
-    )
-    if plan.constraint is not None:
-        check_constraint(plan.constraint, limits)
-    # Before the record: a max_tokens over the limit is named as such, not as a number the
-    # receipt cannot hold exactly.
-    sampling = sampling or _sampling(request, settings)
-    try:
-        digests = request_record(
-            body if sent is None else sent, retain_payload=settings.retain_payloads
-        )
-    except CanonicalizationError as exc:
-        raise RuntimeInputError(f"the request cannot be recorded exactly: {exc}") from None
-    return PreparedChat(
-        body=body,
-        request_record=digests,
-        plan=plan,
-        sampling=sampling,
-        stream=bool(request.stream),
-        include_usage=bool(request.stream_options and request.stream_options.include_usage),
-    )
 
 
 def _sampling(request: ChatCompletionRequest, settings: Settings) -> Sampling:
     """OpenAI's defaults, plus a seed minted when none is given so every receipt replays."""
     max_tokens = request.max_completion_tokens or request.max_tokens or settings.default_max_tokens
     if max_tokens > settings.max_tokens_limit:
-        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        param = _max_tokens_param(request)
         raise UnsupportedParameter(
             f"{param}={max_tokens} is over this gateway's limit of {settings.max_tokens_limit}",
             param=param,
@@ -154,6 +109,12 @@ def _sampling(request: ChatCompletionRequest, settings: Settings) -> Sampling:
         seed=request.seed if request.seed is not None else secrets.randbelow(_SEED_BOUND),
         stop=stop,
     )
+
+
+def _max_tokens_param(request: ChatCompletionRequest) -> str:
+    """The parameter that set the token limit: max_completion_tokens when given (it wins
+    over max_tokens, as OpenAI reads them)."""
+    return "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
 
 
 def system_fingerprint(identity: EngineIdentity) -> str:
@@ -184,9 +145,50 @@ class Completions:
         sent: dict[str, Any] | None = None,
         sampling: Sampling | None = None,
     ) -> PreparedChat:
-        """`prepare` for this gateway's settings and served model."""
-        return prepare(
-            request, self.settings, self.engine.identity.model, sent=sent, sampling=sampling
+        """Validate, plan and limit-check a request for this gateway's settings and served
+        model. `sent` is the body exactly as the client sent it, which the receipt's digests
+        cover (default: the request itself); `sampling` overrides the request's (replay)."""
+        settings, served_model = self.settings, self.engine.identity.model
+        _refuse_unsupported(request)
+        if request.model != served_model:
+            raise model_not_served(request.model, served_model)
+        limits = settings.limits
+        if request.tools:
+            check_tool_count(len(request.tools), limits)
+        body = to_plain(request)
+        plan = plan_chat(
+            ChatInput(
+                messages=body["messages"],
+                tools=body.get("tools"),
+                tool_choice=body.get("tool_choice"),
+                parallel_tool_calls=body.get("parallel_tool_calls"),
+                response_format=body.get("response_format"),
+                regex=request.regex,
+                grammar=request.grammar,
+                model=served_model,
+            ),
+            reasoning=settings.reasoning,
+            limits=limits,
+        )
+        if plan.constraint is not None:
+            check_constraint(plan.constraint, limits)
+        # Before the record: a max_tokens over the limit is named as such, not as a number the
+        # receipt cannot hold exactly.
+        sampling = sampling or _sampling(request, settings)
+        try:
+            digests = request_record(
+                body if sent is None else sent, retain_payload=settings.retain_payloads
+            )
+        except CanonicalizationError as exc:
+            raise RuntimeInputError(f"the request cannot be recorded exactly: {exc}") from None
+        return PreparedChat(
+            body=body,
+            request_record=digests,
+            plan=plan,
+            sampling=sampling,
+            stream=bool(request.stream),
+            include_usage=bool(request.stream_options and request.stream_options.include_usage),
+            max_tokens_param=_max_tokens_param(request),
         )
 
     async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
@@ -313,8 +315,7 @@ def cut_short(
     """A tool call the token limit or a stop string cut off fails for that reason, and the
     fix is in that parameter: say so and name it, instead of only where the JSON broke."""
     if generation.finish_reason == "length":
-        given = prepared.body.get("max_completion_tokens") is not None  # as _sampling reads it
-        param = "max_completion_tokens" if given else "max_tokens"
+        param = prepared.max_tokens_param
         why = f"{param}={prepared.sampling.max_tokens} ran out before the constrained output was"
         fix = f"raise {param}"
     elif generation.matched_stop is not None:

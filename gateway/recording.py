@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from gateway.schemas import FinishReason
 from receipts.canonical import hash_json, sha256_hex
 from receipts.manifest import build_manifest, schema_hash
 from receipts.record import ReceiptDraft
@@ -86,7 +87,7 @@ def output_record(parsed: ParsedResponse) -> dict[str, Any]:
     }
 
 
-def finish_reason(parsed: ParsedResponse, generation: Generation) -> str:
+def finish_reason(parsed: ParsedResponse, generation: Generation) -> FinishReason:
     return "tool_calls" if parsed.tool_calls else generation.finish_reason
 
 

@@ -195,6 +195,9 @@ class Usage(Struct):
     total_tokens: int
 
 
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
 class ToolCallOut(Struct):
     id: str
     function: FunctionCall
@@ -211,7 +214,7 @@ class AssistantMessage(Struct):
 class Choice(Struct):
     index: int
     message: AssistantMessage
-    finish_reason: Literal["stop", "length", "tool_calls"]
+    finish_reason: FinishReason
     logprobs: None = None
 
 
@@ -248,7 +251,7 @@ class Delta(Struct, omit_defaults=True):
 class ChunkChoice(Struct):
     index: int
     delta: Delta
-    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    finish_reason: FinishReason | None = None
     logprobs: None = None
 
 

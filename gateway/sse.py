@@ -29,6 +29,7 @@ from gateway.schemas import (
     ChatCompletionChunk,
     ChunkChoice,
     Delta,
+    FinishReason,
     FunctionDelta,
     ReceiptRef,
     ToolCallDelta,
@@ -68,8 +69,8 @@ class ChunkWriter:
             **({"usage": None} if include_usage else {}),
         }
 
-    def delta(self, delta: Delta, finish: str | None = None, **extra: object) -> bytes:
-        choice = ChunkChoice(index=0, delta=delta, finish_reason=finish)  # type: ignore[arg-type]
+    def delta(self, delta: Delta, finish: FinishReason | None = None, **extra: object) -> bytes:
+        choice = ChunkChoice(index=0, delta=delta, finish_reason=finish)
         return event(ChatCompletionChunk(**self._base, choices=[choice], **extra))
 
     def usage(self, usage: Usage, receipt: ReceiptRef) -> bytes:
