@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
 from litestar import Controller, delete, get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody
@@ -14,11 +15,11 @@ from gateway.bodies import StrictBody
 from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.query import shaped
 from gateway.schemas import CreatedKey, KeyCreate, KeyInfo
-from gateway.shapes import KEY_ID
+from gateway.shapes import API_KEY_ID
 
 
 def _info(key: ApiKey) -> KeyInfo:
-    return KeyInfo(**key.as_json())  # type: ignore[arg-type]
+    return msgspec.convert(key.as_json(), KeyInfo)
 
 
 class AdminKeysController(Controller):
@@ -71,7 +72,7 @@ class AdminKeysController(Controller):
         keys: NamedDependency[KeyStore],
         key_call: NamedDependency[KeyCall],
         authenticator: NamedDependency[Authenticator],
-        key_id: Annotated[str, shaped(KEY_ID)],
+        key_id: Annotated[str, shaped(API_KEY_ID)],
     ) -> KeyInfo:
         try:
             revoked, now = await key_call(keys.revoke, key_id)

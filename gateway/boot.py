@@ -30,7 +30,7 @@ log = logging.getLogger("callproof.gateway")
 
 @dataclass
 class Resources:
-    """What an app runs on; whoever opens them closes them (`close`)."""
+    """What an app runs on; whoever opens them closes them (`aclose`)."""
 
     engine: Engine
     ledger: Ledger

@@ -162,7 +162,7 @@ async def _rest(
         while chunk is not None:
             yield chunk
             chunk = await pipe.read()
-    except Exception as exc:  # Stopped too: the writer cut off a client that took nothing
+    except Exception as exc:  # Stopped too, when the writer gave up on a client taking nothing
         log.error(
             "stream failed after its first byte",
             extra={"event": "stream_failed", "kind": type(exc).__name__, "detail": str(exc)},

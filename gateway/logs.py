@@ -13,7 +13,8 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "co
 
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 """The id of the HTTP request being served (also its `x-request-id` response header), so
-every line logged while serving it names it."""
+every line logged while serving it names it. The timing middleware (gateway.metrics) sets it,
+and writes the access line, since both wrap the same whole request."""
 
 
 def new_request_id() -> str:

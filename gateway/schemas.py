@@ -2,7 +2,10 @@
 
 The OpenAPI schema Litestar serves is generated from these, so they are the single written
 form of the wire format. The chat request forbids unknown fields: a parameter the gateway does
-not implement is a 400 naming it, never silently ignored. Wire shapes follow OpenAI's API.
+not implement is a 400 naming it, never silently ignored. The exceptions are said where they
+are: `user`, `safety_identifier` and `prompt_cache_key` are accepted and not used, and a
+message's members beyond those listed are ignored (clients send back whole response messages).
+Wire shapes follow OpenAI's API.
 """
 
 from __future__ import annotations
@@ -328,10 +331,23 @@ class ReplayReport(Struct):
     receipt_id: str
     match: bool
     forced: bool
-    differences: list[str]  # manifest fields that differ from the current engine (forced runs)
+    differences: Annotated[
+        list[str],
+        Meta(
+            description="manifest fields (model, digests, engine, backend, renderer) in which"
+            " the current engine differs from the recorded one: the reasons a replay needed"
+            " force"
+        ),
+    ]
     recorded: dict[str, Any]  # kind, tool_calls, content_sha256, finish_reason
     replayed: dict[str, Any]  # the same fields, or {"error": ...} when no valid output came
-    diff: list[str]  # where the replayed output differs from the recorded one; empty: match
+    diff: Annotated[
+        list[str],
+        Meta(
+            description="where the replayed output differs from the recorded output; empty"
+            " when they match"
+        ),
+    ]
 
 
 class Readiness(Struct):

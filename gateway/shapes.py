@@ -23,7 +23,7 @@ class Shape:
 
 RECEIPT_ID = Shape(rf"^{record.RECEIPT_ID.pattern}$(?!\n)", "rcpt_ and 24 lowercase hex digits")
 CALL_ID = Shape(rf"^{record.CALL_ID.pattern}$(?!\n)", "call_ and 24 lowercase hex digits")
-KEY_ID = Shape(r"^key_[0-9a-f]{16}$(?!\n)", "key_ and 16 lowercase hex digits")
+API_KEY_ID = Shape(r"^key_[0-9a-f]{16}$(?!\n)", "key_ and 16 lowercase hex digits")
 SHA256_HEX = Shape(r"^[0-9a-f]{64}$(?!\n)", "a SHA-256 hash: 64 lowercase hex digits")
 # A tenant names a receipt chain, a database value and an export file name: kept plain.
 TENANT = Shape(
@@ -41,7 +41,7 @@ TIME = Shape(queries.RFC3339_TIME, queries.TIME_WORDS)
 
 _MISMATCH = {
     f"Expected `str` matching regex {shape.pattern!r}": shape
-    for shape in (RECEIPT_ID, CALL_ID, KEY_ID, SHA256_HEX, TENANT, PRINTABLE, TIME)
+    for shape in (RECEIPT_ID, CALL_ID, API_KEY_ID, SHA256_HEX, TENANT, PRINTABLE, TIME)
 }
 
 
