@@ -90,7 +90,6 @@ class VllmEngine:
         *,
         api_key: str | None = None,
         weights_digest: str | None = None,
-        tokenizer_digest: str | None = None,
         model_dir: Path | str | None = None,
         timeout: float = 120.0,
         connect_timeout: float = 5.0,
@@ -101,20 +100,22 @@ class VllmEngine:
     ):
         """``backend`` names the server's --structured-outputs-config backend (the manifest
         records it; the server, not this client, picks it). ``model_dir``: a local copy of the
-        served weights to compute the digests from when they are not given. ``think_budget``
-        caps the free reasoning region before an "always" constraint (tokens; None: no cap).
+        served weights to compute the digests from (a given ``weights_digest`` wins); without
+        it the tokenizer digest is null. ``think_budget`` caps the free reasoning region
+        before an "always" constraint (tokens; None: no cap).
         ``timeout`` bounds each wait for the server (a read of a stream or of /v1/models, a
         free connection) and ``request_timeout`` a whole request, stream included: a server
         that trickles bytes cannot hold a request, and the client that waits on it, for
         longer. A non-streaming answer comes in one read once the whole generation is done,
         so only ``request_timeout`` bounds that read.
         """
-        if model_dir is not None and (weights_digest is None or tokenizer_digest is None):
+        tokenizer_digest = None
+        if model_dir is not None:
             from runtime.model_store import model_digests
 
             digests = model_digests(model_dir)
             weights_digest = weights_digest or digests.weights
-            tokenizer_digest = tokenizer_digest or digests.tokenizer
+            tokenizer_digest = digests.tokenizer
         self.identity = EngineIdentity(
             model=model,
             weights_digest=weights_digest,
