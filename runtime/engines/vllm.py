@@ -219,10 +219,6 @@ class VllmEngine:
                 log.log(diagnosis[0], problem, extra={"event": "engine_not_ready"})
         return diagnosis is None
 
-    async def served_models(self) -> list[str]:
-        """The model names the server serves (for error messages and `callproof serve`)."""
-        return list(await self._model_cards())
-
     async def _model_cards(self) -> dict[str, dict[str, Any]]:
         async with self._request("GET", "/v1/models") as response:
             data = _json(await response.read())
