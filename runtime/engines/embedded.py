@@ -64,7 +64,7 @@ class ModelSource:
         return self.directory / self.gguf_file if self.gguf_file else self.directory
 
 
-def resolve_model(model_path: Path | str | None, gguf_file: str | None = None) -> ModelSource:
+def resolve_model(model_path: Path | str | None) -> ModelSource:
     """The bundled model (fetched on first use) or a local HF directory or GGUF path."""
     if model_path is None:
         directory = ensure_bundled_model()
@@ -72,10 +72,6 @@ def resolve_model(model_path: Path | str | None, gguf_file: str | None = None) -
     path = Path(model_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(path.parent, path.name, path.stem)
-    if path.is_dir() and gguf_file:
-        if not (path / gguf_file).is_file():
-            raise EngineUnavailable(f"no GGUF file {gguf_file!r} in {path}")
-        return ModelSource(path, gguf_file, Path(gguf_file).stem)
     if path.is_dir() and (path / "config.json").is_file():
         return ModelSource(path, None, path.name)
     raise EngineUnavailable(f"{path} is neither an HF model directory nor a .gguf file")
@@ -112,29 +108,25 @@ class EmbeddedEngine:
         cls,
         model_path: Path | str | None = None,
         *,
-        gguf_file: str | None = None,
-        backends: Sequence[str] | str | None = None,
-        device: str = "cpu",
         threads: int | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> EmbeddedEngine:
         """Load the model and tokenizer and set up the grammar backends (blocking, seconds).
-        ``limits`` bound every constraint compiled: the gateway passes its configured ones."""
+        ``limits`` bound every constraint compiled: the gateway passes its configured ones.
+        The grammar backends are the default order or ``CALLPROOF_BACKENDS``."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        source = resolve_model(model_path, gguf_file)
+        source = resolve_model(model_path)
         torch.set_num_threads(threads or default_threads())
         hf_logging.disable_progress_bar()  # bars on stderr would garble CLI and JSON logs
         kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
-        chain = BackendChain(tokenizer, backends, limits)  # a bad backend order fails fast
-        model = (
-            AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32, **kwargs)
-            .to(device)
-            .eval()
-        )
+        chain = BackendChain(tokenizer, limits=limits)  # a bad backend order fails fast
+        model = AutoModelForCausalLM.from_pretrained(
+            source.directory, dtype=torch.float32, **kwargs
+        ).eval()
         digests = model_digests(source.digest_path)
         identity = EngineIdentity(
             model=source.name,
