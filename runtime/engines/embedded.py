@@ -40,6 +40,7 @@ from runtime.engines.base import (
 )
 from runtime.errors import (
     BackendCannotCompile,
+    EngineConfigError,
     EngineFault,
     EngineUnavailable,
     RuntimeInputError,
@@ -65,7 +66,8 @@ class ModelSource:
 
 
 def resolve_model(model_path: Path | str | None) -> ModelSource:
-    """The bundled model (fetched on first use) or a local HF directory or GGUF path."""
+    """The bundled model (fetched on first use) or a local HF directory or GGUF path; any
+    other path is the operator's mistake (EngineConfigError), not an outage."""
     if model_path is None:
         directory = ensure_bundled_model()
         return ModelSource(directory, None, directory.name)
@@ -74,7 +76,9 @@ def resolve_model(model_path: Path | str | None) -> ModelSource:
         return ModelSource(path.parent, path.name, path.stem)
     if path.is_dir() and (path / "config.json").is_file():
         return ModelSource(path, None, path.name)
-    raise EngineUnavailable(f"{path} is neither an HF model directory nor a .gguf file")
+    raise EngineConfigError(
+        f"setting 'model': {path} is neither an HF model directory nor a .gguf file"
+    )
 
 
 def default_threads() -> int:
