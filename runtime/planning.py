@@ -28,7 +28,7 @@ from runtime.errors import (
     UnsupportedParameter,
 )
 from runtime.exact_json import load_json
-from runtime.limits import DEFAULT_LIMITS, Limits, regex_problem, unenforceable_regex_feature
+from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.output_parsing import (
     CallIds,
     ParsedResponse,
@@ -36,6 +36,7 @@ from runtime.output_parsing import (
     parse_envelope,
     parse_native_tool_call,
 )
+from runtime.regex_features import regex_problem, unenforceable_regex_feature
 from runtime.renderers import (
     HistoryMessage,
     ToolPrompt,

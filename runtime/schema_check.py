@@ -28,15 +28,9 @@ from runtime.bounded_cache import size_bounded
 from runtime.constraint import json_text
 from runtime.errors import ConstraintTooComplex, InvalidSchema, StructuredOutputInvalid
 from runtime.exact_json import InexactNumber, load_exact
-from runtime.limits import (
-    DEFAULT_LIMITS,
-    Limits,
-    check_schema_bounds,
-    regex_problem,
-    resolve_ref,
-    schema_patterns,
-    schema_resources,
-)
+from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds
+from runtime.regex_features import regex_problem
+from runtime.schema_walk import resolve_ref, schema_patterns, schema_resources
 
 
 def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> None:
