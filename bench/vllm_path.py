@@ -43,6 +43,7 @@ from bench.measure import cpu_seconds, percentile
 from callproof.devvllm import bundled_model_config, running_vllm
 from runtime.engines.base import Sampling
 from runtime.engines.vllm import VllmEngine
+from runtime.engines.vllm_request import request_body
 from runtime.planning import ChatInput, plan_chat
 
 TENANT = "bench"
@@ -106,7 +107,15 @@ def upstream_body(engine: VllmEngine, request: dict[str, Any]) -> dict[str, Any]
         )
     )
     sampling = Sampling(temperature=0.0, max_tokens=request["max_tokens"], seed=request["seed"])
-    return engine.request_body(plan.messages, plan.constraint, sampling, stream=False)
+    identity = engine.identity
+    return request_body(
+        plan.messages,
+        plan.constraint,
+        sampling,
+        model=identity.model,
+        backend=identity.backend,
+        stream=False,
+    )
 
 
 async def run_phase(

@@ -188,15 +188,15 @@ def post_hoc_retry_json(
     max_retries: int = 2,
     *,
     param: str,
-) -> tuple[bool, Any, StructuredOutputInvalid | None]:
+) -> Any:
     """For constraints no backend can compile: generate freely, check, re-prompt.
 
-    Returns ``(True, parsed, None)`` on the first output that validates, else
-    ``(False, None, error)`` where the error carries the schema, the last raw output and the
-    failing JSON pointer (raise it to answer ``structured_output_invalid``); it names
-    ``param``, the request field the schema came from.
+    Returns the JSON value of the first output that validates; when none does, raises
+    StructuredOutputInvalid with the schema, the last raw output and the failing JSON pointer,
+    naming ``param``, the request field the schema came from.
     """
-    attempt_prompt, error = prompt, None
+    attempt_prompt = prompt
+    error: StructuredOutputInvalid | None = None
     for _ in range(max_retries + 1):
         raw = generate_fn(attempt_prompt)
         try:
@@ -215,12 +215,13 @@ def post_hoc_retry_json(
             except StructuredOutputInvalid as failure:
                 error = failure
             else:
-                return True, parsed, None
+                return parsed
         attempt_prompt = (
             f"{prompt}\n\nYour previous answer was:\n{raw}\n{error.message}\nAnswer again "
             f"with only a JSON value that matches this JSON schema:\n{json.dumps(schema)}"
         )
-    return False, None, error
+    assert error is not None, "max_retries must not be negative"
+    raise error
 
 
 def _first_json_value(text: str) -> Any:

@@ -163,7 +163,7 @@ def _check_satisfiable(constraint: Constraint) -> None:
 
 def _validate_regex(pattern: str) -> None:
     from runtime.errors import InvalidRegex
-    from runtime.limits import regex_problem
+    from runtime.regex_features import regex_problem
 
     problem = regex_problem(pattern)
     if problem is not None:

@@ -11,7 +11,8 @@ from typing import Any
 
 
 class RuntimeInputError(ValueError):
-    """The request cannot be served as given; fixing the request fixes the error (HTTP 400)."""
+    """The request cannot be served as given; fixing the request fixes the error. HTTP 400
+    unless a subclass says otherwise (StructuredOutputInvalid: 422)."""
 
     code: str = "invalid_value"  # the generic code docs/api.md lists for a 400
     status: int = 400
@@ -109,8 +110,8 @@ class EngineUnavailable(EngineError):
 
 
 class EngineConfigError(EngineError):
-    """The engine cannot start as configured (an unknown or missing grammar backend); raised
-    at startup, with the setting to change."""
+    """The engine cannot start as configured (an unknown or missing grammar backend, a model
+    path that is no model); raised at startup, with the setting to change."""
 
     code = "engine_misconfigured"
 

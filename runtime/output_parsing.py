@@ -177,13 +177,7 @@ def _from_envelope(
 ) -> ParsedResponse:
     union = schema or {}
     if not isinstance(envelope, dict):
-        raise StructuredOutputInvalid(
-            "tool envelope is not a JSON object",
-            schema=union,
-            raw_output=raw,
-            pointer="",
-            param="tools",
-        )
+        raise _invalid_tool_output("tool envelope is not a JSON object", raw, union)
     by_name = {t.name: t for t in tools}
     # each call with its JSON pointer (for errors) and its envelope_texts path
     items: list[tuple[str, tuple[str | int, ...], Any]]
@@ -212,25 +206,25 @@ def _from_envelope(
     if calls:
         return ParsedResponse("tool_calls", tool_calls=calls)
     if "answer" not in envelope:
-        raise StructuredOutputInvalid(
-            "tool envelope has none of 'tool', 'tool_calls', 'answer'",
-            schema=union,
-            raw_output=raw,
-            pointer="",
-            param="tools",
+        raise _invalid_tool_output(
+            "tool envelope has none of 'tool', 'tool_calls', 'answer'", raw, union
         )
     answer = envelope["answer"]
     if response_schema is not None:
         return ParsedResponse("parsed", parsed=answer, content=texts[("answer",)])
     if not isinstance(answer, str):
-        raise StructuredOutputInvalid(
-            "'answer' must be a string",
-            schema=union,
-            raw_output=raw,
-            pointer="/answer",
-            param="tools",
-        )
+        raise _invalid_tool_output("'answer' must be a string", raw, union, "/answer")
     return ParsedResponse("answer", answer=answer, content=answer)
+
+
+def _invalid_tool_output(
+    message: str, raw: str, union: dict[str, Any], pointer: str = ""
+) -> StructuredOutputInvalid:
+    """Model output (an envelope or a native call) that breaks the tool union: a 422 that
+    names the ``tools`` field."""
+    return StructuredOutputInvalid(
+        message, schema=union, raw_output=raw, pointer=pointer, param="tools"
+    )
 
 
 def _call_from(
@@ -243,22 +237,12 @@ def _call_from(
     name_key: str = "tool",
 ) -> ToolCall:
     if not isinstance(item, dict):
-        raise StructuredOutputInvalid(
-            "a tool call is not a JSON object",
-            schema=union,
-            raw_output=raw,
-            pointer=at,
-            param="tools",
-        )
+        raise _invalid_tool_output("a tool call is not a JSON object", raw, union, at)
     name = item.get(name_key)
     tool = by_name.get(name) if isinstance(name, str) else None
     if tool is None:
-        raise StructuredOutputInvalid(
-            f"the output calls unknown tool {name!r}",
-            schema=union,
-            raw_output=raw,
-            pointer=f"{at}/{name_key}",
-            param="tools",
+        raise _invalid_tool_output(
+            f"the output calls unknown tool {name!r}", raw, union, f"{at}/{name_key}"
         )
     arguments = item.get("arguments", {})
     if isinstance(arguments, str):  # some native formats carry arguments as a JSON string

@@ -8,7 +8,6 @@ so every input error surfaces as a typed 4xx before a token is spent, and the pl
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,10 +24,10 @@ from runtime.errors import (
     InvalidRegex,
     RuntimeInputError,
     StructuredOutputInvalid,
-    UnsupportedParameter,
 )
 from runtime.exact_json import load_json
-from runtime.limits import DEFAULT_LIMITS, Limits, regex_problem, unenforceable_regex_feature
+from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.messages import parse_messages
 from runtime.output_parsing import (
     CallIds,
     ParsedResponse,
@@ -36,8 +35,8 @@ from runtime.output_parsing import (
     parse_envelope,
     parse_native_tool_call,
 )
+from runtime.regex_features import regex_problem, unenforceable_regex_feature
 from runtime.renderers import (
-    HistoryMessage,
     ToolPrompt,
     detect_family,
     detect_reasoning,
@@ -58,9 +57,6 @@ from runtime.tools import (
 )
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
-# A call id a tool message may answer: any client's (the receipt links it), within bounds.
-ANSWERED_CALL_ID = re.compile(r"[\x20-\x7e]{1,64}")
-ROLES = ("system", "developer", "user", "assistant", "tool")
 _THINK = re.compile(rf"\s*{THINK_OPEN}(?P<reasoning>.*?)(?:{THINK_CLOSE}|\Z)", re.DOTALL)
 
 
@@ -378,115 +374,4 @@ def _as_envelope(calls: Sequence[ToolCall]) -> dict[str, Any]:
     return items[0] if len(items) == 1 else {"tool_calls": items}
 
 
-# --------------------------------------------------------------------------- messages
-
-
-def parse_messages(messages: Any) -> tuple[HistoryMessage, ...]:
-    """Validate OpenAI ``messages``; "developer" becomes "system" and each tool result
-    learns the name of the function whose call it answers."""
-    if not isinstance(messages, list) or not messages:
-        raise RuntimeInputError("'messages' must be a non-empty array", param="messages")
-    names: dict[str, str] = {}
-    out: list[HistoryMessage] = []
-    for i, msg in enumerate(messages):
-        at = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise RuntimeInputError(f"'{at}' must be an object", param=at)
-        role = msg.get("role")
-        if role not in ROLES:
-            raise RuntimeInputError(
-                f"'{at}.role' must be one of {', '.join(ROLES)}; got {role!r}", param=f"{at}.role"
-            )
-        for member, use in (("function_call", "tool_calls"), ("audio", "text content")):
-            if msg.get(member) is not None:
-                raise UnsupportedParameter(
-                    f"'{at}.{member}' is not supported here; send {use} instead",
-                    param=f"{at}.{member}",
-                )
-        content = _content(msg.get("content"), f"{at}.content", assistant=role == "assistant")
-        if role == "assistant" and not content and isinstance(msg.get("refusal"), str):
-            content = msg["refusal"]  # what that turn said
-        if role == "assistant":
-            calls = _history_calls(msg.get("tool_calls"), at)
-            names.update((c.id, c.name) for c in calls)
-            out.append(HistoryMessage("assistant", content, tool_calls=calls))
-        elif role == "tool":
-            call_id = msg.get("tool_call_id")
-            if not isinstance(call_id, str) or not call_id:
-                raise RuntimeInputError(
-                    f"'{at}.tool_call_id' is required for role 'tool'", param=f"{at}.tool_call_id"
-                )
-            if not ANSWERED_CALL_ID.fullmatch(call_id):
-                why = f"{len(call_id)} characters" if len(call_id) > 64 else "other characters"
-                raise RuntimeInputError(
-                    f"'{at}.tool_call_id' must be 1-64 printable ASCII characters (the id of"
-                    f" the call it answers), got {why}",
-                    param=f"{at}.tool_call_id",
-                )
-            legacy_name = msg.get("name") if isinstance(msg.get("name"), str) else None
-            name = names.get(call_id, legacy_name)
-            out.append(HistoryMessage("tool", content, tool_call_id=call_id, name=name))
-        else:
-            out.append(HistoryMessage("system" if role == "developer" else role, content))
-    return tuple(out)
-
-
-def _content(value: Any, at: str, *, assistant: bool) -> str:
-    """A message's text; an assistant's may be absent and may hold refusal parts (what that
-    turn said, as the SDK's message type allows)."""
-    if isinstance(value, str):
-        return value
-    if value is None and assistant:
-        return ""
-    if not isinstance(value, list):
-        raise RuntimeInputError(f"'{at}' must be a string or an array of text parts", param=at)
-    texts: list[str] = []
-    for j, part in enumerate(value):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind != "text" and not (kind == "refusal" and assistant):
-            raise UnsupportedParameter(
-                f"'{at}[{j}].type' {kind!r} is not supported: only text parts are"
-                + (" (and refusal parts)" if assistant else ""),
-                param=f"{at}[{j}].type",
-            )
-        if not isinstance(part.get(kind), str):
-            raise RuntimeInputError(
-                f"'{at}[{j}].{kind}' must be a string", param=f"{at}[{j}].{kind}"
-            )
-        texts.append(part[kind])
-    return "\n".join(texts)
-
-
-def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise RuntimeInputError(f"'{at}.tool_calls' must be an array", param=f"{at}.tool_calls")
-    calls: list[ToolCall] = []
-    for j, call in enumerate(value):
-        where = f"{at}.tool_calls[{j}]"
-        fn = call.get("function") if isinstance(call, dict) else None
-        call_id = call.get("id") if isinstance(call, dict) else None
-        if not isinstance(call_id, str) or not isinstance(fn, dict):
-            raise RuntimeInputError(
-                f"'{where}' must be an object with 'id' and 'function'", param=where
-            )
-        name, raw = fn.get("name"), fn.get("arguments") or "{}"  # "" from no-argument tools
-        if not isinstance(name, str):
-            raise RuntimeInputError(
-                f"'{where}.function.name' must be a string", param=f"{where}.function.name"
-            )
-        try:
-            arguments = json.loads(raw) if isinstance(raw, str) else None
-        except (ValueError, RecursionError):  # RecursionError: nested thousands deep
-            arguments = None
-        if not isinstance(arguments, dict):
-            raise RuntimeInputError(
-                f"'{where}.function.arguments' must be a JSON object encoded as a string",
-                param=f"{where}.function.arguments",
-            )
-        calls.append(ToolCall(call_id, name, arguments))
-    return tuple(calls)
-
-
-__all__ = ["ChatInput", "Mode", "Plan", "parse_messages", "plan_chat", "split_thinking"]
+__all__ = ["ChatInput", "Mode", "Plan", "plan_chat", "split_thinking"]

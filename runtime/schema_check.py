@@ -28,15 +28,9 @@ from runtime.bounded_cache import size_bounded
 from runtime.constraint import json_text
 from runtime.errors import ConstraintTooComplex, InvalidSchema, StructuredOutputInvalid
 from runtime.exact_json import InexactNumber, load_exact
-from runtime.limits import (
-    DEFAULT_LIMITS,
-    Limits,
-    check_schema_bounds,
-    regex_problem,
-    resolve_ref,
-    schema_patterns,
-    schema_resources,
-)
+from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds
+from runtime.regex_features import regex_problem
+from runtime.schema_walk import pointer_token, resolve_ref, schema_patterns, schema_resources
 
 
 def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> None:
@@ -225,7 +219,7 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix
         path, message = error.instance_path, error.message
     except (ValueError, StopIteration):  # nested too deep for jsonschema-rs to report where
         path, message = [], "the value does not match (nested too deep to report where)"
-    pointer = prefix + "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)
+    pointer = prefix + "".join("/" + pointer_token(str(p)) for p in path)
     raise StructuredOutputInvalid(
         f"output fails its schema at {repr(pointer) if pointer else 'the root'}: {message}",
         schema=schema,

@@ -32,16 +32,15 @@ from typing import Any, Literal
 import msgspec
 
 from runtime.errors import InvalidSchema, InvalidTools, RuntimeInputError, UnknownTool
-from runtime.limits import (
+from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.schema_check import check_schema, refs_in
+from runtime.schema_walk import (
     DATA_KEYWORDS,
-    DEFAULT_LIMITS,
     SCHEMA_MAPS,
-    Limits,
     pointer_token,
     resolve_ref,
     schema_resources,
 )
-from runtime.schema_check import check_schema, refs_in
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

@@ -11,7 +11,7 @@ import pytest
 from receipts.canonical import MAX_SAFE_INT
 from receipts.record import LINKED_CALL_ID
 from runtime.exact_json import MAX_EXACT_INTEGER
-from runtime.planning import ANSWERED_CALL_ID
+from runtime.messages import ANSWERED_CALL_ID
 
 ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {"runtime": {"gateway", "receipts"}, "receipts": {"gateway", "runtime"}}

@@ -25,7 +25,7 @@ import torch
 from runtime.backends.schema_keywords import overlapping_one_of, refuse_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
-from runtime.limits import constraint_patterns, unenforceable_regex_feature
+from runtime.regex_features import constraint_patterns, unenforceable_regex_feature
 
 
 class GrammarMatcher(ABC):

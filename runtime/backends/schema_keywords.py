@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runtime.errors import BackendCannotCompile
-from runtime.limits import resolve_ref, schema_nodes
+from runtime.schema_walk import resolve_ref, schema_nodes
 
 # Not enforced by xgrammar, Outlines nor lm-format-enforcer (each accepts and ignores them;
 # measured by tests/runtime/test_backends.py::test_compiled_schema_keywords_are_enforced).

@@ -25,7 +25,8 @@ from runtime.backends.base import (
 from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
-from runtime.limits import constraint_patterns, schema_nodes
+from runtime.regex_features import constraint_patterns
+from runtime.schema_walk import schema_nodes
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 

@@ -32,11 +32,15 @@ class Sampling:
     def __post_init__(self) -> None:
         # Checked here so every engine and the CLI refuse bad values before any model work.
         if self.max_tokens < 1:
-            raise RuntimeInputError("max_tokens must be at least 1", param="max_tokens")
+            raise RuntimeInputError(
+                f"max_tokens must be at least 1, not {self.max_tokens}", param="max_tokens"
+            )
         if self.temperature < 0:
-            raise RuntimeInputError("temperature must not be negative", param="temperature")
+            raise RuntimeInputError(
+                f"temperature must not be negative, not {self.temperature}", param="temperature"
+            )
         if not 0 < self.top_p <= 1:
-            raise RuntimeInputError("top_p must be in (0, 1]", param="top_p")
+            raise RuntimeInputError(f"top_p must be in (0, 1], not {self.top_p}", param="top_p")
 
     def as_manifest(self) -> dict[str, object]:
         return {

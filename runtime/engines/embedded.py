@@ -40,6 +40,7 @@ from runtime.engines.base import (
 )
 from runtime.errors import (
     BackendCannotCompile,
+    EngineConfigError,
     EngineFault,
     EngineUnavailable,
     RuntimeInputError,
@@ -64,21 +65,20 @@ class ModelSource:
         return self.directory / self.gguf_file if self.gguf_file else self.directory
 
 
-def resolve_model(model_path: Path | str | None, gguf_file: str | None = None) -> ModelSource:
-    """The bundled model (fetched on first use) or a local HF directory or GGUF path."""
+def resolve_model(model_path: Path | str | None) -> ModelSource:
+    """The bundled model (fetched on first use) or a local HF directory or GGUF path; any
+    other path is the operator's mistake (EngineConfigError), not an outage."""
     if model_path is None:
         directory = ensure_bundled_model()
         return ModelSource(directory, None, directory.name)
     path = Path(model_path).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(path.parent, path.name, path.stem)
-    if path.is_dir() and gguf_file:
-        if not (path / gguf_file).is_file():
-            raise EngineUnavailable(f"no GGUF file {gguf_file!r} in {path}")
-        return ModelSource(path, gguf_file, Path(gguf_file).stem)
     if path.is_dir() and (path / "config.json").is_file():
         return ModelSource(path, None, path.name)
-    raise EngineUnavailable(f"{path} is neither an HF model directory nor a .gguf file")
+    raise EngineConfigError(
+        f"setting 'model': {path} is neither an HF model directory nor a .gguf file"
+    )
 
 
 def default_threads() -> int:
@@ -112,29 +112,25 @@ class EmbeddedEngine:
         cls,
         model_path: Path | str | None = None,
         *,
-        gguf_file: str | None = None,
-        backends: Sequence[str] | str | None = None,
-        device: str = "cpu",
         threads: int | None = None,
         limits: Limits = DEFAULT_LIMITS,
     ) -> EmbeddedEngine:
         """Load the model and tokenizer and set up the grammar backends (blocking, seconds).
-        ``limits`` bound every constraint compiled: the gateway passes its configured ones."""
+        ``limits`` bound every constraint compiled: the gateway passes its configured ones.
+        The grammar backends are the default order or ``CALLPROOF_BACKENDS``."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
-        source = resolve_model(model_path, gguf_file)
+        source = resolve_model(model_path)
         torch.set_num_threads(threads or default_threads())
         hf_logging.disable_progress_bar()  # bars on stderr would garble CLI and JSON logs
         kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
         tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
-        chain = BackendChain(tokenizer, backends, limits)  # a bad backend order fails fast
-        model = (
-            AutoModelForCausalLM.from_pretrained(source.directory, dtype=torch.float32, **kwargs)
-            .to(device)
-            .eval()
-        )
+        chain = BackendChain(tokenizer, limits=limits)  # a bad backend order fails fast
+        model = AutoModelForCausalLM.from_pretrained(
+            source.directory, dtype=torch.float32, **kwargs
+        ).eval()
         digests = model_digests(source.digest_path)
         identity = EngineIdentity(
             model=source.name,
@@ -277,7 +273,7 @@ class EmbeddedEngine:
 
         loop = asyncio.get_running_loop()
         try:
-            ok, parsed, error = await loop.run_in_executor(
+            parsed = await loop.run_in_executor(
                 self._worker,
                 functools.partial(
                     post_hoc_retry_json,
@@ -290,9 +286,6 @@ class EmbeddedEngine:
             )
         finally:
             cancelled.set()
-        if not ok:
-            assert error is not None
-            raise error
         last = attempts[-1]
         return Generation(
             text=json.dumps(parsed, ensure_ascii=False, separators=(",", ":")),  # no prose around

@@ -2,10 +2,10 @@
 
 vLLM enforces the constraint itself (its structured outputs, backend xgrammar or guidance), so
 this engine only translates: the plan's rendered messages, the one constraint and the sampling
-parameters become a /v1/chat/completions body; the answer (or its SSE stream) becomes a
-Generation. Tools are already rendered into the messages, so vLLM's own ``tools`` field is not
-used: the tool union is an ordinary JSON schema here, which holds every tool to its schema
-whether or not the client marked it ``strict``.
+parameters become a /v1/chat/completions body (runtime.engines.vllm_request); the answer (or
+its SSE stream) becomes a Generation. Tools are already rendered into the messages, so vLLM's
+own ``tools`` field is not used: the tool union is an ordinary JSON schema here, which holds
+every tool to its schema whether or not the client marked it ``strict``.
 
 Thinking models and tool_choice "auto" (runtime.thinking.Enforcement): the constraint becomes
 an xgrammar *structural tag*, so only the tool-call region (``<tool_call>…</tool_call>``) is
@@ -56,18 +56,15 @@ from runtime.engines.base import (
     StreamEvent,
     TextDelta,
 )
+from runtime.engines.vllm_request import request_body
 from runtime.errors import EngineError, EngineRejected, EngineUnavailable, RuntimeInputError
 from runtime.thinking import Enforcement
-from runtime.tools import union_calls
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 # How vLLM's prompt length checks (vllm/renderers/params.py) begin their 400 message.
 _CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
-# Structural-tag JSON regions ignore the engine's disable_any_whitespace; without a cap a weak
-# model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
-TAG_MAX_WHITESPACE = 1
 KEEPALIVE_S = 4.0
 LIMITS_RETRY_S = 5.0  # how often a request asks /v1/models for the window until it answers
 # How much of vLLM's own error message reaches the agent (as for a raw body).
@@ -90,7 +87,6 @@ class VllmEngine:
         *,
         api_key: str | None = None,
         weights_digest: str | None = None,
-        tokenizer_digest: str | None = None,
         model_dir: Path | str | None = None,
         timeout: float = 120.0,
         connect_timeout: float = 5.0,
@@ -101,20 +97,22 @@ class VllmEngine:
     ):
         """``backend`` names the server's --structured-outputs-config backend (the manifest
         records it; the server, not this client, picks it). ``model_dir``: a local copy of the
-        served weights to compute the digests from when they are not given. ``think_budget``
-        caps the free reasoning region before an "always" constraint (tokens; None: no cap).
+        served weights to compute the digests from (a given ``weights_digest`` wins); without
+        it the tokenizer digest is null. ``think_budget`` caps the free reasoning region
+        before an "always" constraint (tokens; None: no cap).
         ``timeout`` bounds each wait for the server (a read of a stream or of /v1/models, a
         free connection) and ``request_timeout`` a whole request, stream included: a server
         that trickles bytes cannot hold a request, and the client that waits on it, for
         longer. A non-streaming answer comes in one read once the whole generation is done,
         so only ``request_timeout`` bounds that read.
         """
-        if model_dir is not None and (weights_digest is None or tokenizer_digest is None):
+        tokenizer_digest = None
+        if model_dir is not None:
             from runtime.model_store import model_digests
 
             digests = model_digests(model_dir)
             weights_digest = weights_digest or digests.weights
-            tokenizer_digest = tokenizer_digest or digests.tokenizer
+            tokenizer_digest = digests.tokenizer
         self.identity = EngineIdentity(
             model=model,
             weights_digest=weights_digest,
@@ -153,7 +151,7 @@ class VllmEngine:
         enforcement: Enforcement | None = None,
     ) -> Generation:
         await self._prepare(constraint)
-        body = self.request_body(messages, constraint, sampling, enforcement, stream=False)
+        body = self._request_body(messages, constraint, sampling, enforcement, stream=False)
         async with self._call(body, timeout=self._whole_answer_timeout) as response:
             data = _json(await response.read())
         choice = _only_choice(data)
@@ -177,7 +175,7 @@ class VllmEngine:
     ) -> AsyncIterator[StreamEvent]:
         """TextDelta per SSE chunk as vLLM sends it, then one final Generation."""
         await self._prepare(constraint)
-        body = self.request_body(messages, constraint, sampling, enforcement, stream=True)
+        body = self._request_body(messages, constraint, sampling, enforcement, stream=True)
         parts: list[str] = []
         finish: str | None = None
         stop_reason: Any = None
@@ -217,10 +215,6 @@ class VllmEngine:
             if diagnosis is not None:
                 log.log(diagnosis[0], problem, extra={"event": "engine_not_ready"})
         return diagnosis is None
-
-    async def served_models(self) -> list[str]:
-        """The model names the server serves (for error messages and `callproof serve`)."""
-        return list(await self._model_cards())
 
     async def _model_cards(self) -> dict[str, dict[str, Any]]:
         async with self._request("GET", "/v1/models") as response:
@@ -285,46 +279,26 @@ class VllmEngine:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    # ------------------------------------------------------------------ request building
-
-    def request_body(
+    def _request_body(
         self,
         messages: Sequence[ChatMessage],
         constraint: Constraint | None,
         sampling: Sampling,
-        enforcement: Enforcement | None = None,
+        enforcement: Enforcement | None,
         *,
         stream: bool,
     ) -> dict[str, Any]:
-        """The /v1/chat/completions body (pure; public so tests and tools can inspect it)."""
-        body: dict[str, Any] = {
-            "model": self.identity.model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
-            # lowered to the context window, as the embedded engine does; vLLM itself lowers
-            # it further to the room the prompt leaves (the receipt keeps the value asked for)
-            "max_tokens": min(sampling.max_tokens, self._max_model_len or sampling.max_tokens),
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "stream": stream,
-        }
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed
-        if sampling.stop:
-            body["stop"] = list(sampling.stop)
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if constraint is not None:
-            fields = structured_outputs(constraint, enforcement, think_budget=self.think_budget)
-            if "structural_tag" in fields and self.identity.backend != "xgrammar":
-                # vLLM's guidance backend reads only the legacy tag format (no sequences, no
-                # per-tag content types): refuse here rather than send what it cannot compile.
-                raise EngineUnavailable(
-                    "reasoning and triggered tool calls need the vLLM server's xgrammar "
-                    f"structured-output backend; this engine is configured for "
-                    f"{self.identity.backend!r}"
-                )
-            body["structured_outputs"] = fields
-        return body
+        return request_body(
+            messages,
+            constraint,
+            sampling,
+            enforcement,
+            model=self.identity.model,
+            backend=self.identity.backend,
+            stream=stream,
+            max_model_len=self._max_model_len,
+            think_budget=self.think_budget,
+        )
 
     def _enforced_by(self, constraint: Constraint | None) -> str:
         return self.identity.backend if constraint is not None else NO_BACKEND
@@ -563,99 +537,4 @@ def _finish_reason(value: Any) -> FinishReason:
     raise EngineUnavailable(f"the vLLM server ended the generation with {value!r}")
 
 
-# ---------------------------------------------------------------------- structured outputs
-
-
-def structured_outputs(
-    constraint: Constraint,
-    enforcement: Enforcement | None = None,
-    *,
-    think_budget: int | None = None,
-) -> dict[str, Any]:
-    """vLLM's ``structured_outputs`` for one constraint (vLLM >= 0.12 field names).
-
-    Without enforcement (or "always" with no reasoning) this is the plain json/regex/grammar
-    field. "triggered" (tool_choice auto): a structural tag that is free text until the
-    tool-call start tag and holds each tagged region to the tool-call branches of the union.
-    "always" after reasoning: free text up to the end-of-thinking tag, then the constraint.
-    """
-    if enforcement is None or (enforcement.mode == "always" and not enforcement.reasoning):
-        if constraint.is_json:
-            return {"json": constraint.schema()}
-        return (
-            {"regex": constraint.source}
-            if constraint.kind == "regex"
-            else {"grammar": constraint.source}
-        )
-    if enforcement.mode == "triggered":
-        if constraint.kind != "tools":
-            raise ValueError("triggered enforcement needs the tool union constraint")
-        union = constraint.schema()
-        fmt: dict[str, Any] = {
-            "type": "triggered_tags",
-            "triggers": [enforcement.trigger_start],
-            "tags": tool_call_tags(union, enforcement),
-            "at_least_one": False,
-            # one call unless the union admits several (parallel_tool_calls)
-            "stop_after_first": not _allows_parallel(union),
-        }
-    else:
-        thinking: dict[str, Any] = {"type": "any_text"}
-        if think_budget is not None:
-            thinking["max_tokens"] = think_budget
-        fmt = {
-            "type": "sequence",
-            "elements": [
-                # the output opens with the thinking tag, as runtime.planning.Plan.parse expects
-                {
-                    "type": "tag",
-                    "begin": enforcement.think_start,
-                    "content": thinking,
-                    "end": enforcement.think_end,
-                },
-                _tag_content(constraint),
-            ],
-        }
-    return {"structural_tag": json.dumps({"type": "structural_tag", "format": fmt})}
-
-
-def _tag_content(constraint: Constraint) -> dict[str, Any]:
-    if constraint.is_json:
-        return {
-            "type": "json_schema",
-            "json_schema": constraint.schema(),
-            "max_whitespace_cnt": TAG_MAX_WHITESPACE,
-        }
-    if constraint.kind == "regex":
-        return {"type": "regex", "pattern": constraint.source}
-    return {"type": "grammar", "grammar": constraint.source}
-
-
-def tool_call_tags(union: dict[str, Any], enforcement: Enforcement) -> list[dict[str, Any]]:
-    """One structural tag per tool the union allows, in the tagged families' call format
-    (planning's _TAGGED_FAMILIES: ``<tool_call>\n{"name": N, "arguments": ARGS}\n</tool_call>``):
-    the tag's begin fixes the tool name, its content is that tool's arguments schema (with the
-    union's ``$defs``, so embedded ``$ref``s keep resolving). The name goes first even for
-    Hermes, trained on arguments first: each tag needs a begin of its own. Several calls are
-    several tags, so the array form of parallel calls is not needed inside a tag; the answer is
-    the free text around them.
-    """
-    defs = union.get("$defs", {})
-    tags = []
-    for name, arguments in union_calls(union):
-        if defs:
-            arguments = {**arguments, "$defs": defs}
-        content = _tag_content(Constraint.json_schema(arguments))
-        begin = f'{enforcement.trigger_start}\n{{"name": {json.dumps(name)}, "arguments": '
-        end = "}\n" + enforcement.trigger_end
-        tags.append({"type": "tag", "begin": begin, "content": content, "end": end})
-    if not tags:
-        raise ValueError("the tool union allows no tool call (tool_choice none?)")
-    return tags
-
-
-def _allows_parallel(union: dict[str, Any]) -> bool:
-    return any("tool_calls" in b.get("properties", {}) for b in union.get("anyOf", [union]))
-
-
-__all__ = ["VllmEngine", "structured_outputs", "tool_call_tags"]
+__all__ = ["VllmEngine"]

@@ -18,6 +18,7 @@ from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.embedded import EmbeddedEngine
 from runtime.errors import (
     BackendCannotCompile,
+    EngineConfigError,
     EngineUnavailable,
     InvalidRegex,
     RuntimeInputError,
@@ -294,7 +295,7 @@ def test_closed_engine_refuses_requests(engine: EmbeddedEngine) -> None:
 
 
 def test_loading_a_path_that_is_no_model_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(EngineUnavailable, match="neither an HF model directory nor a .gguf"):
+    with pytest.raises(EngineConfigError, match="'model': .* neither an HF model directory"):
         EmbeddedEngine.load(tmp_path)
 
 

@@ -9,7 +9,8 @@ import re._parser as re_parser
 import pytest
 
 from runtime.errors import ConstraintTooComplex
-from runtime.limits import check_regex, regex_problem
+from runtime.limits import check_regex
+from runtime.regex_features import regex_problem
 from runtime.unicode_properties import python_form
 
 

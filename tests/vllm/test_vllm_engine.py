@@ -263,7 +263,7 @@ def test_identity_ready_and_served_models(vllm_server: VllmServer) -> None:
 
     async def go() -> tuple[Any, bool, list[str]]:
         async with engine_for(vllm_server) as engine:
-            return engine.identity, await engine.ready(), await engine.served_models()
+            return engine.identity, await engine.ready(), list(await engine._model_cards())
 
     identity, ready, served = run(go())
     assert (identity.engine, identity.backend) == ("vllm", "xgrammar")

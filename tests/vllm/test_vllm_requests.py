@@ -19,12 +19,8 @@ import xgrammar
 
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Generation, Sampling
-from runtime.engines.vllm import (
-    VllmEngine,
-    _json,
-    _status_error,
-    structured_outputs,
-)
+from runtime.engines.vllm import VllmEngine, _json, _status_error
+from runtime.engines.vllm_request import request_body, structured_outputs
 from runtime.errors import EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.tools import parse_tools_field, union_schema
@@ -65,13 +61,14 @@ def structural_tag(field: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_request_body_carries_messages_sampling_and_the_constraint() -> None:
-    engine = VllmEngine("http://vllm:8000/", "served-name")
+    target = {"model": "served-name", "backend": "xgrammar"}
     sampling = Sampling(temperature=0.5, top_p=0.9, max_tokens=7, seed=3, stop=("\n",))
-    body = engine.request_body(
+    body = request_body(
         [ChatMessage("system", "s"), ChatMessage("user", "u")],
         Constraint.regex("[a-z]+"),
         sampling,
         stream=True,
+        **target,
     )
     assert body == {
         "model": "served-name",
@@ -85,7 +82,7 @@ def test_request_body_carries_messages_sampling_and_the_constraint() -> None:
         "stream_options": {"include_usage": True},
         "structured_outputs": {"regex": "[a-z]+"},
     }
-    free = engine.request_body([ChatMessage("user", "u")], None, Sampling(), stream=False)
+    free = request_body([ChatMessage("user", "u")], None, Sampling(), stream=False, **target)
     assert "structured_outputs" not in free and "seed" not in free and "stop" not in free
 
 
@@ -152,12 +149,18 @@ def test_triggered_needs_a_tool_union_with_calls() -> None:
 
 
 def test_structural_tags_are_refused_for_a_non_xgrammar_server() -> None:
-    engine = VllmEngine("http://vllm:8000", "m", backend="guidance")
-    body = engine.request_body([ChatMessage("user", "u")], union(), Sampling(), stream=False)
+    ask = [ChatMessage("user", "u")]
+    body = request_body(ask, union(), Sampling(), model="m", backend="guidance", stream=False)
     assert "json" in body["structured_outputs"]  # plain constraints work on any backend
     with pytest.raises(EngineUnavailable, match="xgrammar"):
-        engine.request_body(
-            [ChatMessage("user", "u")], union(), Sampling(), Enforcement("triggered"), stream=False
+        request_body(
+            ask,
+            union(),
+            Sampling(),
+            Enforcement("triggered"),
+            model="m",
+            backend="guidance",
+            stream=False,
         )
 
 

@@ -1,0 +1,165 @@
+"""What a regex holds, read from Python's own parse of it: the features no automaton can
+enforce (lookaround, backreferences, word boundaries), the reasons it cannot be a constraint
+at all, character classes that regex engines read differently, and how many copies its counted
+repetitions ask for. Kept apart from runtime.redos, which answers one question (can a
+backtracking engine split the input many ways) on one node of the same parse.
+"""
+
+from __future__ import annotations
+
+import re
+import re._constants as re_constants
+import re._parser as re_parser
+from collections.abc import Iterator
+from typing import Any
+
+from runtime.constraint import Constraint
+from runtime.redos import REPEATS
+from runtime.schema_walk import schema_patterns
+from runtime.unicode_properties import property_error, python_form
+
+
+def repeated_copies(pattern: str) -> int:
+    """How many copies of pieces the counted repetitions ask for, in total: each repetition's
+    bound times the bounds around it (``(a{10}b){20}`` is 20 + 200), summed over the pattern
+    (``a{999}`` written 150 times is 149,850, though no one bound is over the limit). Read
+    from Python's own parse, so every spelling counts (``{n}``, ``{m,n}``, ``{,n}``,
+    ``{n,}``); an unbounded ``*`` or ``+`` is a loop, not copies. 0 when Python cannot parse
+    it (validation says why)."""
+    return sum(
+        copies * _bound(argument) for op, argument, copies in regex_nodes(pattern) if op in REPEATS
+    )
+
+
+def constraint_patterns(constraint: Constraint) -> list[str]:
+    """The regexes an automaton is built from: a regex constraint, or a JSON schema's
+    patterns (none for a grammar, whose terminals its own parser reads)."""
+    if constraint.kind == "regex":
+        return [constraint.source]
+    return schema_patterns(constraint.schema()) if constraint.is_json else []
+
+
+_LOOKAROUNDS = (re_constants.ASSERT, re_constants.ASSERT_NOT)
+_BACKREFERENCES = (re_constants.GROUPREF, re_constants.GROUPREF_EXISTS)
+_WORD_BOUNDARIES = (re_constants.AT_BOUNDARY, re_constants.AT_NON_BOUNDARY)
+
+
+def unenforceable_regex_feature(pattern: str) -> str | None:
+    """The first thing in ``pattern`` that no grammar backend can enforce (each needs to
+    look at text around the current position, which an automaton cannot), or None. Checked
+    before any engine sees the regex, so the vLLM path refuses what the embedded one does."""
+    for op, argument, _ in regex_nodes(pattern):
+        if op in _LOOKAROUNDS:
+            return "a lookahead or lookbehind"
+        if op in _BACKREFERENCES:
+            return "a backreference"
+        if op is re_constants.AT and argument in _WORD_BOUNDARIES:
+            return "a word boundary (\\b or \\B)"
+    return None
+
+
+def regex_problem(pattern: str) -> str | None:
+    """Why ``pattern`` cannot be a constraint's regex, or None: Python's ``re`` (what reads
+    and limits every regex here) does not compile it, Unicode property escapes aside (their
+    names are checked against the regex module and llguidance: runtime.unicode_properties),
+    or it writes a character class that the decoders' engines read one way and the output
+    checks another."""
+    ambiguous = ambiguous_class(pattern)  # first: Python warns on some of these
+    if ambiguous is not None:
+        return ambiguous
+    error = property_error(pattern)
+    if error is not None:
+        return error
+    form = python_form(pattern)
+    try:
+        re.compile(form.text)
+    except (re.error, OverflowError) as exc:  # OverflowError: a bound past 2**32
+        return f"does not compile: {form.restore(str(exc))}"
+    escape = form.range_end(re_parser.parse(form.text)) if form.written else None
+    if escape is not None:
+        return f"has the property escape {escape!r} as the end of a range, which it cannot be"
+    return None
+
+
+_CLASS_OPERATORS = ("&&", "--", "~~", "||")
+
+
+def ambiguous_class(pattern: str) -> str | None:
+    """A ``[`` or a doubled ``&``, ``-``, ``~`` or ``|`` inside a character class: Rust's
+    ``regex`` (llguidance) reads a nested class or a set operation there, Python's ``re`` and
+    ECMA patterns the characters themselves (``[a-z&&[^aeiou]]``: consonants to one, any of
+    ``a-z&[^aeiou`` then ``]`` to the other)."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if not in_class:
+            if ch == "[":
+                in_class = True
+                i += 1 + pattern.startswith("^", i + 1)
+                i += pattern.startswith("]", i)  # a "]" first is the character
+                continue
+        elif ch == "]":
+            in_class = False
+        elif ch == "[":
+            return (
+                f"a '[' inside a character class at {i} (a nested class to some regex"
+                " engines, the character to others): write \\[ for the character"
+            )
+        elif pattern.startswith(_CLASS_OPERATORS, i):
+            return (
+                f"{pattern[i : i + 2]!r} inside a character class at {i} (a set operation to some"
+                f" regex engines, two characters to others): escape them, as \\{ch}\\{ch}"
+            )
+        i += 1
+    return None
+
+
+def regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
+    """Every node of Python's parse of ``pattern``, nested ones too, as (opcode, argument,
+    copies): how many times the counted repetitions around the node repeat it. Nothing when
+    Python cannot parse the pattern."""
+    parsed = _parsed(pattern)
+    if parsed is None:
+        return
+    pending: list[tuple[Any, int]] = [(parsed, 1)]
+    while pending:
+        node, copies = pending.pop()
+        if isinstance(node, re_parser.SubPattern):
+            for op, argument in node:
+                yield op, argument, copies
+                if op in REPEATS:
+                    pending.append((argument[2], copies * _bound(argument)))
+                elif op is not re_constants.IN:  # a class's items hold no subpattern
+                    pending.append((argument, copies))
+        elif isinstance(node, list | tuple):
+            pending.extend((child, copies) for child in node)
+
+
+def _parsed(pattern: str) -> Any:
+    """Python's parse of ``pattern``, property escapes expanded (runtime.unicode_properties);
+    None when Python cannot parse it."""
+    form = python_form(pattern)
+    try:
+        return form.expand(re_parser.parse(form.text))
+    except (re.error, OverflowError):  # check_regex refuses the latter first
+        return None
+
+
+def _bound(repeat: tuple[int, int, Any]) -> int:
+    """The copies one repetition (min, max, body) asks for: its upper bound, or its lower
+    one when unbounded (``{5,}`` unrolls 5, then loops); at least 1."""
+    low, high, _ = repeat
+    return max(low if high == re_constants.MAXREPEAT else high, 1)
+
+
+__all__ = [
+    "ambiguous_class",
+    "constraint_patterns",
+    "regex_nodes",
+    "regex_problem",
+    "repeated_copies",
+    "unenforceable_regex_feature",
+]
