@@ -39,7 +39,7 @@ from runtime.errors import RuntimeInputError, StructuredOutputInvalid, Unsupport
 from runtime.limits import check_constraint, check_tool_count
 from runtime.output_parsing import ParsedResponse
 from runtime.planning import ChatInput, Plan, plan_chat
-from runtime.streaming import EnvelopeStreamDecoder
+from runtime.streaming import parse_output
 
 log = logging.getLogger("callproof.gateway")
 _SEED_BOUND = 2**31  # a seed every engine accepts
@@ -197,18 +197,10 @@ class Completions:
             plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
         )
         self.count_tokens(generation)
-        cut = cut_off(generation)
         try:
-            return generation, plan.parse(generation.text, cut=cut)
+            return generation, parse_output(plan, generation.text, cut=cut_off(generation))
         except StructuredOutputInvalid as exc:
-            if not cut:
-                raise
-            decoder = EnvelopeStreamDecoder(plan)  # what a stream would have shown so far
-            decoder.feed(generation.text)
-            try:
-                return generation, decoder.finish(cut=True)[1]
-            except StructuredOutputInvalid:
-                raise cut_short(exc, generation, prepared) from None
+            raise cut_short(exc, generation, prepared) from None
 
     async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
         """The engine's event stream, started: engine faults raise here, before any byte."""

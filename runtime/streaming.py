@@ -74,6 +74,25 @@ class _Capture:
     text: list[str] = field(default_factory=list)  # name mode: decoded so far
 
 
+def parse_output(plan: Plan, text: str, *, cut: bool) -> ParsedResponse:
+    """The meaning of a whole output, as ``plan.parse`` gives it. One that the token limit or
+    a stop string cut off (``cut``) before its constraint was done is what a stream of it
+    would have shown (EnvelopeStreamDecoder.finish), as OpenAI returns it; ``plan.parse``'s
+    error is raised only when that is nothing either (a tool call never leaves incomplete)."""
+    try:
+        return plan.parse(text, cut=cut)
+    except StructuredOutputInvalid as exc:
+        if not cut:
+            raise
+        error = exc
+    decoder = EnvelopeStreamDecoder(plan)
+    decoder.feed(text)
+    try:
+        return decoder.finish(cut=True)[1]
+    except StructuredOutputInvalid:
+        raise error from None
+
+
 class EnvelopeStreamDecoder:
     """Feed text (or UTF-8 bytes) deltas; get OpenAI-shaped events; finish with the parse."""
 
