@@ -22,7 +22,7 @@ from gateway.settings import Settings, SettingsError
 from receipts.errors import SigningKeyError
 from receipts.ledger import Ledger
 from receipts.ledger_file import sqlite_file
-from receipts.signing import PublicKeyEntry, Signer, load_or_create_signer, signer_from_env
+from receipts.signing import Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
 
 log = logging.getLogger("callproof.gateway")
@@ -182,22 +182,6 @@ def _refuse_new_identity(settings: Settings) -> None:
             " rotate to a new key on purpose, make one with `openssl genpkey -algorithm"
             " ed25519 -out FILE`; docs/deploy.md, key rotation)"
         )
-
-
-def superseded_key(public_keys: list[PublicKeyEntry], key_id: str) -> dict[str, str]:
-    """Chains ``key_id`` signed whose newest receipts another key signed, with that key: a
-    gateway starting on such a key is a stale replica or a rolled-back secret, and signing
-    again reopens the old key's range (rotation docs: restart every replica on the new key)."""
-    newest: dict[str, tuple[int, str]] = {}
-    signed = set()
-    for entry in public_keys:
-        for span in entry["ranges"]:
-            chain = span["chain"]
-            if chain not in newest or span["first_seq"] > newest[chain][0]:
-                newest[chain] = (span["first_seq"], entry["key_id"])
-            if entry["key_id"] == key_id:
-                signed.add(chain)
-    return {c: newest[c][1] for c in sorted(signed) if newest[c][1] != key_id}
 
 
 def _private_data_dir(settings: Settings) -> Path:

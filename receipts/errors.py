@@ -29,6 +29,11 @@ class OutOfRange(ReceiptsError):
     included): the caller's to fix, not damage and not a malformed receipt."""
 
 
+class ReadOnlyLedger(ReceiptsError):
+    """A ledger opened without a signer (audit reads, verification, export of what stored
+    checkpoints cover) was asked to append or sign: open it with the signing key."""
+
+
 class LedgerUnavailable(ReceiptsError):
     """The ledger cannot commit or answer right now; the caller must fail closed."""
 

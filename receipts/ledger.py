@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from receipts import ledger_proofs, queries
 from receipts.chain import VerificationReport
-from receipts.errors import LedgerUnavailable, ReceiptFormatError, ReceiptsError
+from receipts.errors import LedgerUnavailable, ReadOnlyLedger, ReceiptFormatError
 from receipts.ledger_export import export_bundle
 from receipts.ledger_file import LedgerFile, sqlite_file
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
@@ -128,7 +128,7 @@ class Ledger:
         if not isinstance(draft, ReceiptDraft):
             raise ReceiptFormatError(f"append takes a ReceiptDraft, not {type(draft).__name__}")
         if self._writer is None:
-            raise ReceiptsError("this ledger was opened without a signer: it cannot append")
+            raise ReadOnlyLedger("this ledger was opened without a signer: it cannot append")
         if not self.retain_payloads and not draft.request.keys().isdisjoint(PAYLOAD_MEMBERS):
             request = {k: v for k, v in draft.request.items() if k not in PAYLOAD_MEMBERS}
             draft = dataclasses.replace(draft, request=request)
@@ -141,7 +141,7 @@ class Ledger:
     def checkpoint_now(self, tenant: str) -> dict[str, Any]:
         """A signed checkpoint at the chain's head: the stored one if it is current."""
         if self._writer is None:
-            raise ReceiptsError("this ledger was opened without a signer: it cannot sign")
+            raise ReadOnlyLedger("this ledger was opened without a signer: it cannot sign")
         return self._writer.checkpoint_now(tenant)
 
     # ------------------------------------------------------------------ reads

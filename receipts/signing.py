@@ -190,6 +190,22 @@ class PublicKeyEntry(_KeyAndRanges, total=False):
     created_at: str
 
 
+def superseded_key(public_keys: list[PublicKeyEntry], key_id: str) -> dict[str, str]:
+    """Chains ``key_id`` signed whose newest receipts another key signed, with that key: a
+    gateway starting on such a key is a stale replica or a rolled-back secret, and signing
+    again reopens the old key's range (rotation docs: restart every replica on the new key)."""
+    newest: dict[str, tuple[int, str]] = {}
+    signed = set()
+    for entry in public_keys:
+        for span in entry["ranges"]:
+            chain = span["chain"]
+            if chain not in newest or span["first_seq"] > newest[chain][0]:
+                newest[chain] = (span["first_seq"], entry["key_id"])
+            if entry["key_id"] == key_id:
+                signed.add(chain)
+    return {c: newest[c][1] for c in sorted(signed) if newest[c][1] != key_id}
+
+
 def _opt_int(value: object) -> int | None:
     return None if value is None else int(value)  # type: ignore[call-overload]
 

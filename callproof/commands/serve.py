@@ -16,6 +16,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 if TYPE_CHECKING:
     import uvicorn
 
+    from gateway.boot import Resources
+    from receipts.signing import Signer
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -71,14 +74,12 @@ def run(args: argparse.Namespace) -> int:
         PortInUse,
         check_model_files,
         default_signer,
-        first_run_admin_key,
         listening_socket,
         load_engine,
         named_signer,
         open_resources,
         prepare_database,
         say_ledger,
-        superseded_key,
     )
     from gateway.health import check_engine_at_start
     from gateway.logs import configure_logging
@@ -115,27 +116,7 @@ def run(args: argparse.Namespace) -> int:
     say_ledger(settings.db_url)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
-        moved_on = superseded_key(resources.ledger.public_keys(), signer.key_id)
-        if moved_on:
-            chains = ", ".join(f"{chain!r} (now {newer})" for chain, newer in moved_on.items())
-            print(
-                f"callproof: warning: a newer key has signed chain(s) {chains} since"
-                f" {signer.key_id} did: is this a stale replica or a rolled-back secret?"
-                " Signing with it again reopens its range (docs/deploy.md, key rotation)",
-                file=sys.stderr,
-                flush=True,
-            )
-        secret = first_run_admin_key(resources.keys)
-        if secret is not None:
-            print("First run: created an admin API key. It is shown only this once:", flush=True)
-            print(secret, flush=True)
-        elif not resources.keys.has_admin(active=True):
-            print(
-                "callproof: every admin key is revoked; make one with"
-                " `callproof keys create --role admin --tenant admin`",
-                file=sys.stderr,
-                flush=True,
-            )
+        _announce(resources, signer)
         app = create_app(settings, resources.engine, resources.ledger, resources.keys)
         # At start, whatever keeps the engine from serving is logged (a wrong vLLM URL or model
         # name would otherwise show only as 503s); at shutdown the engine closes on the loop
@@ -153,6 +134,35 @@ def run(args: argparse.Namespace) -> int:
         listener.close()
         asyncio.run(resources.aclose())
     _exit_now(0 if server.started else 3)  # 3: the app did not start (uvicorn logged why)
+
+
+def _announce(resources: Resources, signer: Signer) -> None:
+    """What an operator must know before the gateway listens: a signing key that a newer one
+    has superseded, and the first run's admin key (shown this once) or the lack of any."""
+    from gateway.boot import first_run_admin_key
+    from receipts.signing import superseded_key
+
+    moved_on = superseded_key(resources.ledger.public_keys(), signer.key_id)
+    if moved_on:
+        chains = ", ".join(f"{chain!r} (now {newer})" for chain, newer in moved_on.items())
+        print(
+            f"callproof: warning: a newer key has signed chain(s) {chains} since"
+            f" {signer.key_id} did: is this a stale replica or a rolled-back secret?"
+            " Signing with it again reopens its range (docs/deploy.md, key rotation)",
+            file=sys.stderr,
+            flush=True,
+        )
+    secret = first_run_admin_key(resources.keys)
+    if secret is not None:
+        print("First run: created an admin API key. It is shown only this once:", flush=True)
+        print(secret, flush=True)
+    elif not resources.keys.has_admin(active=True):
+        print(
+            "callproof: every admin key is revoked; make one with"
+            " `callproof keys create --role admin --tenant admin`",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -482,7 +482,7 @@ def test_serve_on_an_ipv6_host_announces_a_url_a_client_can_use(tmp_path: Path) 
 
 
 def test_a_key_a_newer_one_replaced_is_named() -> None:
-    from gateway.boot import superseded_key
+    from receipts.signing import superseded_key
 
     keys = [
         {"key_id": "old", "public_key_pem": "", "ranges": [

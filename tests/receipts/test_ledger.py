@@ -43,6 +43,7 @@ from receipts.errors import (
     ChainBehind,
     LedgerUnavailable,
     OutOfRange,
+    ReadOnlyLedger,
     ReceiptFormatError,
     ReceiptsError,
     Stopped,
@@ -716,8 +717,10 @@ def test_concurrent_submits_and_bad_input(fresh_sqlite_url: str) -> None:
         led.append(draft())
     with Ledger(fresh_sqlite_url, None) as reader:
         assert reader.verify("acme").ok
-        with pytest.raises(ReceiptsError, match="without a signer"):
+        with pytest.raises(ReadOnlyLedger, match="without a signer: it cannot append"):
             reader.append(draft())
+        with pytest.raises(ReadOnlyLedger, match="without a signer: it cannot sign"):
+            reader.checkpoint_now("acme")
 
 
 def test_unmigrated_database_is_unavailable_not_created(fresh_sqlite_url: str) -> None:
