@@ -38,11 +38,7 @@ def _singleton(value: Any) -> Provide:
 
 
 def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStore) -> Litestar:
-    grammars = getattr(engine, "grammars", None)  # in-process engines expose their cache
-    metrics = Metrics(
-        grammar_stats=grammars.stats if grammars is not None else None,
-        queued_appends=ledger.queued_appends,
-    )
+    metrics = Metrics(grammar_stats=engine.grammar_stats, queued_appends=ledger.queued_appends)
     completions = Completions(engine, ledger, settings, metrics)
     key_call = KeyCall(settings.db_timeout_s)
     read = LedgerRead(settings.db_timeout_s)

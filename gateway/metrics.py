@@ -35,7 +35,7 @@ log = logging.getLogger("callproof.access")
 # reads doubles what is scraped (process-wide, as prometheus_client keeps it).
 disable_created_metrics()
 
-GrammarStats = Callable[[], dict[str, dict[str, float]]]
+GrammarStats = Callable[[], dict[str, dict[str, float]] | None]  # None: no in-process cache
 QueuedAppends = Callable[[], int]
 
 # A label per method a client can invent would grow the series without bound.
@@ -149,6 +149,9 @@ class _GrammarCacheCollector(Collector):
         self._stats = stats
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self._stats()
+        if stats is None:  # grammars compile in the vLLM server, which has its own metrics
+            return
         hits = CounterMetricFamily(
             "callproof_grammar_cache_hits", "Grammar cache hits", labels=["kind"]
         )
@@ -167,7 +170,7 @@ class _GrammarCacheCollector(Collector):
         compile_max = GaugeMetricFamily(
             "callproof_grammar_compile_max_seconds", "Slowest grammar compile", labels=["kind"]
         )
-        for kind, figures in self._stats().items():
+        for kind, figures in stats.items():
             hits.add_metric([kind], figures.get("hits", 0))
             misses.add_metric([kind], figures.get("misses", 0))
             compiles.add_metric([kind], figures.get("compiles", 0))

@@ -127,6 +127,11 @@ class Engine(Protocol):
         """True when the engine can serve a request now (model loaded / server healthy)."""
         ...
 
+    def grammar_stats(self) -> dict[str, dict[str, float]] | None:
+        """The in-process grammar cache's figures by constraint kind (hits, misses, compiles,
+        compile ms) for /metrics; None when grammars compile elsewhere (a vLLM server)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

@@ -183,6 +183,9 @@ class EmbeddedEngine:
     async def ready(self) -> bool:
         return not self._closed
 
+    def grammar_stats(self) -> dict[str, dict[str, float]]:
+        return self.grammars.stats()
+
     async def aclose(self) -> None:
         self._closed = True
         self._worker.shutdown(wait=False, cancel_futures=True)

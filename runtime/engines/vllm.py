@@ -203,6 +203,9 @@ class VllmEngine:
             matched_stop=_matched_stop(stop_reason, sampling),
         )
 
+    def grammar_stats(self) -> None:
+        return None  # the server compiles them, and reports its own figures
+
     async def ready(self) -> bool:
         """The server answers and serves this engine's model (a wrong --model is not ready).
         What keeps it from being ready is logged, once until it changes: /readyz only says

@@ -118,3 +118,7 @@ async def _outage_and_recovery(
         assert streamed.status_code == 200 and "data: [DONE]" in streamed.text
         assert receipt_count(ledger) == 3
         assert (await client.get("/readyz")).status_code == 200
+        # the server compiles the grammars: no in-process cache figures, the rest as usual
+        metrics = (await client.get("/metrics")).text
+        assert "callproof_grammar_cache" not in metrics
+        assert "callproof_receipts_appended_total 3.0" in metrics
