@@ -110,6 +110,16 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         return exc.status, error_body(
             exc.status, exc.message, code=exc.code, param=exc.param, **exc.details
         )
+    for mapped in (_runtime_error, _database_error, _framework_error):
+        found = mapped(exc)
+        if found is not None:
+            return found
+    log.error("unhandled error", exc_info=exc, extra={"event": "internal_error"})
+    return 500, error_body(500, "internal server error", code="internal_error", param=None)
+
+
+def _runtime_error(exc: Exception) -> tuple[int, dict[str, Any]] | None:
+    """The request's fault (4xx) or the model engine's (5xx, logged for the operator)."""
     if isinstance(exc, StructuredOutputInvalid):
         return exc.status, error_body(
             exc.status,
@@ -122,17 +132,22 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, RuntimeInputError):
         return exc.status, error_body(exc.status, exc.message, code=exc.code, param=exc.param)
-    if isinstance(exc, EngineError):
-        if isinstance(exc, EngineFault):  # a bug: the operator needs where, to report it
-            log.error("engine fault", exc_info=exc, extra={"event": "engine_fault"})
-        elif isinstance(exc, EngineUnavailable):  # the operator's URL, timeout or server
-            log.warning(
-                "engine unavailable",
-                extra={"event": "engine_error", "code": exc.code, "detail": str(exc)},
-            )
-        else:  # the engine's words about a request may quote it: not logged
-            log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
-        return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
+    if not isinstance(exc, EngineError):
+        return None
+    if isinstance(exc, EngineFault):  # a bug: the operator needs where, to report it
+        log.error("engine fault", exc_info=exc, extra={"event": "engine_fault"})
+    elif isinstance(exc, EngineUnavailable):  # the operator's URL, timeout or server
+        log.warning(
+            "engine unavailable",
+            extra={"event": "engine_error", "code": exc.code, "detail": str(exc)},
+        )
+    else:  # the engine's words about a request may quote it: not logged
+        log.warning("engine failure", extra={"event": "engine_error", "code": exc.code})
+    return exc.status, error_body(exc.status, f"model engine: {exc}", code=exc.code, param=None)
+
+
+def _database_error(exc: Exception) -> tuple[int, dict[str, Any]] | None:
+    """The ledger or the key store cannot answer (503: fail closed) or is damaged (500)."""
     if isinstance(exc, ChainBehind):  # no passing outage: an operator must act
         log.error("chain behind", extra={"event": "chain_behind", "detail": str(exc)})
         message = f"the receipt ledger refuses this tenant's chain: {exc}"
@@ -158,6 +173,12 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
             code="chain_damaged",
             param=None,
         )
+    return None
+
+
+def _framework_error(exc: Exception) -> tuple[int, dict[str, Any]] | None:
+    """What Litestar raised: a parameter that failed validation, a route or method that does
+    not exist, a body too large or a client gone."""
     if isinstance(exc, ValidationException):
         return 400, _validation_body(exc)
     if isinstance(exc, HTTPException) and exc.detail == _CLIENT_LEFT:
@@ -168,8 +189,7 @@ def error_for(exc: Exception) -> tuple[int, dict[str, Any]]:
         )
     if isinstance(exc, HTTPException):
         return exc.status_code, _http_body(exc)
-    log.error("unhandled error", exc_info=exc, extra={"event": "internal_error"})
-    return 500, error_body(500, "internal server error", code="internal_error", param=None)
+    return None
 
 
 RETRY_AFTER_S = "1"  # a 503 is a passing outage; the OpenAI SDK honours Retry-After
