@@ -3,8 +3,10 @@
 Leaf i (= seq - 1) is SHA-256(0x00 || entry_hash as 32 raw bytes); an inner node is
 SHA-256(0x01 || left || right); the tree over n leaves splits at the largest power of two
 smaller than n (section 2.1.1). Proof generation takes a `subtree(start, end)` callable giving
-MTH(D[start:end]); `MerkleTree` is an in-memory level store that answers it in O(log n) from
-precomputed perfect-subtree hashes. Verifiers raise ProofError and return None on success.
+MTH(D[start:end]): the ledger answers it from the subtree hashes it stores (ledger_proofs), and
+`MerkleTree`, an in-memory level store, from its own (a reference the tests and bench.merkle
+check the stored tree against). `CompactRange` is a tree's right edge, which is all that
+appending needs. Verifiers raise ProofError and return None on success.
 """
 
 from __future__ import annotations
