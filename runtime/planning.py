@@ -209,29 +209,31 @@ def plan_chat(
         # A named tool_choice is one call of that tool (OpenAI's "forced function", and
         # what vLLM's own named tool choice decodes), whatever parallel_tool_calls says.
         parallel = _parallel_flag(chat.parallel_tool_calls) and choice.mode != "named"
-    if chat.tools is not None and choice.mode != "none":
-        answer_rf = response_format if response_format and response_format.constrains else None
-        enforcement = _enforcement(thinking, renderer.name, choice, free_answer=answer_rf is None)
-        if enforcement is not None and enforcement.mode == "triggered":
-            # Only the inside of a tool-call tag is constrained; answers are the free text.
-            schema = union_schema(tools, "required", None, parallel)
-        else:
-            schema = union_schema(tools, choice, answer_rf, parallel)
-        prompt = ToolPrompt(tools, choice, parallel, answer_rf.schema if answer_rf else None)
-        return Plan(
-            renderer.render(history, renderer.tool_block(prompt)),
-            "tools",
-            Constraint.json_schema(schema, kind="tools"),
-            schema,
-            renderer.name,
-            tools,
-            choice,
-            parallel,
-            response_format,
-            answered,
-            enforcement,
-        )
-    if chat.tools is None:
+        if choice.mode != "none":
+            answer_rf = response_format if response_format and response_format.constrains else None
+            enforcement = _enforcement(
+                thinking, renderer.name, choice, free_answer=answer_rf is None
+            )
+            if enforcement is not None and enforcement.mode == "triggered":
+                # Only the inside of a tool-call tag is constrained; answers are the free text.
+                schema = union_schema(tools, "required", None, parallel)
+            else:
+                schema = union_schema(tools, choice, answer_rf, parallel)
+            prompt = ToolPrompt(tools, choice, parallel, answer_rf.schema if answer_rf else None)
+            return Plan(
+                messages=renderer.render(history, renderer.tool_block(prompt)),
+                mode="tools",
+                constraint=Constraint.json_schema(schema, kind="tools"),
+                schema=schema,
+                renderer=renderer.name,
+                tools=tools,
+                tool_choice=choice,
+                parallel_tool_calls=parallel,
+                response_format=response_format,
+                tool_call_ids_answered=answered,
+                enforcement=enforcement,
+            )
+    else:
         for param in ("tool_choice", "parallel_tool_calls"):
             if getattr(chat, param) is not None:
                 raise RuntimeInputError(
@@ -242,11 +244,11 @@ def plan_chat(
     # without tools, and the tools stay out of the prompt the model could answer from
     mode, constraint, schema, system_block = _single_constraint(chat, response_format)
     return Plan(
-        renderer.render(history, system_block),
-        mode,
-        constraint,
-        schema,
-        renderer.name,
+        messages=renderer.render(history, system_block),
+        mode=mode,
+        constraint=constraint,
+        schema=schema,
+        renderer=renderer.name,
         response_format=response_format,
         tool_call_ids_answered=answered,
         enforcement=_enforcement(thinking, renderer.name, None) if constraint else None,
