@@ -68,6 +68,8 @@ class ChatController(Controller):
             writer = ChunkWriter(
                 completion_id, created, model, completions.fingerprint, prepared.include_usage
             )
+            # Declared as the JSON answer, whose schema OpenAPI shows; ChatOperation adds the
+            # stream's, which a union with Stream in the signature would not.
             return Stream(  # type: ignore[return-value]
                 stream_completion(completions, prepared, principal, events, writer),
                 media_type="text/event-stream",
