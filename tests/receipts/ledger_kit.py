@@ -17,9 +17,9 @@ import sqlalchemy as sa
 
 from migrations.runner import upgrade
 from receipts.canonical import hash_json
-from receipts.ledger import Ledger
+from receipts.ledger import Ledger, ReceiptQuery
 from receipts.manifest import build_manifest, schema_hash
-from receipts.record import ReceiptDraft
+from receipts.record import Receipt, ReceiptDraft
 from receipts.signing import Signer
 
 WEATHER_PARAMS = {
@@ -154,6 +154,13 @@ def ledger(url: str, signer: Signer | None = None, **options: Any) -> Iterator[L
         yield led
     finally:
         led.close()
+
+
+def at_seq(led: Ledger, tenant: str, seq: int) -> Receipt:
+    """The chain's receipt at ``seq`` (through the audit listing, as an auditor finds it)."""
+    (receipt,) = led.query(ReceiptQuery(tenant, after_seq=seq - 1, limit=1)).items
+    assert receipt.seq == seq
+    return receipt
 
 
 def fill(led: Ledger, n: int, tenant: str = "acme") -> list:

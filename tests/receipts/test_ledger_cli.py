@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from ledger_kit import attacker, body_of, fill, ledger
+from ledger_kit import at_seq, attacker, body_of, fill, ledger
 
 from callproof.cli import main
 from receipts.record import Receipt
@@ -107,8 +107,8 @@ def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     url, _, key = filled
     with ledger(url) as led:
         fill(led, 1, tenant="acme")  # a receipt newer than the range
-        first = led.get_by_seq("acme", 10).created_at
-        until = led.get_by_seq("acme", 30).created_at
+        first = at_seq(led, "acme", 10).created_at
+        until = at_seq(led, "acme", 30).created_at
     bundle = tmp_path / "range.tar.gz"
     argv = ["export", "--db", url, "--tenant", "acme", "--from", first, "--to", until]
     assert run(capsys, *argv, "-o", str(bundle), "--signing-key", str(key))[0] == 0
