@@ -53,6 +53,10 @@ def verify_stored(
     end = to_seq if to_seq is not None else max(head_seq, last)
     if start < 1 or end < start - 1:
         raise OutOfRange(f"bad seq range {start}..{end}")
+    if end > max(head_seq, last):
+        raise OutOfRange(
+            f"chain {tenant!r} ends at seq {max(head_seq, last)}: seq {end} is beyond its head"
+        )
     pinned = keyring is not None
     if keyring is None:
         try:
@@ -97,9 +101,11 @@ def verify_stored(
         problems.append((report.first_failure_seq, report.reason))
     if rows.derived_problem:  # after the body's own reasons: at one seq, those say more
         problems.append(rows.derived_problem)
+    seen_to = start + rows.seen - 1 if report.ok else end  # end: it stopped at a failure
     if to_seq is None:
-        seen_to = start + rows.seen - 1 if report.ok else end
         problems += _tail_problems(conn, tenant, head_seq, last, end, seen_to)
+    elif seen_to < end:  # the receipts stop short of the range asked for
+        problems.append((seen_to + 1, f"receipt missing from the database (seq {end} asked)"))
     if problems:
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
         return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)

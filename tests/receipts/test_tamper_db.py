@@ -15,7 +15,9 @@ import sqlalchemy as sa
 from ledger_kit import at_seq, attacker, body_of, clone, draft, fill, ledger, migrated
 
 from receipts.bundle_verify import verify_bundle
-from receipts.errors import ChainDamaged, LedgerUnavailable
+from receipts.canonical import canonical_json
+from receipts.checkpoint import make_checkpoint
+from receipts.errors import ChainDamaged, LedgerUnavailable, OutOfRange
 from receipts.ledger import Ledger, ReceiptQuery
 from receipts.manifest import schema_hash
 from receipts.merkle import CompactRange, leaf_hash
@@ -115,16 +117,94 @@ def test_edited_field(chain, tmp_path: Path) -> None:
     detected(url, signer, tmp_path, 7, "entry_hash does not match")
 
 
-def test_edited_index_column_only(chain) -> None:
-    """A row whose query columns lie (steering audits away from it) is named too."""
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("model", "other"),
+        ("created_at", "2000-01-01T00:00:00.000000Z"),  # would steer exports by time
+        ("tenant", "globex"),
+        ("finish_reason", "length"),
+        ("key_id", "ed25519:" + "0" * 32),
+        ("manifest_hash", "0" * 64),
+        ("schema_hash", "0" * 64),
+        ("output_kind", "text"),
+        ("prev_hash", "1" * 64),
+        ("id", "rcpt_" + "0" * 24),
+    ],
+)
+def test_edited_index_column_only(chain, column: str, value: str) -> None:
+    """A row whose query columns lie (steering audits away from it) is named too, whichever
+    column it is."""
     url, _, _ = chain
     with attacker(url) as conn:
         conn.execute(
-            sa.text("UPDATE receipts SET model = 'other' WHERE chain = :c AND seq = 12"), {"c": T}
+            sa.text(f"UPDATE receipts SET {column} = :v WHERE chain = :c AND seq = 12"),
+            {"v": value, "c": T},
         )
     with Ledger(url, None) as led:
         report = led.verify(T)
-    assert report.first_failure_seq == 12 and "'model'" in report.reason
+    assert report.first_failure_seq == 12 and f"'{column}'" in report.reason, report
+
+
+def test_a_range_whose_last_receipts_were_deleted_fails_where_they_stop(chain) -> None:
+    """Receipts deleted from the end with their checkpoint, the head row left: a verification
+    of a range up to the head names the first missing seq, as the whole chain's does (a range
+    passed on the receipts that were left)."""
+    url, signer, _ = chain
+    with ledger(url, signer, checkpoint_every=10_000) as led:
+        fill(led, 3)  # seqs N+1..N+3, and a closing checkpoint at N+3
+    with attacker(url) as conn:
+        cut = {"c": T, "s": N + 1}
+        conn.execute(sa.text("DELETE FROM receipts WHERE chain = :c AND seq > :s"), cut)
+        conn.execute(sa.text("DELETE FROM checkpoints WHERE chain = :c AND tree_size > :s"), cut)
+    with Ledger(url, None) as led:
+        for first in (None, 1, 5, N + 1):
+            report = led.verify(T, first, N + 3)
+            assert (report.ok, report.first_failure_seq) == (False, N + 2), (first, report)
+            assert "receipt missing" in report.reason
+        assert not led.verify(T).ok
+        with pytest.raises(OutOfRange, match=f"ends at seq {N + 3}: seq {N + 4} is beyond"):
+            led.verify(T, 1, N + 4)
+
+
+def test_a_range_that_starts_just_past_a_checkpoint_is_anchored_by_it(chain) -> None:
+    """The latest checkpoint at N anchors a range from N + 1 (its root is the range's left
+    edge), and a saved checkpoint at N is reached there too."""
+    url, signer, saved = chain
+    with ledger(url, signer, checkpoint_every=10_000) as led:
+        fill(led, 3)
+    with attacker(url) as conn:  # as if no checkpoint had been signed since N
+        conn.execute(
+            sa.text("DELETE FROM checkpoints WHERE chain = :c AND tree_size > :s"),
+            {"c": T, "s": N},
+        )
+    with Ledger(url, None) as led:
+        report = led.verify(T, N + 1)
+        assert report.ok and report.tree_size == N, report
+        assert led.verify(T, N + 1, saved=[saved]).ok
+
+
+def test_an_older_checkpoint_signed_over_a_root_the_receipts_lack_is_named(chain) -> None:
+    """A stored checkpoint below the latest, validly signed by the chain's key over another
+    root (a signer bug, a replica that diverged): the database still serves it, so its
+    verification must name it."""
+    url, signer, _ = chain
+    with attacker(url) as conn:
+        where = {"c": T, "s": N // 2}
+        old = json.loads(
+            conn.execute(
+                sa.text("SELECT body FROM checkpoints WHERE chain = :c AND tree_size = :s"), where
+            ).scalar_one()
+        )
+        forged = make_checkpoint(T, N // 2, "ab" * 32, signer, old["timestamp"])
+        conn.execute(
+            sa.text("UPDATE checkpoints SET body = :b WHERE chain = :c AND tree_size = :s"),
+            {"b": canonical_json(forged).decode(), **where},
+        )
+    with Ledger(url, None) as led:
+        report = led.verify(T)
+    assert (report.ok, report.first_failure_seq) == (False, N // 2), report
+    assert "does not match the stored checkpoint" in report.reason
 
 
 FORGED_CALL = "call_" + "f" * 24
