@@ -758,3 +758,95 @@ def test_the_receipts_hashed_on_the_way_are_held_to_the_manifest(bundle: Path) -
     report = verify_bundle(rewrite(bundle, files, fix_manifest=False))
     assert not report.ok and report.checked == N
     assert report.reason == f"bundle file {RECEIPTS} does not match its SHA-256 in {MANIFEST}"
+
+
+# What a mutation review found no test pinned (each check below was removable unnoticed).
+
+
+def _with_manifest(files: dict[str, bytes], **changes: Any) -> dict[str, bytes]:
+    manifest = json.loads(files[MANIFEST])
+    manifest.update(changes)
+    return {**files, MANIFEST: canonical_json(manifest)}
+
+
+def _repack(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A bundle archive holding exactly ``members``, in that order (names may repeat)."""
+    with gzip.open(path, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_manifest_relabelled_to_another_chain_fails(bundle: Path, signer: Signer) -> None:
+    """The receipts say which chain they are of; the unsigned manifest may not say another,
+    whether or not the reader names the chain it expects."""
+    relabelled = rewrite(bundle, _with_manifest(read(bundle), chain="globex"))
+    assert not verify_bundle(relabelled, signer.public_key_pem()).ok
+    assert not verify_bundle(relabelled, signer.public_key_pem(), chain="globex").ok
+
+
+def test_a_manifest_without_its_file_hashes_or_listing_a_missing_file_fails(
+    bundle: Path, signer: Signer
+) -> None:
+    files = read(bundle)
+    manifest = json.loads(files[MANIFEST])
+    del manifest["files"]
+    bare = rewrite(bundle, {**files, MANIFEST: canonical_json(manifest)}, fix_manifest=False)
+    report = verify_bundle(bare, signer.public_key_pem())
+    assert not report.ok and "lists no file hashes" in report.reason, report
+    manifest = json.loads(files[MANIFEST])
+    manifest["files"]["schemas/" + "ab" * 32 + ".json"] = "00" * 32
+    listed = rewrite(bundle, {**files, MANIFEST: canonical_json(manifest)}, fix_manifest=False)
+    report = verify_bundle(listed, signer.public_key_pem())
+    assert not report.ok and "missing" in report.reason, report
+
+
+def test_a_manifest_of_another_format_fails(bundle: Path, signer: Signer) -> None:
+    other = rewrite(bundle, _with_manifest(read(bundle), format="something-else"))
+    report = verify_bundle(other, signer.public_key_pem())
+    assert not report.ok and "does not describe" in report.reason, report
+
+
+def test_bytes_after_the_last_receipt_line_fail(bundle: Path, signer: Signer) -> None:
+    """Junk after the last newline, with its hash in the manifest and the count unchanged, is
+    not a line to skip."""
+    files = read(bundle)
+    data = files[RECEIPTS] + b"junk"
+    manifest = json.loads(files[MANIFEST])
+    manifest["files"][RECEIPTS] = hashlib.sha256(data).hexdigest()
+    files = {**files, MANIFEST: canonical_json(manifest), RECEIPTS: data}
+    assert not verify_bundle(rewrite(bundle, files, fix_manifest=False), signer.public_key_pem()).ok
+
+
+def test_a_range_bundle_without_receipts_fails(bundle: Path, chain, signer: Signer) -> None:
+    files = read(bundle)
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    proofs = json.loads(files["proofs.json"])
+    proofs["right"] = [h.hex() for h in tree.compact_range(0, N)]
+    files = _with_manifest(files, first_seq=1, last_seq=0)
+    files = {**files, RECEIPTS: b"", "proofs.json": canonical_json(proofs)}
+    report = verify_bundle(rewrite(bundle, files), signer.public_key_pem(), allow_range=True)
+    assert not report.ok and "no receipts" in (report.reason or ""), report
+
+
+def test_a_second_receipts_member_fails(bundle: Path, signer: Signer, tmp_path: Path) -> None:
+    """Two receipts.jsonl members: the verifier would read the first, `tar x` keeps the last."""
+    files = read(bundle)
+    edited = files[RECEIPTS].replace(b'"valid":true', b'"valid":false', 1)
+    assert edited != files[RECEIPTS]
+    manifest = json.loads(files[MANIFEST])
+    manifest["files"][RECEIPTS] = hashlib.sha256(edited).hexdigest()
+    members = [(MANIFEST, canonical_json(manifest))]
+    members += [(n, d) for n, d in files.items() if n not in (MANIFEST, RECEIPTS)]
+    members += [(RECEIPTS, files[RECEIPTS]), (RECEIPTS, edited)]
+    report = verify_bundle(_repack(tmp_path / "twice.tar.gz", members), signer.public_key_pem())
+    assert not report.ok and "appears twice" in report.reason, report
+
+
+def test_an_absolute_member_name_fails(bundle: Path, signer: Signer, tmp_path: Path) -> None:
+    files = read(bundle)
+    members = [("/" + n if n == "checkpoint.json" else n, d) for n, d in files.items()]
+    report = verify_bundle(_repack(tmp_path / "absolute.tar.gz", members), signer.public_key_pem())
+    assert not report.ok and "unexpected bundle member" in report.reason, report

@@ -218,3 +218,32 @@ def test_deep_nesting_is_read_as_json_loads_reads_it(opening: bytes) -> None:
     for depth in range(800, 1_001):
         text = opening * depth + b"1" + closing * depth
         assert loads_plain(text) == _plain_by_json_loads(text), depth
+
+
+def test_a_string_spelled_like_a_float_placeholder_stays_a_string() -> None:
+    """The fast path swaps floats for NUL-fenced placeholders; a string spelled like one must
+    not be printed as the float (two values, one hash)."""
+    value = {"a": 0.5, "b": "\x000\x00"}
+    assert canonical_json(value) == rfc8785.dumps(value)
+    assert canonical_json(value) != canonical_json({"a": 0.5, "b": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("text", "plain"),
+    [
+        (b"[0.000005]", False),  # msgspec prints 5e-06, JCS 0.000005
+        (b"[0.00000785766468193081]", False),
+        (b"[0.00001]", False),
+        (b"[1e-7]", False),
+        (b"[1e+20]", False),  # past 2**53: JCS prints 100000000000000000000
+        (b"[0.0001]", True),
+        (b"[123.5, 1e15]", True),
+    ],
+)
+def test_the_plain_route_takes_only_floats_it_prints_as_jcs(text: bytes, plain: bool) -> None:
+    """Where msgspec and JCS print a float differently, loads_plain declines (the reference
+    route then reads it), so a genuine bundle holding one is not refused."""
+    value = loads_plain(text)
+    assert (value is not None) == plain
+    if value is not None:
+        assert canonical_plain(value) == rfc8785.dumps(value)

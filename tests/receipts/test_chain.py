@@ -522,3 +522,30 @@ def test_a_checkpoint_of_another_chain_says_so(chain, ring, signer) -> None:
     for kw in ({"saved": [other]}, {"checkpoint": other, "chain": "acme"}):
         report = verify(chain, ranged, **kw)
         assert "for chain 'globex', not 'acme'" in report.reason, report
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"note": "covers everything"}, "is an object with fields"),  # anyone can add one
+        ({"v": 2}, "checkpoint.v must be 1"),
+        ({"v": True}, "checkpoint.v must be 1"),
+        ({"chain": ""}, "checkpoint.chain must be a non-empty string"),
+        ({"tree_size": -1}, "tree_size must be a non-negative integer"),
+        ({"tree_size": 3.0}, "tree_size must be a non-negative integer"),
+    ],
+)
+def test_a_checkpoint_of_another_shape_is_refused_even_when_signed(
+    change: dict[str, Any], says: str
+) -> None:
+    """A checkpoint is the v1 shape exactly, whoever signed it: a key holder's signature over
+    another shape (or a field added beside the signed ones) is not a checkpoint."""
+    signer = Signer.generate()
+    ring = KeyRing()
+    ring.add(signer.public_key)
+    genuine = make_checkpoint("acme", 3, "ab" * 32, signer)
+    assert checkpoint_problem(genuine, ring) is None
+    unsigned = {k: v for k, v in {**genuine, **change}.items() if k != "signature"}
+    signature = base64.b64encode(signer.sign(rfc8785.dumps(unsigned))).decode()
+    problem = checkpoint_problem({**unsigned, "signature": signature}, ring)
+    assert problem is not None and says in problem, problem

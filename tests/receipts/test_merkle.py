@@ -212,3 +212,30 @@ def test_bad_arguments_are_typed_errors() -> None:
         verify_inclusion(b"short", 0, 1, [], EMPTY_ROOT)
     with pytest.raises(ProofError):
         CompactRange(3, [EMPTY_ROOT])  # size 3 needs two subtree hashes
+
+
+# What a mutation review found no test pinned.
+
+
+def _salted_leaves(n: int, salt: bytes = b"") -> list[bytes]:
+    return [leaf_hash(hashlib.sha256(salt + i.to_bytes(8, "big")).digest()) for i in range(n)]
+
+
+@pytest.mark.parametrize(("size1", "size2"), [(3, 7), (5, 8), (6, 13), (7, 8)])
+def test_a_consistency_proof_binds_the_first_root(size1: int, size2: int) -> None:
+    """For a first size that is not a power of two the proof rebuilds the first root too
+    (RFC 9162 section 2.1.4.2); another history's root at that size fails."""
+    tree = MerkleTree(_salted_leaves(size2))
+    forked = MerkleTree(_salted_leaves(size1, b"forked"))
+    proof = tree.consistency_proof(size1, size2)
+    verify_consistency(size1, size2, proof, tree.root(size1), tree.root())
+    with pytest.raises(ProofError):
+        verify_consistency(size1, size2, proof, forked.root(), tree.root())
+
+
+def test_a_compact_range_takes_exactly_its_hashes() -> None:
+    """An extra hash on a range's right edge is refused, not ignored."""
+    tree = MerkleTree(_salted_leaves(10))
+    left = CompactRange(4, tree.compact_range(0, 4))
+    with pytest.raises(ProofError):
+        left.extend(10, [*tree.compact_range(4, 10), b"\x00" * 32])

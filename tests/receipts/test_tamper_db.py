@@ -165,6 +165,9 @@ def test_a_range_whose_last_receipts_were_deleted_fails_where_they_stop(chain) -
         assert not led.verify(T).ok
         with pytest.raises(OutOfRange, match=f"ends at seq {N + 3}: seq {N + 4} is beyond"):
             led.verify(T, 1, N + 4)
+        with pytest.raises(OutOfRange, match="bad seq range 5..3"):
+            led.verify(T, 5, 3)
+        assert led.verify(T, 5, 4).checked == 0  # an empty range, as from_seq = head + 1 asks
 
 
 def test_a_range_that_starts_just_past_a_checkpoint_is_anchored_by_it(chain) -> None:
