@@ -994,6 +994,14 @@ def test_a_saved_checkpoint_is_checked_whatever_range_is_verified(fresh_sqlite_u
         beyond = make_checkpoint("acme", 12, saved["root_hash"], signer)  # cut back since
         report = led.verify("acme", None, 3, saved=[beyond])
         assert not report.ok and "truncated since it was saved" in report.reason, report
+        unsigned = {
+            **saved,
+            "signature": make_checkpoint("acme", 5, "ab" * 32, signer)["signature"],
+        }
+        for from_seq, to_seq in ranges:  # the saved root, but not its signature
+            report = led.verify("acme", from_seq, to_seq, saved=[unsigned])
+            assert not report.ok, (from_seq, to_seq, report)
+            assert "signature does not verify" in report.reason, (from_seq, to_seq, report)
 
 
 def test_a_range_past_the_latest_checkpoint_verifies(fresh_sqlite_url: str) -> None:
