@@ -239,3 +239,7 @@ def test_a_compact_range_takes_exactly_its_hashes() -> None:
     left = CompactRange(4, tree.compact_range(0, 4))
     with pytest.raises(ProofError):
         left.extend(10, [*tree.compact_range(4, 10), b"\x00" * 32])
+    edge = tree.compact_range(4, 10)
+    split = [edge[0][:31], edge[1][:0] + edge[0][31:] + edge[1], *edge[2:]]  # same bytes
+    with pytest.raises(ProofError):
+        CompactRange(4, tree.compact_range(0, 4)).extend(10, split)
