@@ -98,7 +98,8 @@ def chat_request(model: str, topic: str, max_tokens: int) -> dict[str, Any]:
 
 
 def upstream_body(engine: VllmEngine, request: dict[str, Any]) -> dict[str, Any]:
-    """What the gateway sends vLLM for ``request``: planned and built by the same code."""
+    """What the gateway sends vLLM for ``request``: planned and built by the same code (without
+    the context window, which these short requests are far below)."""
     plan = plan_chat(
         ChatInput(
             messages=request["messages"],
@@ -115,6 +116,7 @@ def upstream_body(engine: VllmEngine, request: dict[str, Any]) -> dict[str, Any]
         model=identity.model,
         backend=identity.backend,
         stream=False,
+        think_budget=engine.think_budget,
     )
 
 

@@ -44,11 +44,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 
 class Metrics:
-    def __init__(
-        self,
-        grammar_stats: GrammarStats | None = None,
-        queued_appends: QueuedAppends | None = None,
-    ):
+    def __init__(self, grammar_stats: GrammarStats, queued_appends: QueuedAppends):
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.requests = Counter(
@@ -90,10 +86,8 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        if grammar_stats is not None:
-            self.registry.register(_GrammarCacheCollector(grammar_stats))
-        if queued_appends is not None:
-            self.registry.register(_QueuedAppendsCollector(queued_appends))
+        self.registry.register(_GrammarCacheCollector(grammar_stats))
+        self.registry.register(_QueuedAppendsCollector(queued_appends))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -183,7 +183,7 @@ class Ledger:
         seq ranges; before its first receipt, this ledger's key, which will sign it (no range
         yet), so that it can be pinned before anything is signed."""
         with self._reading() as conn:
-            if self.signer is not None and _reach(conn, tenant) == 0:
+            if self.signer is not None and queries.reach(conn, tenant) == 0:
                 return [
                     PublicKeyEntry(
                         key_id=self.signer.key_id,
@@ -194,10 +194,9 @@ class Ledger:
             return queries.public_keys(conn, tenant)
 
     def last_seq(self, tenant: str) -> int:
-        """How far the chain reaches (0: no chain yet): its head row's seq, or a higher stored
-        receipt's. Deleting a receipt moves neither, so a range check on this cannot hide one."""
+        """How far the chain reaches (queries.reach)."""
         with self._reading() as conn:
-            return _reach(conn, tenant)
+            return queries.reach(conn, tenant)
 
     def latest_checkpoint(self, tenant: str) -> dict[str, Any] | None:
         with self._reading() as conn:
@@ -236,7 +235,8 @@ class Ledger:
         should_stop: ShouldStop | None = None,
     ) -> VerificationReport:
         """Verify the chain (or seqs ``from_seq..to_seq``) as stored, naming the first failing
-        seq (see ledger_verify.verify_stored; ``should_stop``: give up, raising Stopped)."""
+        seq (see ledger_verify.verify_stored; ``should_stop``: give up, raising Stopped).
+        Raises OutOfRange for a range that is reversed or goes past the chain's reach."""
         with self._reading() as conn:
             return verify_stored(
                 conn,
@@ -269,9 +269,3 @@ class Ledger:
             sign_checkpoint=None if self._writer is None else self._writer.checkpoint_now,
             should_stop=should_stop,
         )
-
-
-def _reach(conn: sa.Connection, tenant: str) -> int:
-    """How far the chain reaches (Ledger.last_seq)."""
-    head = queries.chain_head(conn, tenant)
-    return max(head.head_seq if head else 0, queries.last_seq(conn, tenant))

@@ -44,19 +44,19 @@ def verify_stored(
     stored checkpoints included, fails), whatever range is asked for: one outside it is
     checked through a consistency proof from the stored tree; ``keyring`` pins trusted keys
     (default: the keys the database lists, which an attacker with write access could extend).
-    ``should_stop`` is asked between receipts; when it says so, Stopped is raised.
+    ``should_stop`` is asked between receipts; when it says so, Stopped is raised. A range
+    that is reversed or ends past the chain's reach (queries.reach) raises OutOfRange.
     """
     head = queries.chain_head(conn, tenant)
     head_seq = head.head_seq if head else 0
     last = queries.last_seq(conn, tenant)
+    reach = max(head_seq, last)  # queries.reach, from the two parts the tail checks need
     start = from_seq or 1
-    end = to_seq if to_seq is not None else max(head_seq, last)
+    end = to_seq if to_seq is not None else reach
     if start < 1 or end < start - 1:
         raise OutOfRange(f"bad seq range {start}..{end}")
-    if end > max(head_seq, last):
-        raise OutOfRange(
-            f"chain {tenant!r} ends at seq {max(head_seq, last)}: seq {end} is beyond its head"
-        )
+    if end > reach:
+        raise OutOfRange(f"chain {tenant!r} ends at seq {reach}: seq {end} is beyond its head")
     pinned = keyring is not None
     if keyring is None:
         try:
@@ -104,8 +104,12 @@ def verify_stored(
     seen_to = start + rows.seen - 1 if report.ok else end  # end: it stopped at a failure
     if to_seq is None:
         problems += _tail_problems(conn, tenant, head_seq, last, end, seen_to)
-    elif seen_to < end:  # the receipts stop short of the range asked for
-        problems.append((seen_to + 1, f"receipt missing from the database (seq {end} asked)"))
+    else:  # a range: what it reaches of the same two faults
+        if end > head_seq:
+            problems += _beyond_head(head_seq, last)
+        if seen_to < end:  # the receipts stop short of the range asked for
+            missing = f"receipt missing from the database (seq {end} asked)"
+            problems.append((seen_to + 1, missing))
     if problems:
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
         return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
@@ -119,9 +123,7 @@ def _tail_problems(
     """What a whole-chain verification finds past what it walked: receipts or index rows
     beyond the chain's head, or stored receipts that stop short of it (``seen_to``, the
     last seq the walk reached, is ``end`` when it stopped at a failure of its own)."""
-    problems = []
-    if last > head_seq:
-        problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
+    problems = _beyond_head(head_seq, last)
     stray = queries.index_rows(conn, tenant, end + 1, None)
     if seq := min(stray.calls.keys() | stray.links.keys(), default=0):
         problems.append((seq, f"index rows for seq {seq}, which the chain does not hold"))
@@ -129,6 +131,13 @@ def _tail_problems(
         missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
         problems.append((seen_to + 1, missing))
     return problems
+
+
+def _beyond_head(head_seq: int, last: int) -> list[tuple[int, str]]:
+    """Receipts stored past the head row: the head only grows, so they were put there."""
+    if last > head_seq:
+        return [(head_seq + 1, f"receipt stored beyond the chain head ({head_seq})")]
+    return []
 
 
 def _passed_notes(

@@ -4,9 +4,10 @@ Leaf i (= seq - 1) is SHA-256(0x00 || entry_hash as 32 raw bytes); an inner node
 SHA-256(0x01 || left || right); the tree over n leaves splits at the largest power of two
 smaller than n (section 2.1.1). Proof generation takes a `subtree(start, end)` callable giving
 MTH(D[start:end]): the ledger answers it from the subtree hashes it stores (ledger_proofs), and
-`MerkleTree`, an in-memory level store, from its own (a reference the tests and bench.merkle
-check the stored tree against). `CompactRange` is a tree's right edge, which is all that
-appending needs. Verifiers raise ProofError and return None on success.
+`MerkleTree`, an in-memory level store, from its own (the reference the tests check proofs
+and the stored tree against, and what bench.merkle times). `CompactRange` is a tree's right
+edge, which is all that appending needs. Verifiers raise ProofError and return None on
+success.
 """
 
 from __future__ import annotations

@@ -516,6 +516,13 @@ def merkle_nodes_ending(
     return {(row.level, row.idx): bytes(row.hash) for row in rows}
 
 
+def reach(conn: sa.Connection, tenant: str) -> int:
+    """How far the chain reaches (0: no chain yet): its head row's seq, or a higher stored
+    receipt's. Deleting a receipt moves neither, so a range check on this cannot hide one."""
+    head = chain_head(conn, tenant)
+    return max(head.head_seq if head else 0, last_seq(conn, tenant))
+
+
 def last_seq(conn: sa.Connection, tenant: str) -> int:
     """The highest seq stored for the chain (0 when none), whatever the head row says."""
     r = ReceiptRow.__table__.c

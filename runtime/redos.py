@@ -43,7 +43,8 @@ _CATEGORIES: dict[Any, Callable[[str], bool]] = {
 
 def ambiguous_repeat(op: Any, argument: Any) -> bool:
     """Whether one node of Python's regex parse (``re._parser``) is a repetition whose body can
-    split its input two ways (see above). The caller walks the parse: runtime.limits.check_regex does."""
+    split its input two ways (see above). The caller walks the parse: runtime.limits.check_regex
+    does."""
     if op not in REPEATS or argument[1] <= 1:
         return False
     body = argument[2]

@@ -78,10 +78,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_db(db_verify)
     db_verify.add_argument("--tenant", help="one chain (default: every chain)")
     db_verify.add_argument(
-        "--from-seq", type=int, metavar="N", help="first seq to verify (default: 1)"
+        "--from-seq", type=int, metavar="N", help="first seq to verify, with --tenant (default: 1)"
     )
     db_verify.add_argument(
-        "--to-seq", type=int, metavar="M", help="last seq to verify (default: the head)"
+        "--to-seq",
+        type=int,
+        metavar="M",
+        help="last seq to verify, with --tenant (default: the head)",
     )
     _add_report_options(db_verify)
     db_verify.set_defaults(handler=_verify_db)
@@ -251,6 +254,9 @@ def _verify_db(args: argparse.Namespace) -> int:
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
 
+    if (args.from_seq is not None or args.to_seq is not None) and not args.tenant:
+        # chains differ in length: one range over all of them is past some chain's head
+        return _fail(BAD_INPUT, ValueError("a seq range is of one chain: give --tenant too"))
     try:
         keyring = None
         if args.public_key:

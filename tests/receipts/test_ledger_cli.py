@@ -186,6 +186,12 @@ def test_ledger_verify_json_and_ranges(filled, tmp_path: Path, capsys) -> None:
                        "--from-seq", "5", "--to-seq", "25", "--json")  # fmt: skip
     report = json.loads(out)
     assert code == 0 and report["ok"] and report["checked"] == 21
+    # globex holds 5 receipts and acme 40: a range names one chain's seqs
+    code, _, err = run(capsys, "ledger", "verify", "--db", url, "--to-seq", "25")
+    assert code == 2 and "a seq range is of one chain: give --tenant too" in err
+    code, _, err = run(capsys, "ledger", "verify", "--db", url, "--tenant", "globex",
+                       "--to-seq", "25")  # fmt: skip
+    assert code == 2 and "chain 'globex' ends at seq 5: seq 25 is beyond its head" in err
     pem = tmp_path / "operator.pem"
     pem.write_text(signer.public_key_pem())
     code, out, _ = run(capsys, "ledger", "verify", "--db", url, "--tenant", "acme",

@@ -167,7 +167,7 @@ def test_a_range_whose_last_receipts_were_deleted_fails_where_they_stop(chain) -
             led.verify(T, 1, N + 4)
         with pytest.raises(OutOfRange, match="bad seq range 5..3"):
             led.verify(T, 5, 3)
-        assert led.verify(T, 5, 4).checked == 0  # an empty range, as from_seq = head + 1 asks
+        assert led.verify(T, 5, 4).checked == 0  # an empty range: from_seq one past to_seq
 
 
 def test_a_range_that_starts_just_past_a_checkpoint_is_anchored_by_it(chain) -> None:
@@ -557,9 +557,11 @@ def test_head_row_rolled_back(chain) -> None:
             dict(head),
         )
     with Ledger(url, None) as led:
-        report = led.verify(T)
-    assert (report.ok, report.first_failure_seq) == (False, N + 1), report
-    assert f"receipt stored beyond the chain head ({N})" in report.reason
+        for span in ((None, None), (1, N + 1), (N + 1, N + 1)):  # a range reaching past it too
+            report = led.verify(T, *span)
+            assert (report.ok, report.first_failure_seq) == (False, N + 1), (span, report)
+            assert f"receipt stored beyond the chain head ({N})" in report.reason
+        assert led.verify(T, 1, N).ok  # up to the head, the chain is what it was
 
 
 def test_tail_and_its_checkpoints_cut_below_the_head(chain) -> None:
