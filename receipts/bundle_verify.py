@@ -13,8 +13,10 @@ import logging
 import multiprocessing
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
@@ -159,8 +161,9 @@ def _verify_contents(
         left=proofs.left,
         saved=saved,
     )
+    blocks = _checked(contents.receipts, keyring, schemas, total, workers)
     try:
-        for block in _checked(contents.receipts, keyring, schemas, total, workers):
+        for block in blocks:
             linker.link_run(block.run)
             if block.problem:
                 raise VerificationError(block.problem, linker.next_seq)
@@ -176,6 +179,8 @@ def _verify_contents(
         problem = _manifest_problem(manifest, contents.digests()) or _extent_problem(
             manifest, checkpoint, linker, total
         )
+    finally:
+        blocks.close()  # a walk that stopped early stops its workers now, not at collection
     if problem:
         return VerificationReport.failed(
             problem, seq=seq, checked=linker.checked, chain=linker.chain, notes=(trust,)
@@ -392,8 +397,18 @@ def _checked(
     # threaded caller (a server) gets spawn, which needs its __main__ guarded as usual
     method = "fork" if threading.active_count() == 1 and os.name == "posix" else "spawn"
     ctx = multiprocessing.get_context(method)
+    # Blocks are read here and handed out a few at a time, not through pool.imap: imap reads
+    # the bundle in the pool's own thread, and a pool left mid-imap (a verification that
+    # stopped at a failure) could hang in terminate() waiting for that thread (seen once in
+    # 15 minutes of the test suite's CI run).
     with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
-        yield from pool.imap(_check_in_worker, _blocks(source))
+        pending: deque[AsyncResult[CheckedBlock]] = deque()
+        for block in _blocks(source):
+            pending.append(pool.apply_async(_check_in_worker, (block,)))
+            if len(pending) > 2 * workers:  # each worker busy with one, the next one queued
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
 
 
 _worker: LineChecker | None = None
