@@ -208,8 +208,9 @@ def test_tool_union_under_each_tool_choice(vllm_server: VllmServer, tool_choice:
 def test_triggered_tags_constrain_only_the_tool_call_region(vllm_server: VllmServer) -> None:
     """tool_choice auto on a Qwen-family prompt: prose stays free; once the model writes
     <tool_call>, the call inside the tag is held to the tool's schema (the enum admits only
-    Lima, which this model does not write by itself: the unconstrained run shows it)."""
-    tools = [enum_tool("get_weather", "city", ["Lima"]), CLOCK]
+    Lima, which this model does not write by itself: the unconstrained run shows it). One
+    tool: with two, which one greedy decoding picks differed between CPUs (a near tie)."""
+    tools = [enum_tool("get_weather", "city", ["Lima"])]
     call = plan_for("Say '<tool_call>' and nothing else.", tools, model="Qwen/Qwen3-8B")
     prose = plan_for("Tell me a joke.", tools, model="Qwen/Qwen3-8B")
     assert call.renderer == "qwen"
