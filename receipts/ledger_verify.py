@@ -101,15 +101,11 @@ def verify_stored(
         problems.append((report.first_failure_seq, report.reason))
     if rows.derived_problem:  # after the body's own reasons: at one seq, those say more
         problems.append(rows.derived_problem)
+    problems += _tail_problems(conn, tenant, head_seq, last, end, whole=to_seq is None)
     seen_to = start + rows.seen - 1 if report.ok else end  # end: it stopped at a failure
-    if to_seq is None:
-        problems += _tail_problems(conn, tenant, head_seq, last, end, seen_to)
-    else:  # a range: what it reaches of the same two faults
-        if end > head_seq:
-            problems += _beyond_head(head_seq, last)
-        if seen_to < end:  # the receipts stop short of the range asked for
-            missing = f"receipt missing from the database (seq {end} asked)"
-            problems.append((seen_to + 1, missing))
+    if seen_to < end:  # the stored receipts stop short of the head, or of the range's end
+        asked = f"the chain head ({head_seq})" if to_seq is None else f"seq {end}, the range's end"
+        problems.append((seen_to + 1, f"receipt missing: the stored receipts end before {asked}"))
     if problems:
         seq, reason = min(problems, key=lambda p: float("inf") if p[0] is None else p[0])
         return VerificationReport.failed(reason, seq=seq, checked=report.checked, chain=tenant)
@@ -118,26 +114,19 @@ def verify_stored(
 
 
 def _tail_problems(
-    conn: sa.Connection, tenant: str, head_seq: int, last: int, end: int, seen_to: int
+    conn: sa.Connection, tenant: str, head_seq: int, last: int, end: int, *, whole: bool
 ) -> list[tuple[int, str]]:
-    """What a whole-chain verification finds past what it walked: receipts or index rows
-    beyond the chain's head, or stored receipts that stop short of it (``seen_to``, the
-    last seq the walk reached, is ``end`` when it stopped at a failure of its own)."""
-    problems = _beyond_head(head_seq, last)
-    stray = queries.index_rows(conn, tenant, end + 1, None)
-    if seq := min(stray.calls.keys() | stray.links.keys(), default=0):
-        problems.append((seq, f"index rows for seq {seq}, which the chain does not hold"))
-    if seen_to < end:
-        missing = f"receipt missing: the stored receipts end before the chain head ({head_seq})"
-        problems.append((seen_to + 1, missing))
+    """What lies past the head row: receipts stored beyond it (the head only grows, so they
+    were put there) when the verification reaches past it, and, verifying the ``whole``
+    chain, index rows beyond its end."""
+    problems = []
+    if end > head_seq and last > head_seq:
+        problems.append((head_seq + 1, f"receipt stored beyond the chain head ({head_seq})"))
+    if whole:
+        stray = queries.index_rows(conn, tenant, end + 1, None)
+        if seq := min(stray.calls.keys() | stray.links.keys(), default=0):
+            problems.append((seq, f"index rows for seq {seq}, which the chain does not hold"))
     return problems
-
-
-def _beyond_head(head_seq: int, last: int) -> list[tuple[int, str]]:
-    """Receipts stored past the head row: the head only grows, so they were put there."""
-    if last > head_seq:
-        return [(head_seq + 1, f"receipt stored beyond the chain head ({head_seq})")]
-    return []
 
 
 def _passed_notes(
