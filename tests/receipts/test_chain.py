@@ -267,6 +267,28 @@ def test_malformed_receipt_is_named(chain, ring) -> None:
     assert report.first_failure_seq == 3 and "malformed" in report.reason
 
 
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("tenant", lambda r: r.update(tenant="someone-else")),
+        ("output.tool_calls", lambda r: r["output"].update(tool_calls=[])),
+        ("output.tool_calls", lambda r: r["output"].update(kind="text")),
+    ],
+    ids=["tenant-not-chain", "tool-calls-kind-without-calls", "text-kind-with-calls"],
+)
+def test_a_resigned_receipt_whose_fields_disagree_is_malformed(
+    chain, ring, signer, field, change
+) -> None:
+    """A signer's key does not make a receipt consistent: its tenant names its chain, and its
+    output lists calls exactly when its kind says it is tool calls."""
+    receipts = objs(chain)
+    assert receipts[3]["output"]["kind"] == "tool_calls" and receipts[3]["output"]["tool_calls"]
+    change(receipts[3])
+    resign(receipts[3], signer)
+    report = verify(receipts, ring)
+    assert report.first_failure_seq == 4 and field in report.reason, report
+
+
 def test_range_verifies_with_left_compact_range(chain, ring, signer) -> None:
     tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
     report = verify(
