@@ -10,17 +10,15 @@ ENV PIP_NO_CACHE_DIR=1 \
     CALLPROOF_PORT=8000
 
 WORKDIR /app
-# torch first, pinned, from the CPU wheel index: from PyPI an unpinned or plain torch is a
-# multi-GB CUDA build that this image never uses.
-RUN pip install "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu
-
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY callproof ./callproof
 COPY runtime ./runtime
 COPY receipts ./receipts
 COPY gateway ./gateway
 COPY migrations ./migrations
-RUN pip install . \
+# The gateway and Postgres extras only: the embedded engine's libraries (torch, transformers:
+# about 1 GB) are for laptops and tests; this image serves in front of vLLM.
+RUN pip install ".[gateway,postgres]" \
     && useradd --system --uid 10001 --home-dir /data callproof \
     && mkdir -p /data && chown callproof /data
 
