@@ -1,8 +1,10 @@
 """The `callproof` console script.
 
 Each sub-command lives in its own module under callproof/commands/ and exposes
-`register(subparsers)`; heavy imports (torch, the database) happen inside the
-handlers so `callproof verify` stays fast and needs only receipts/.
+`register(subparsers)`, the `COMMANDS` it adds and the `EXTRA` it needs (None: the core
+install). Heavy imports (torch, the database) happen inside the handlers so `callproof
+verify` stays fast and needs only receipts/. A command whose extra is not installed is still
+listed, and says which extra to install.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+
+from callproof.extras import MissingExtra, missing
 
 COMMAND_MODULES: tuple[str, ...] = (
+    "callproof.commands.verify",
     "callproof.commands.model",
     "callproof.commands.generate",
     "callproof.commands.ledger",
@@ -28,13 +34,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+        module = importlib.import_module(module_name)
+        if module.EXTRA is None or not missing(module.EXTRA):
+            module.register(subparsers)
+            continue
+        for name in module.COMMANDS:
+            absent = subparsers.add_parser(
+                name,
+                help=f"(needs: pip install 'callproof[{module.EXTRA}]')",
+                add_help=False,
+            )
+            absent.set_defaults(handler=_needs(module.EXTRA, f"callproof {name}"), absent=True)
     return parser
 
 
+def _needs(extra: str, what: str) -> Callable[[argparse.Namespace], int]:
+    def refuse(args: argparse.Namespace) -> int:
+        raise MissingExtra(extra, list(missing(extra)), what)
+
+    return refuse
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.handler(args) or 0)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and not getattr(args, "absent", False):  # a missing command takes any arguments
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    try:
+        return int(args.handler(args) or 0)
+    except MissingExtra as exc:  # a setting asked for a part this install lacks (--db postgres)
+        print(f"callproof: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

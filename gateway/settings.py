@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 from urllib.parse import urlsplit
 
+from callproof.extras import missing
 from runtime.limits import DEFAULT_LIMITS, Limits
 
 ENV_PREFIX = "CALLPROOF_"
@@ -107,6 +108,11 @@ def _check_database_url(raw: str) -> None:
         raise ValueError(
             "is not a database URL callproof can use: sqlite:///PATH or"
             " postgresql+psycopg://USER@HOST/DB"
+        )
+    if url.drivername == "postgresql+psycopg" and missing("postgres"):
+        raise ValueError(
+            "is a Postgres URL, and callproof's 'postgres' extra (psycopg) is not installed:"
+            " pip install 'callproof[postgres]'"
         )
 
 

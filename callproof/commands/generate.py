@@ -14,6 +14,9 @@ from typing import Any
 
 PROG = "callproof generate"
 
+EXTRA = "embedded"
+COMMANDS = ("generate",)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(

@@ -11,6 +11,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the import stays inside the handlers: `callproof --help` stays fast
     from gateway.apikeys import KeyStore
 
+EXTRA = "gateway"
+COMMANDS = ("keys",)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from gateway.settings import DATABASE_SETTINGS, add_arguments

@@ -1,17 +1,24 @@
-"""`callproof export`, `callproof verify` and `callproof ledger verify|migrate`.
+"""`callproof export` and `callproof ledger verify|migrate`: the ledger database's commands.
 
-Exit codes: 0 everything holds; 1 verification failed (the first failing seq and the reason
-are printed); 2 bad input (arguments, a missing file, a malformed key, no chain to verify);
-3 the database is unavailable. `verify` needs only receipts/ (no database, no server).
+Their exit codes are `callproof verify`'s (callproof/commands/verify.py). They need the
+gateway extra (the database drivers and the settings `serve` reads).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from callproof.commands.verify import (
+    BAD_INPUT,
+    OK,
+    UNAVAILABLE,
+    add_report_options,
+    fail,
+    print_reports,
+    saved_checkpoints,
+)
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -19,7 +26,8 @@ if TYPE_CHECKING:
     from gateway.settings import Settings
     from receipts.signing import Signer
 
-OK, FAILED, BAD_INPUT, UNAVAILABLE = 0, 1, 2, 3
+EXTRA = "gateway"
+COMMANDS = ("export", "ledger")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -54,24 +62,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     export.set_defaults(handler=_export)
 
-    verify = subparsers.add_parser("verify", help="verify an export bundle offline")
-    verify.add_argument("bundle", type=Path)
-    verify.add_argument(
-        "--range",
-        action="store_true",
-        help="accept a bundle of part of the chain (an export with --from/--to, or since/until"
-        " over HTTP); without it"
-        " the bundle must hold every receipt its checkpoint signs",
-    )
-    verify.add_argument(
-        "--chain",
-        metavar="TENANT",
-        help="the chain the bundle must be of (a bundle of any other fails, look-alike names"
-        " included)",
-    )
-    _add_report_options(verify)
-    verify.set_defaults(handler=_verify_bundle)
-
     ledger = subparsers.add_parser("ledger", help="verify or migrate the ledger database")
     actions = ledger.add_subparsers(dest="ledger_action", required=True, metavar="ACTION")
     db_verify = actions.add_parser("verify", help="verify the chains stored in the database")
@@ -86,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="M",
         help="last seq to verify, with --tenant (default: the head)",
     )
-    _add_report_options(db_verify)
+    add_report_options(db_verify)
     db_verify.set_defaults(handler=_verify_db)
     migrate = actions.add_parser("migrate", help="create or upgrade the ledger tables")
     _add_db(migrate)
@@ -130,26 +120,6 @@ def _db_url(settings: Settings) -> str:
     return url
 
 
-def _add_report_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--public-key",
-        type=Path,
-        metavar="FILE",
-        help=(
-            "trust only these keys: PEM public key(s), or the JSON saved from GET /audit/keys,"
-            " whose seq ranges then hold retired keys to the receipts they signed"
-        ),
-    )
-    parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        metavar="JSON",
-        help="a signed checkpoint saved earlier (GET /audit/checkpoints/latest): the receipts"
-        " must still reach its root, so a chain rewritten or cut back since fails",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON report")
-
-
 def _export(args: argparse.Namespace) -> int:
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
@@ -157,7 +127,7 @@ def _export(args: argparse.Namespace) -> int:
     from receipts.signing import Signer
 
     if args.since and args.until and args.since > args.until:
-        return _fail(BAD_INPUT, "--from must not be after --to")
+        return fail(BAD_INPUT, "--from must not be after --to")
     try:
         settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "signing_key_file"))
         signer = (
@@ -169,9 +139,9 @@ def _export(args: argparse.Namespace) -> int:
             tenant = args.tenant or _only_chain(ledger.chains())
             ledger.export(tenant, args.output, since=args.since, until=args.until)
     except LedgerUnavailable as exc:
-        return _fail(UNAVAILABLE, exc)
+        return fail(UNAVAILABLE, exc)
     except (ReceiptsError, SettingsError, OSError) as exc:
-        return _fail(BAD_INPUT, exc)
+        return fail(BAD_INPUT, exc)
     print(f"wrote {args.output} (chain {tenant!r})")
     return OK
 
@@ -232,23 +202,6 @@ def _known_chain(tenant: str, chains: list[str]) -> str:
     return tenant
 
 
-def _verify_bundle(args: argparse.Namespace) -> int:
-    from receipts.bundle_verify import verify_bundle
-    from receipts.errors import ReceiptsError
-
-    try:
-        pem = args.public_key.read_bytes() if args.public_key else None
-        saved = _saved_checkpoints(args)
-        _check_gzip(args.bundle)
-        with _progress(args.json) as progress:
-            report = verify_bundle(
-                args.bundle, pem, progress, allow_range=args.range, saved=saved, chain=args.chain
-            )
-    except (ReceiptsError, OSError, ValueError) as exc:
-        return _fail(BAD_INPUT, exc)
-    return _report([report.to_json_obj()], args.json)
-
-
 def _verify_db(args: argparse.Namespace) -> int:
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
@@ -256,14 +209,14 @@ def _verify_db(args: argparse.Namespace) -> int:
 
     if (args.from_seq is not None or args.to_seq is not None) and not args.tenant:
         # chains differ in length: one range over all of them is past some chain's head
-        return _fail(BAD_INPUT, ValueError("a seq range is of one chain: give --tenant too"))
+        return fail(BAD_INPUT, ValueError("a seq range is of one chain: give --tenant too"))
     try:
         keyring = None
         if args.public_key:
             from receipts.trust import pinned_keys
 
             keyring = pinned_keys(args.public_key.read_bytes())
-        saved = _saved_checkpoints(args)
+        saved = saved_checkpoints(args)
         settings = settings_from_args(args, only=DATABASE_SETTINGS)
         with Ledger(_db_url(settings), None) as ledger:
             chains = ledger.chains()
@@ -275,10 +228,10 @@ def _verify_db(args: argparse.Namespace) -> int:
                 for tenant in tenants
             ]
     except LedgerUnavailable as exc:
-        return _fail(UNAVAILABLE, exc)
+        return fail(UNAVAILABLE, exc)
     except (ReceiptsError, SettingsError, OSError, ValueError) as exc:
-        return _fail(BAD_INPUT, exc)
-    return _report(reports, args.json)
+        return fail(BAD_INPUT, exc)
+    return print_reports(reports, args.json)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -294,95 +247,7 @@ def _migrate(args: argparse.Namespace) -> int:
         say_ledger(settings.db_url)
         print(f"database at revision {current(settings.db_url)}")
     except (SettingsError, MigrationError, OSError) as exc:
-        return _fail(BAD_INPUT, exc)
+        return fail(BAD_INPUT, exc)
     except sa.exc.SQLAlchemyError as exc:
-        return _fail(UNAVAILABLE, exc)
+        return fail(UNAVAILABLE, exc)
     return OK
-
-
-def _check_gzip(bundle: Path) -> None:
-    """A file that is not even gzip (keys.json given as the bundle) is a mistake on the
-    command line, exit 2; an archive that fails its checks is a failed verification, exit 1.
-    A missing file is left to verify_bundle, which says so."""
-    from receipts.errors import BundleError
-
-    if bundle.is_file():
-        with bundle.open("rb") as file:
-            if file.read(2) != b"\x1f\x8b":
-                raise BundleError(f"{bundle} is not an export bundle (a .tar.gz archive)")
-
-
-def _saved_checkpoints(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The checkpoint given with --checkpoint; a file that is not one (keys.json in its place)
-    is bad input, exit 2, not a verification that failed."""
-    from receipts.checkpoint import check_checkpoint
-    from receipts.errors import ReceiptFormatError
-
-    if not args.checkpoint:
-        return []
-    try:
-        saved = json.loads(args.checkpoint.read_text())
-        check_checkpoint(saved)
-    except ValueError as exc:  # not JSON, or ReceiptFormatError: not a checkpoint's shape
-        raise ReceiptFormatError(
-            f"--checkpoint {args.checkpoint} is not a checkpoint saved from"
-            f" GET /audit/checkpoints/latest: {exc}"
-        ) from None
-    return [saved]
-
-
-def _report(reports: list[dict[str, Any]], as_json: bool) -> int:
-    from receipts.chain import VerificationReport
-
-    ok = all(r["ok"] for r in reports)
-    if as_json:
-        print(json.dumps(reports[0] if len(reports) == 1 else {"ok": ok, "chains": reports}))
-        return OK if ok else FAILED
-    for r in reports:
-        chain = r.get("chain")
-        if r["ok"]:
-            size = f", Merkle root at tree size {r['tree_size']}" if r.get("tree_size") else ""
-            span = ""
-            if (
-                r.get("first_seq")
-                and r.get("tree_size")
-                and not VerificationReport(**r).whole_chain
-            ):
-                span = f" (seq {r['first_seq']}..{r['last_seq']} of tree size {r['tree_size']})"
-            print(f"OK: chain {chain!a}, {r['checked']} receipts verified{span}{size}")
-        else:
-            # no chain when the bundle was refused before its receipts were read
-            named = f"chain {chain!a}" if chain else ""
-            seq = f"at seq {r['first_failure_seq']}" if r["first_failure_seq"] else ""
-            where = " ".join(part for part in (named, seq) if part)
-            print(f"FAILED: {where}: {r['reason']}" if where else f"FAILED: {r['reason']}")
-        for note in r.get("notes") or ():
-            print(f"note: {note}")
-    return OK if ok else FAILED
-
-
-def _fail(code: int, exc: BaseException | str) -> int:
-    print(f"callproof: {exc}", file=sys.stderr)
-    return code
-
-
-class _progress:
-    """A rich progress bar over ``progress(done, total)`` calls, only on a terminal."""
-
-    def __init__(self, quiet: bool) -> None:
-        self._bar: Any = None
-        if not quiet and sys.stdout.isatty():
-            from rich.progress import Progress
-
-            self._bar = Progress(transient=True)
-
-    def __enter__(self) -> Any:
-        if self._bar is None:
-            return None
-        self._bar.start()
-        task = self._bar.add_task("verifying receipts", total=None)
-        return lambda done, total: self._bar.update(task, completed=done, total=total)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()

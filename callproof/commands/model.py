@@ -10,6 +10,9 @@ import argparse
 import json
 import sys
 
+EXTRA = "embedded"
+COMMANDS = ("model",)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("model", help="the bundled model (fetch, info)")

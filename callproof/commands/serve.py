@@ -19,6 +19,9 @@ if TYPE_CHECKING:
     from gateway.boot import Resources
     from receipts.signing import Signer
 
+EXTRA = "gateway"
+COMMANDS = ("serve",)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.boot import (
         PortInUse,
-        check_model_files,
+        check_embedded_engine,
         default_signer,
         listening_socket,
         load_engine,
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_from_args(args)
         configure_logging(settings.log_level)
         listener = listening_socket(settings)  # first: a port in use must create nothing
-        check_model_files(settings)
+        check_embedded_engine(settings)
         signer = named_signer(settings)  # before anything is created: it needs no database
         prepare_database(settings)
         if signer is None:

@@ -11,6 +11,9 @@ import signal
 import sys
 from pathlib import Path
 
+EXTRA = "embedded"
+COMMANDS = ("vllm",)
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("vllm", help="a local vLLM server for the vllm engine")
