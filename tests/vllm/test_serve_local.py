@@ -85,3 +85,19 @@ def test_a_stop_signal_during_the_spawn_lands_after_the_server_is_known() -> Non
         assert signal.getsignal(signal.SIGTERM) is exit_now
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+def test_an_environment_without_vllm_is_named_with_what_to_do(tmp_path: Path) -> None:
+    """Installed from a wheel there is no checkout with .venv-vllm: --venv names one."""
+    missing = tmp_path / "no-vllm-here"
+    cli = subprocess.run(
+        [sys.executable, "-m", "callproof", "vllm", "serve-local", "--venv", str(missing)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert cli.returncode != 0
+    assert f"no vLLM environment at {missing}" in cli.stderr and "--venv" in cli.stderr
+    assert not _server_pids(8100)
