@@ -44,6 +44,11 @@ class KindStats:
     compile_ms_max: float = 0.0
 
 
+def _retrieved(future: asyncio.Future[CompiledGrammar]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class GrammarCache:
     def __init__(
         self,
@@ -87,8 +92,12 @@ class GrammarCache:
         return self.submit(constraint).result(timeout)
 
     async def aget(self, constraint: Constraint) -> CompiledGrammar:
-        """The same without blocking the event loop."""
-        return await asyncio.wrap_future(self.submit(constraint))
+        """The same without blocking the event loop. A waiter cancelled (its client left)
+        leaves the compile alone: other requests may be waiting on the same future, and a
+        queued compile cancelled under them failed them with CancelledError (a bare 500)."""
+        shared = asyncio.wrap_future(self.submit(constraint))
+        shared.add_done_callback(_retrieved)  # a failure no waiter is left to read is not news
+        return await asyncio.shield(shared)
 
     def stats(self) -> dict[str, dict[str, float]]:
         with self._lock:

@@ -72,6 +72,30 @@ def test_fifty_coroutines_compile_a_new_schema_once(cache):
     assert (stats["compiles"], stats["misses"], stats["hits"]) == (1, 1, 49)
 
 
+def test_a_waiter_that_leaves_does_not_cancel_the_compile_others_wait_for(chain):
+    """Two requests share a compile still queued behind others; the first one's client leaves
+    (its task is cancelled). The second must still get the grammar."""
+    cache = GrammarCache(chain, workers=1)
+    release = threading.Event()
+    cache._pool.submit(release.wait)  # the one worker is busy: the compile below queues
+    constraint = new_schema()
+
+    async def scenario():
+        leaving = asyncio.ensure_future(cache.aget(constraint))
+        staying = asyncio.ensure_future(cache.aget(constraint))
+        await asyncio.sleep(0.01)
+        leaving.cancel()
+        await asyncio.sleep(0.01)
+        release.set()
+        return await staying
+
+    try:
+        assert asyncio.run(scenario()) is cache.get(constraint)
+    finally:
+        release.set()
+        cache.close()
+
+
 def test_equivalent_spelling_shares_an_entry(cache):
     a = Constraint.json_schema({"type": "string", "maxLength": 3})
     b = Constraint.json_schema(json.loads('{ "type" : "string",\n  "maxLength" : 3 }'))
