@@ -64,7 +64,9 @@ class ChatController(Controller):
         completion_id = "chatcmpl-" + secrets.token_hex(12)
         created = int(time.time())
         if prepared.stream:
-            events = await completions.open_stream(prepared)
+            # Queued behind other requests, a stream whose client has left is dropped before
+            # the engine reaches it, as a plain request is.
+            events = await unless_client_leaves(request.receive, completions.open_stream(prepared))
             writer = ChunkWriter(
                 completion_id, created, model, completions.fingerprint, prepared.include_usage
             )
@@ -75,10 +77,9 @@ class ChatController(Controller):
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        generation, parsed = await unless_client_leaves(
-            request.receive, completions.generate(prepared)
+        generation, parsed, receipt = await unless_client_leaves(
+            request.receive, completions.answer(prepared, principal)
         )
-        receipt = await completions.record(prepared, principal, generation, parsed)
         calls = [
             ToolCallOut(call.id, FunctionCall(call.name, call.arguments_json()))
             for call in parsed.tool_calls

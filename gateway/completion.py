@@ -202,6 +202,15 @@ class Completions:
         except StructuredOutputInvalid as exc:
             raise cut_short(exc, generation, prepared) from None
 
+    async def answer(
+        self, prepared: PreparedChat, caller: ApiKey
+    ) -> tuple[Generation, ParsedResponse, Receipt]:
+        """Generate, then record: one awaitable, so that a client who leaves while either is
+        under way cancels both (gateway.disconnect), the receipt's wait for the database's
+        lock included."""
+        generation, parsed = await self.generate(prepared)
+        return generation, parsed, await self.record(prepared, caller, generation, parsed)
+
     async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
         """The engine's event stream, started: engine faults raise here, before any byte."""
         plan = prepared.plan

@@ -2,9 +2,10 @@
 
 A non-streaming request whose client timed out would otherwise run to the end: engine time
 nobody reads (the embedded engine decodes one request at a time, so everyone waits), and with
-the OpenAI SDK's retries the same request runs again next to it. Streams notice by themselves
-(the next write fails); a plain request is only watched once it has been running for a
-moment, so answers from a fast upstream pay one timer and nothing else.
+the OpenAI SDK's retries the same request runs again next to it. A plain request is watched
+until its receipt is committed; a stream until its first event, after which it notices by
+itself (the next write fails). Watching starts once a request has been running for a moment,
+so answers from a fast upstream pay one timer and nothing else.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ WATCH_AFTER_S = 0.05
 
 async def unless_client_leaves(receive: Receive, work: Awaitable[T]) -> T:
     """``work``'s result; cancelled when the client disconnects first, and then an APIError
-    499 (nginx's "client closed request": the answer has no reader, nothing is recorded)."""
+    499 (nginx's "client closed request": the answer has no reader). A receipt not yet
+    taken by the ledger's writer is never sealed; one already being committed lands and is
+    logged as committed late (gateway.completion)."""
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     watcher: asyncio.Task[None] | None = None

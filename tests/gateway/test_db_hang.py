@@ -247,3 +247,65 @@ def test_the_deadline_names_only_its_own_expiry() -> None:
         asyncio.run(
             within_db_timeout(asyncio.sleep(5), 0.05, LedgerUnavailable, "the ledger database")
         )
+
+
+def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logged_receipt(
+    fresh_sqlite_url: str,
+    gateway_engine: Any,
+    server_loop: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The client goes while the ledger's writer holds its receipt (a slow commit, a lock):
+    the request is a 499, and the receipt that still lands is logged as committed late with
+    the request's id. It used to be recorded as an ordinary 200 nobody read, and with the
+    SDK's retry the chain held two receipts for one call with nothing tying them together."""
+    url = fresh_sqlite_url
+    upgrade(url)
+    settings = gateway_settings(tmp_path, url, db_timeout_s=60.0)
+    ledger, keys = Ledger(url, Signer.generate()), KeyStore.open(url)
+    secret = keys.create("agent", "acme")[1]
+    sealing, release = threading.Event(), threading.Event()
+    seal = ledger_writer.seal
+
+    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
+        sealing.set()  # the writer has claimed the draft
+        release.wait(60)
+        return seal(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+    caplog.set_level(logging.WARNING, logger="callproof.gateway")
+    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
+    try:
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        body = httpx.Request(
+            "POST",
+            f"{base}/v1/chat/completions",
+            json=ping(gateway_engine),
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+        head = "".join(f"{k}: {v}\r\n" for k, v in body.headers.items())
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(
+                f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + body.read()
+            )
+            assert sealing.wait(60), "the receipt never reached the writer"
+        release.set()
+        deadline = time.monotonic() + 30
+        while not (late := [r for r in caplog.records if r.msg.startswith("receipt committed")]):
+            assert time.monotonic() < deadline, "the late commit was not logged"
+            time.sleep(0.1)
+        assert late[0].seq == 1
+        with httpx.Client(base_url=base) as http:
+            metrics = http.get("/metrics").text
+        assert "callproof_receipts_committed_late_total 1.0" in metrics
+        assert any(
+            'route="/v1/chat/completions"' in line and 'status="499"' in line
+            for line in metrics.splitlines()
+        )
+    finally:
+        release.set()
+        stop()
+        ledger.close()
+        keys.close()
