@@ -100,22 +100,33 @@ class Metrics:
             if scope["type"] != "http":
                 await app(scope, receive, send)
                 return
-            status = 500
+            status, finished = 500, False
             started = time.perf_counter()
             rid = new_request_id()
             header = (b"x-request-id", rid.encode())
             context = request_id.set(rid)
 
             async def record_status(message: Message) -> None:
-                nonlocal status
+                nonlocal status, finished
                 if message["type"] == "http.response.start":
                     status = message["status"]
                     message["headers"] = [*message.get("headers", ()), header]
+                elif message["type"] == "http.response.body":
+                    finished = not message.get("more_body", False)
                 await send(message)
 
+            failed = False
             try:
                 await app(scope, receive, record_status)
+            except Exception:
+                failed = True
+                raise
             finally:
+                if status != 500 and not finished:
+                    # A response cut off after its status: a stream whose client left is a
+                    # 499 like any request whose client left (so the counts reconcile with
+                    # the ledger), one the gateway failed to finish a 500.
+                    status = 500 if failed else 499
                 self._observe(scope, status, time.perf_counter() - started)
                 request_id.reset(context)  # after the access line, which names it
 

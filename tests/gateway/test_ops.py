@@ -108,6 +108,41 @@ def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
 
 
 @pytest.mark.model
+def test_a_stream_whose_client_leaves_counts_as_499_not_200(gateway: Any) -> None:
+    """The stream's 200 is sent with its first chunk; a client that goes after it left a
+    request counted as a 200 with no receipt, and the counts no longer matched the ledger."""
+    from datetime import UTC, datetime
+
+    from receipts.queries import ReceiptQuery
+
+    test_started = datetime.now(UTC)
+    body = {
+        "model": gateway.model,
+        "messages": [{"role": "user", "content": "Write letters."}],
+        "max_tokens": gateway.settings.max_tokens_limit,
+        "regex": "[a-z ]{900}",
+        "stream": True,
+    }
+    headers = {"Authorization": f"Bearer {gateway.secrets['agent']}"}
+    with gateway.http() as http:
+
+        def abandoned() -> float:
+            series = 'callproof_http_requests_total{method="POST",route="/v1/chat/completions"'
+            lines = http.get("/metrics").text.splitlines()
+            return sum(float(x.split()[-1]) for x in lines if x.startswith(series) and "499" in x)
+
+        before = abandoned()
+        with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
+            assert answer.status_code == 200
+            next(answer.iter_lines())  # the role chunk: the status is sent; then the client goes
+        deadline = time.monotonic() + 30
+        while abandoned() <= before:
+            assert time.monotonic() < deadline, "the abandoned stream was not counted as 499"
+            time.sleep(0.2)
+    assert not gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, since=test_started)).items
+
+
+@pytest.mark.model
 def test_an_auditor_who_leaves_stops_the_replay(gateway: Any) -> None:
     """Replays are engine time like an agent's request: abandoned ones ran to the end, one
     after another, and the agents' requests waited behind them."""
