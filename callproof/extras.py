@@ -40,8 +40,12 @@ def missing(extra: str) -> tuple[str, ...]:
     """The distributions ``extra`` asks for that are not installed, in pyproject's order (an
     extra that names another, as embedded names gateway, includes its list). A requirement
     with an environment marker besides its extra (uvloop: not on Windows) is not checked."""
+    try:
+        requirements = importlib.metadata.requires(DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree never installed:
+        return ()  # nothing to go by, so imports will say what is missing
     absent: list[str] = []
-    for requirement in importlib.metadata.requires(DISTRIBUTION) or ():
+    for requirement in requirements:
         spec, _, marker = requirement.partition(";")
         wanted = _ONLY_EXTRA.match(marker.strip())
         if wanted is None or wanted.group(1) != extra:
