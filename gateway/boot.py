@@ -17,7 +17,6 @@ from typing import Literal
 
 from sqlalchemy.engine import make_url
 
-from callproof.extras import require
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
 from receipts.errors import SigningKeyError
@@ -62,15 +61,11 @@ def listening_socket(settings: Settings) -> socket.socket:
         ) from None
 
 
-def check_embedded_engine(settings: Settings) -> None:
-    """An embedded engine that cannot load stops the start before anything is created (it
-    left a data directory, a ledger and a generated key behind): its libraries (the embedded
-    extra) must be installed and a --model must be a model. Only the files' shapes are read
-    here, the weights load later."""
-    if settings.engine != "embedded":
-        return
-    require("embedded", 'the embedded engine (engine "embedded", the default; or --engine vllm)')
-    if settings.model is not None:
+def check_model_files(settings: Settings) -> None:
+    """An embedded --model that is not a model stops the start before anything is created
+    (it left a data directory, a ledger and a generated key behind); only the files' shapes
+    are read here, the weights load later."""
+    if settings.engine == "embedded" and settings.model is not None:
         from runtime.engines.embedded import resolve_model
 
         resolve_model(settings.model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.util
 import math
 import os
 import re
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_type_hints
 from urllib.parse import urlsplit
 
-from callproof.extras import missing
 from runtime.limits import DEFAULT_LIMITS, Limits
 
 ENV_PREFIX = "CALLPROOF_"
@@ -109,7 +109,7 @@ def _check_database_url(raw: str) -> None:
             "is not a database URL callproof can use: sqlite:///PATH or"
             " postgresql+psycopg://USER@HOST/DB"
         )
-    if url.drivername == "postgresql+psycopg" and missing("postgres"):
+    if url.drivername == "postgresql+psycopg" and importlib.util.find_spec("psycopg") is None:
         raise ValueError(
             "is a Postgres URL, and callproof's 'postgres' extra (psycopg) is not installed:"
             " pip install 'callproof[postgres]'"

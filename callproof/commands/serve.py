@@ -72,10 +72,11 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
+    from callproof.extras import require
     from gateway.app import create_app
     from gateway.boot import (
         PortInUse,
-        check_embedded_engine,
+        check_model_files,
         default_signer,
         listening_socket,
         load_engine,
@@ -95,8 +96,12 @@ def run(args: argparse.Namespace) -> int:
     try:  # everything an operator can get wrong is one line and exit 2, not a traceback
         settings = settings_from_args(args)
         configure_logging(settings.log_level)
-        listener = listening_socket(settings)  # first: a port in use must create nothing
-        check_embedded_engine(settings)
+        if settings.engine == "embedded":  # an extra: say so before anything else happens
+            require(
+                "embedded", 'the embedded engine (engine "embedded", the default; or --engine vllm)'
+            )
+        listener = listening_socket(settings)  # a port in use must create nothing
+        check_model_files(settings)
         signer = named_signer(settings)  # before anything is created: it needs no database
         prepare_database(settings)
         if signer is None:

@@ -18,6 +18,8 @@ from pathlib import Path
 from ledger_kit import fill, ledger, migrated
 from packaging.requirements import Requirement
 
+from callproof.devpg import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -140,7 +142,15 @@ def test_the_gateway_install_runs_the_gateway_without_the_model_libraries(
     assert created.returncode == 0, created.stderr
     assert created.stdout.strip().splitlines()[-1].startswith("cp_")
 
-    embedded = run(python, "serve", "--data-dir", str(tmp_path / "serve"), cwd=tmp_path)
+    embedded = run(  # refused before the port (a gateway may be on 8000) or a file
+        python,
+        "serve",
+        "--data-dir",
+        str(tmp_path / "serve"),
+        "--port",
+        str(free_port()),
+        cwd=tmp_path,
+    )
     assert embedded.returncode == 2, embedded.stderr
     assert "the embedded engine" in embedded.stderr
     assert "pip install 'callproof[embedded]'" in embedded.stderr
