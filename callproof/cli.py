@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return int(args.handler(args) or 0)
-    except MissingExtra as exc:  # a setting asked for a part this install lacks (--db postgres)
+    except MissingExtra as exc:  # a command listed without its extra
         print(f"callproof: {exc}", file=sys.stderr)
         return 2
 

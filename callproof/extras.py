@@ -23,8 +23,6 @@ class MissingExtra(ImportError):
     """A command or setting needs an optional part of callproof that is not installed."""
 
     def __init__(self, extra: str, missing: list[str], what: str) -> None:
-        self.extra = extra
-        self.missing = missing
         super().__init__(
             f"{what} needs callproof's {extra!r} extra, which is not installed"
             f" (missing: {', '.join(missing)}): pip install 'callproof[{extra}]'"

@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_report_options(parser: argparse.ArgumentParser) -> None:
+    """What to trust and how to print: the same for a bundle and for the database."""
     parser.add_argument(
         "--public-key",
         type=Path,
@@ -109,6 +110,7 @@ def saved_checkpoints(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def print_reports(reports: list[dict[str, Any]], as_json: bool) -> int:
+    """One line per chain (or one JSON document); the exit code says whether all held."""
     from receipts.chain import VerificationReport
 
     ok = all(r["ok"] for r in reports)
@@ -139,6 +141,7 @@ def print_reports(reports: list[dict[str, Any]], as_json: bool) -> int:
 
 
 def fail(code: int, exc: BaseException | str) -> int:
+    """The error on stderr, one line; ``code`` is the exit code."""
     print(f"callproof: {exc}", file=sys.stderr)
     return code
 

@@ -291,6 +291,14 @@ def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logge
                 f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + body.read()
             )
             assert sealing.wait(60), "the receipt never reached the writer"
+        with httpx.Client(base_url=base) as http:
+            deadline = time.monotonic() + 30
+            while not any(
+                'route="/v1/chat/completions"' in line and 'status="499"' in line
+                for line in http.get("/metrics").text.splitlines()
+            ):  # the 499 is answered while the writer still holds the receipt
+                assert time.monotonic() < deadline, "the client's leaving was not noticed"
+                time.sleep(0.1)
         release.set()
         deadline = time.monotonic() + 30
         while not (late := [r for r in caplog.records if r.msg.startswith("receipt committed")]):
@@ -300,10 +308,6 @@ def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logge
         with httpx.Client(base_url=base) as http:
             metrics = http.get("/metrics").text
         assert "callproof_receipts_committed_late_total 1.0" in metrics
-        assert any(
-            'route="/v1/chat/completions"' in line and 'status="499"' in line
-            for line in metrics.splitlines()
-        )
     finally:
         release.set()
         stop()
