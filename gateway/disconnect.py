@@ -4,8 +4,8 @@ A non-streaming request whose client timed out would otherwise run to the end: e
 nobody reads (the embedded engine decodes one request at a time, so everyone waits), and with
 the OpenAI SDK's retries the same request runs again next to it. A plain request is watched
 until its receipt is committed; a stream until its first event, after which Litestar's
-response cancels it when the server reports the disconnect. Watching starts once a request has been running for a moment,
-so answers from a fast upstream pay one timer and nothing else.
+response cancels it when the server reports the disconnect. Watching starts once a request
+has been running for a moment, so answers from a fast upstream pay one timer and nothing else.
 """
 
 from __future__ import annotations
