@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def closure(extras: tuple[str, ...]) -> set[str]:
     """The distributions `pip install callproof[extras]` installs, callproof included."""
     wanted: list[tuple[str, tuple[str, ...]]] = [("callproof", extras)]
-    seen: set[str] = set()
+    seen: set[tuple[str, tuple[str, ...]]] = set()  # a distribution with the extras asked of it
     while wanted:
         name, with_extras = wanted.pop()
         dist = importlib.metadata.distribution(name)
