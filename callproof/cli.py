@@ -14,7 +14,7 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from callproof.extras import MissingExtra, missing
+from callproof.extras import MissingExtra, missing, require
 
 COMMAND_MODULES: tuple[str, ...] = (
     "callproof.commands.verify",
@@ -48,11 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _needs(extra: str, what: str) -> Callable[[argparse.Namespace], int]:
-    def refuse(args: argparse.Namespace) -> int:
-        raise MissingExtra(extra, list(missing(extra)), what)
-
-    return refuse
+def _needs(extra: str, what: str) -> Callable[[argparse.Namespace], None]:
+    """The handler of a command listed without its extra: it raises MissingExtra."""
+    return lambda args: require(extra, what)
 
 
 def main(argv: list[str] | None = None) -> int:
