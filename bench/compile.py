@@ -6,8 +6,8 @@ path a request takes (limits, syntax check, backend compile, first matcher). A b
 refuses the sets (it would ignore keywords they use, e.g. minimum/maximum) is also timed on
 "relaxed" copies without those keywords, so its compile cost is still on record. Each
 backend runs in a child process killed after --budget seconds (an Outlines compile can take
-minutes); the sample counts say how far it got. Warm: GrammarCache.get of a cached key (what every request
-after the first pays).
+minutes); the sample counts say how far it got. Warm: GrammarCache.get of a cached key (what
+every request after the first pays).
 
     python -m bench.compile [--sets 60] [--budget 240] [--lookups 20000]
 

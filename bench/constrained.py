@@ -5,9 +5,10 @@ Decode: the bundled SmolLM2, greedy, a KV-cached loop (as the embedded engine ru
 same prompts with and without ConstrainedLogitsProcessor on a tool union; runs interleaved
 (rotating order) so machine load hits all alike. The ratio compares each constrained run with
 the unconstrained run of the same prompt and round over the same step positions (median over
-pairs), wall clock and process CPU. Per-token time excludes prefill and compile. Mask: the token sequences the model produced under the constraint
-are replayed through each backend's matcher, timing fill_next_token_bitmask per token; the
-torch application of the mask to the logits is timed apart. Backends that refuse the union
+pairs), wall clock and process CPU. Per-token time excludes prefill and compile. Mask: the
+token sequences the model produced under the constraint are replayed through each backend's
+matcher, timing fill_next_token_bitmask per token; the torch application of the mask to the
+logits is timed apart. Backends that refuse the union
 (they would ignore keywords it uses) run on a copy without those keywords, marked "relaxed".
 
     python -m bench.constrained [--prompts 3] [--tokens 40] [--rounds 2]

@@ -405,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
             inclusion, consistency = proof_times(ledger, args.tenant, report.checked)
         print(
             f"proofs from the store at tree size {report.checked}: inclusion p50"
-            f" {percentile(inclusion, 50):.2f} ms p99 {percentile(inclusion, 99):.2f} ms, consistency p50"
-            f" {percentile(consistency, 50):.2f} ms p99 {percentile(consistency, 99):.2f} ms"
+            f" {percentile(inclusion, 50):.2f} ms p99 {percentile(inclusion, 99):.2f} ms,"
+            f" consistency p50 {percentile(consistency, 50):.2f} ms"
+            f" p99 {percentile(consistency, 99):.2f} ms"
         )
         print(
             f"database verify: ok={report.ok} over {report.checked} receipts in {verify_s:.1f} s"

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from callproof.devpg import free_port
 
@@ -93,11 +94,11 @@ class VllmServerConfig:
         return env
 
 
-def bundled_model_config(**overrides: object) -> VllmServerConfig:
+def bundled_model_config(**overrides: Any) -> VllmServerConfig:
     """Serve the bundled SmolLM2 (fetched and converted once by runtime.model_store)."""
     from runtime.model_store import BUNDLED_MODEL_NAME, ensure_bundled_model
 
-    return VllmServerConfig(ensure_bundled_model(), BUNDLED_MODEL_NAME, **overrides)  # type: ignore[arg-type]
+    return VllmServerConfig(ensure_bundled_model(), BUNDLED_MODEL_NAME, **overrides)
 
 
 class VllmServer:

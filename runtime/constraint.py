@@ -201,5 +201,6 @@ def to_lark(grammar: str) -> str:
         return any_to_lark(grammar)
     except GbnfToLarkError as exc:
         raise ValueError(f"cannot read the GBNF grammar: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the converter raises bare Exception for a missing or unknown rule
+    # The converter raises a bare Exception for a missing or unknown rule.
+    except Exception as exc:  # noqa: BLE001
         raise ValueError(f"cannot convert the GBNF grammar: {exc}") from None

@@ -275,9 +275,9 @@ def parse_native_tool_call(
     """Calls written in a family's own tags (unconstrained or trigger-constrained output).
 
     Inside Qwen/Hermes tags both ``{"name", "arguments"}`` (the trained format) and the
-    envelope (``{"tool", "arguments"}`` or ``{"tool_calls": [...]}``) are accepted; text outside the tags is kept as
-    content. Output without any call is returned as kind "text". The generic family has no
-    tags: its output is the envelope itself.
+    envelope (``{"tool", "arguments"}`` or ``{"tool_calls": [...]}``) are accepted; text
+    outside the tags is kept as content. Output without any call is returned as kind "text".
+    The generic family has no tags: its output is the envelope itself.
     """
     ids = ids or CallIds()
     if family == "generic":

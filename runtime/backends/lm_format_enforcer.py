@@ -76,7 +76,8 @@ class LMFormatEnforcerBackend(GrammarBackend):
                 parser: CharacterLevelParser = JsonSchemaParser(constraint.schema())
             else:
                 parser = RegexParser(constraint.source)
-        except Exception as exc:  # noqa: BLE001 - its parsers raise bare Exception on unsupported input
+        # Its parsers raise a bare Exception on unsupported input.
+        except Exception as exc:  # noqa: BLE001
             raise BackendCannotCompile(f"lm-format-enforcer: {str(exc)[:500]}") from None
         eos = self.tokenizer.eos_token_id
         return CompiledGrammar(
