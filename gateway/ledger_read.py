@@ -31,7 +31,7 @@ from gateway.disconnect import unless_client_leaves
 from gateway.errors import APIError
 from gateway.pipe import ThreadPipe
 from receipts.chain import VerificationReport
-from receipts.errors import LedgerUnavailable, OutOfRange, ReceiptFormatError
+from receipts.errors import BundleTooLarge, LedgerUnavailable, OutOfRange, ReceiptFormatError
 from receipts.ledger import Ledger, ReceiptPage, ReceiptQuery
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
@@ -144,11 +144,14 @@ def _in_context(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Callable[[],
 
 @contextlib.contextmanager
 def _refusals_are_400() -> Iterator[None]:
-    """What the ledger refuses (a bad seq range) is the request's fault: a 400."""
+    """What the ledger refuses (a bad seq range, an export too large for one bundle) is the
+    request's fault: a 400."""
     try:
         yield
     except (ReceiptFormatError, OutOfRange) as exc:
         raise APIError(400, str(exc), code="invalid_value") from None
+    except BundleTooLarge as exc:
+        raise APIError(400, str(exc), code="bundle_too_large", param="since") from None
 
 
 async def _rest(

@@ -10,7 +10,9 @@ Layout (docs/receipt-format.md has the precise rules):
     schemas/<hash>.json    every bound schema, canonical JSON, named by its SHA-256
     receipts.jsonl         one receipt per line (canonical JSON), in seq order
 
-receipts.bundle_archive reads a bundle within bounds; receipts.bundle_verify verifies it.
+A bundle is hostile input until verified, so a reader holds it to the bounds below
+(receipts.bundle_archive); the writer refuses, before writing a byte, a bundle that would not
+fit them, so every bundle it writes can be verified. receipts.bundle_verify verifies one.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import IO, Any, NamedTuple
 
 from receipts.canonical import canonical_json
 from receipts.checkpoint import check_checkpoint
-from receipts.errors import ReceiptFormatError
+from receipts.errors import BundleTooLarge, ReceiptFormatError
 from receipts.manifest import is_hex64
 from receipts.record import GENESIS_PREV_HASH, KEY_ID, Receipt
 
@@ -45,6 +47,11 @@ MEMBER = re.compile(  # every name a member may have
     r"|keys/ed25519_[0-9a-f]{32}\.pem|schemas/[0-9a-f]{64}\.json"
 )
 DIRECTORIES = frozenset({"", ".", "keys", "schemas"})
+
+MAX_SMALL_FILE = 64 << 20  # metadata, schemas and receipt lines are small: refuse a bomb
+MAX_SMALL_TOTAL = 256 << 20  # every member but receipts.jsonl together, tar headers included
+MAX_MEMBERS = 100_000  # a few files and one schema per distinct tool set
+MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is announced
 
 
 def key_file(key_id: str) -> str:
@@ -76,12 +83,14 @@ class ReceiptLine(NamedTuple):
 
 
 BundleReceipts = Iterable[Receipt | Mapping[str, Any] | ReceiptLine]
+BundleSchemas = Mapping[str, Mapping[str, Any]] | Callable[[], Iterable[tuple[str, Any]]]
+_SchemaFiles = Generator[tuple[str, bytes], None, None]  # (schemas/<hash>.json, its bytes)
 
 
 def write_bundle(
     out: str | os.PathLike[str] | IO[bytes],
     receipts: BundleReceipts | Callable[[], BundleReceipts],
-    schemas: Mapping[str, Mapping[str, Any]],
+    schemas: BundleSchemas,
     public_keys: Iterable[Mapping[str, Any]],
     checkpoint: Mapping[str, Any],
     *,
@@ -94,9 +103,12 @@ def write_bundle(
     first so that a verifier reads the bundle in one pass, and once to write it. Nothing is
     held or spooled, so the first bytes leave as soon as the hash is known. `receipts` is a
     collection, or a function returning the same receipts anew on each call (a database
-    read); a one-shot iterator is read into a list. A second read that differs from the first
-    is ReceiptFormatError: a file written at a path is then removed, a file object left
-    unfinished.
+    read); a one-shot iterator is read into a list. `schemas` is a mapping of schema hash to
+    schema, or a function returning (hash, schema) pairs in hash order anew on each call:
+    they are read twice too, so a chain of many distinct tool sets is never held in memory.
+    A second read that differs from the first is ReceiptFormatError: a file written at a
+    path is then removed, a file object left unfinished. A bundle past the bounds a reader
+    holds it to is BundleTooLarge, raised before anything is written.
 
     `public_keys` is ledger.public_keys()' shape ({key_id, public_key_pem, ranges});
     `proofs` holds the hex compact ranges {"left": [...], "right": [...]} that tie a range
@@ -122,29 +134,45 @@ def write_bundle(
             }
         ),
         **_key_files(public_keys),
-        **_schema_files(schemas),
     }
-    manifest = {
-        "format": BUNDLE_FORMAT,
-        "v": BUNDLE_VERSION,
-        "chain": measured.chain,
-        "first_seq": measured.first_seq,
-        "last_seq": measured.last_seq,
-        "receipts": measured.last_seq - measured.first_seq + 1,
-        "files": {
-            **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
-            RECEIPTS: measured.sha256,
-        },
-    }
+    schema_files = _schema_files(schemas)
+    schema_digests = _measure_schemas(schema_files())
+    manifest = canonical_json(
+        {
+            "format": BUNDLE_FORMAT,
+            "v": BUNDLE_VERSION,
+            "chain": measured.chain,
+            "first_seq": measured.first_seq,
+            "last_seq": measured.last_seq,
+            "receipts": measured.last_seq - measured.first_seq + 1,
+            "files": {
+                **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
+                **{name: digest for name, digest, _ in schema_digests},
+                RECEIPTS: measured.sha256,
+            },
+        }
+    )
+    _check_bounds(
+        [len(manifest), *map(len, files.values()), *(size for *_, size in schema_digests)],
+        measured,
+    )
     with (
         _open_out(out) as raw,
         gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
         tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
     ):
         # the manifest and small files first, so a reader meets them before receipts
-        _add(tar, MANIFEST, canonical_json(manifest))
-        for name in sorted(files):
+        _add(tar, MANIFEST, manifest)
+        for name in sorted(files):  # all sort before "schemas/"
             _add(tar, name, files[name])
+        with contextlib.closing(schema_files()) as again_schemas:
+            for entry, listed in itertools.zip_longest(again_schemas, schema_digests):
+                if entry is None or listed is None or _digested(*entry) != listed[:2]:
+                    raise ReceiptFormatError(
+                        "the schemas changed between the bundle's two reads of them:"
+                        " the bundle is unfinished and must not be used"
+                    )
+                _add(tar, *entry)
         with contextlib.closing(_lines(again())) as lines:  # a failure ends the read now
             second = _SecondRead(lines, measured)
             _add(tar, RECEIPTS, second, measured.size)
@@ -256,12 +284,85 @@ def _key_files(public_keys: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
     return files
 
 
-def _schema_files(schemas: Mapping[str, Mapping[str, Any]]) -> dict[str, bytes]:
-    """schemas/<hash>.json, written under the hash given (an edited schema shows as such)."""
-    for bound in schemas:
-        if not is_hex64(bound):
-            raise ReceiptFormatError(f"not a schema hash: {bound!r}")
-    return {f"schemas/{bound}.json": canonical_json(schema) for bound, schema in schemas.items()}
+def _schema_files(schemas: BundleSchemas) -> Callable[[], _SchemaFiles]:
+    """schemas/<hash>.json and its bytes in name order, anew on each call; each is written
+    under the hash given (an edited schema shows as such)."""
+    pairs = (
+        schemas
+        if callable(schemas)
+        else lambda: sorted(schemas.items(), key=lambda pair: str(pair[0]))
+    )
+
+    def files() -> _SchemaFiles:
+        source = iter(pairs())
+        try:
+            previous = ""
+            for bound, schema in source:
+                if not isinstance(bound, str) or not is_hex64(bound):
+                    raise ReceiptFormatError(f"not a schema hash: {bound!r}")
+                if bound <= previous:
+                    raise ReceiptFormatError("schemas come once each, in hash order")
+                previous = bound
+                yield f"schemas/{bound}.json", canonical_json(schema)
+        finally:
+            if isinstance(source, Generator):  # a database read: its transaction ends here
+                source.close()
+
+    return files
+
+
+def _measure_schemas(files: _SchemaFiles) -> list[tuple[str, str, int]]:
+    """(name, SHA-256, size) of every schema file, from the first read."""
+    with contextlib.closing(files):
+        return [(*_digested(name, data), len(data)) for name, data in files]
+
+
+def _digested(name: str, data: bytes) -> tuple[str, str]:
+    return name, hashlib.sha256(data).hexdigest()
+
+
+def _tar_bytes(size: int) -> int:
+    """What a member of ``size`` bytes takes in the tar stream: its header block and its data
+    padded to whole blocks (bundle names are short: no PAX header is written for them)."""
+    return tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+
+
+_RECEIPTS_HEADER = 3 * tarfile.BLOCKSIZE  # its header, with a PAX header when 8 GiB or more
+
+
+def _check_bounds(small: list[int], measured: _Measured) -> None:
+    """Refuse a bundle a reader would refuse (bundle_archive enforces the same bounds): too
+    many members, or small files (every member but receipts.jsonl) too large, alone or
+    together with their tar headers. The reader counts what it decompresses up to the
+    header of receipts.jsonl, and tarfile reads ahead by up to one record, so that record is
+    kept free. A shorter range of receipts binds fewer schemas."""
+    span = f"seqs {measured.first_seq}..{measured.last_seq} of chain {measured.chain!r}"
+    shorter = "export a shorter range of receipts"
+    members = len(small) + 1
+    if members > MAX_MEMBERS:
+        raise BundleTooLarge(
+            f"a bundle of {span} would have {members} files (one per distinct schema);"
+            f" a bundle may have {MAX_MEMBERS}: {shorter}"
+        )
+    largest = max(small)
+    if largest > MAX_SMALL_FILE:
+        raise BundleTooLarge(
+            f"a bundle of {span} would hold a file of {largest} bytes;"
+            f" a bundle's files other than {RECEIPTS} may be {MAX_SMALL_FILE >> 20} MiB each"
+        )
+    total = sum(map(_tar_bytes, small)) + _RECEIPTS_HEADER + tarfile.RECORDSIZE
+    if total > MAX_SMALL_TOTAL:
+        raise BundleTooLarge(
+            f"a bundle of {span} would hold {total / (1 << 20):.1f} MiB of files other than"
+            f" {RECEIPTS} (its schemas, keys and proofs, tar headers included); a bundle may"
+            f" hold {MAX_SMALL_TOTAL >> 20} MiB of them, which a verifier reads into memory:"
+            f" {shorter}"
+        )
+    if measured.size > MAX_RECEIPTS_BYTES:
+        raise BundleTooLarge(
+            f"a bundle of {span} would hold {measured.size >> 30} GiB of receipts;"
+            f" a bundle may hold {MAX_RECEIPTS_BYTES >> 30} GiB: {shorter}"
+        )
 
 
 @contextmanager

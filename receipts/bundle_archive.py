@@ -16,13 +16,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from receipts.bundle import DIRECTORIES, MANIFEST, MEMBER, RECEIPTS, SMALL_FILES, announced
+from receipts.bundle import (
+    DIRECTORIES,
+    MANIFEST,
+    MAX_MEMBERS,
+    MAX_RECEIPTS_BYTES,
+    MAX_SMALL_FILE,
+    MAX_SMALL_TOTAL,
+    MEMBER,
+    RECEIPTS,
+    SMALL_FILES,
+    announced,
+)
 from receipts.errors import VerificationError
-
-MAX_SMALL_FILE = 64 << 20  # metadata, schemas and receipt lines are small: refuse a bomb
-MAX_SMALL_TOTAL = 256 << 20  # every member but receipts.jsonl together, tar headers included
-MAX_MEMBERS = 100_000  # a few files and one schema per distinct tool set
-MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is announced
 
 
 class BundleContents:

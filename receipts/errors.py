@@ -68,5 +68,10 @@ class Stopped(ReceiptsError):
     (the client that wanted it has gone): there is no answer, and nothing is wrong."""
 
 
+class BundleTooLarge(ReceiptsError):
+    """An export would write a bundle past the bounds every reader holds a bundle to (too
+    many distinct schemas, or too many bytes of them): the caller asks for a shorter range."""
+
+
 class BundleError(ReceiptsError):
     """An export bundle cannot be read at all (missing file, not a tar.gz, unsafe member)."""

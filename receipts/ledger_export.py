@@ -84,7 +84,6 @@ def export_bundle(
                 compact_range(last, checkpoint["tree_size"], subtree),
             ),
         )
-        schemas = queries.schemas(conn, queries.schema_hashes(conn, tenant, first, last))
         public_keys = queries.public_keys(conn, tenant)
 
     def receipts() -> Iterator[ReceiptLine]:
@@ -92,6 +91,12 @@ def export_bundle(
         with reading() as conn:
             rows = queries.stream_rows(conn, tenant, first, last, should_stop)
             yield from _consecutive(rows, tenant, first, last)
+
+    def schemas() -> Iterator[tuple[str, dict[str, Any]]]:
+        """The schemas the range binds, read anew on each call (write_bundle reads them
+        twice, so a range of many distinct tool sets is never held in memory)."""
+        with reading() as conn:
+            yield from queries.bound_schemas(conn, tenant, first, last, should_stop)
 
     write_bundle(
         out,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -38,6 +38,7 @@ agent can make each receipt large, and ``limit`` alone bounds rows, not bytes.""
 ANSWERS = 100
 """At most this many answering receipts per /audit/calls answer (within PAGE_BYTES too)."""
 STREAM_CHUNK = 2000
+SCHEMA_CHUNK = 64  # schemas of up to some 64 KiB each (the gateway's limit)
 ShouldStop = Callable[[], bool]  # asked between receipts by whole-chain work: give up now?
 
 
@@ -288,24 +289,44 @@ def schema(conn: sa.Connection, schema_hash: str) -> dict[str, Any] | None:
     return json.loads(body) if body is not None else None
 
 
-def schema_hashes(conn: sa.Connection, tenant: str, first: int, last: int) -> list[str]:
-    """The schemas bound by the chain's receipts first..last (for an export)."""
+def bound_schemas(
+    conn: sa.Connection,
+    tenant: str,
+    first: int,
+    last: int,
+    should_stop: ShouldStop | None = None,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The schemas the chain's receipts first..last bind, in hash order (for an export), in
+    keyset-paginated chunks along the (chain, schema_hash, seq) index: a range of many
+    distinct tool sets streams in constant memory (SCHEMA_CHUNK schemas at a time). A bound
+    schema the database lacks is left out (the bundle then fails verification, naming the
+    receipt that binds it)."""
     r = ReceiptRow.__table__.c
-    return list(
-        conn.scalars(
-            sa.select(r.schema_hash)
-            .distinct()
-            .where(r.chain == tenant, r.seq.between(first, last), r.schema_hash.is_not(None))
+    after = ""
+    while True:
+        hashes = list(
+            conn.scalars(
+                sa.select(r.schema_hash)
+                .distinct()
+                .where(r.chain == tenant, r.schema_hash > after, r.seq.between(first, last))
+                .order_by(r.schema_hash)
+                .limit(SCHEMA_CHUNK)
+            )
         )
-    )
-
-
-def schemas(conn: sa.Connection, hashes: Iterable[str]) -> dict[str, dict[str, Any]]:
-    wanted = sorted(set(hashes))
-    if not wanted:
-        return {}
-    rows = conn.execute(sa.select(SchemaRow.hash, SchemaRow.body).where(SchemaRow.hash.in_(wanted)))
-    return {row.hash: json.loads(row.body) for row in rows}
+        if not hashes:
+            return
+        if should_stop is not None and should_stop():
+            raise Stopped(f"stopped reading the schemas of chain {tenant!r}, as asked")
+        rows = conn.execute(
+            sa.select(SchemaRow.hash, SchemaRow.body)
+            .where(SchemaRow.hash.in_(hashes))
+            .order_by(SchemaRow.hash)
+        )
+        for row in rows:
+            yield row.hash, json.loads(row.body)
+        if len(hashes) < SCHEMA_CHUNK:
+            return
+        after = hashes[-1]
 
 
 def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKeyEntry]:

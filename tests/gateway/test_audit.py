@@ -809,6 +809,39 @@ def _slow_chain(gateway: Any, audited: dict[str, Any], tenant: str, count: int) 
         future.result()
 
 
+def test_an_export_too_large_for_one_bundle_is_a_400_naming_what_to_do(
+    gateway: Any, audited: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A chain of many distinct tool sets exported as a bundle `callproof verify` refused;
+    the gateway now answers 400 `bundle_too_large` before streaming, and a shorter range
+    exports. The bound is lowered here to 256 KiB of schemas (the real 256 MiB is exercised
+    in tests/receipts/test_ledger_export.py)."""
+    import time
+
+    import receipts.bundle
+    from receipts.bundle_verify import verify_bundle
+
+    tenant = "distinct-tool-sets"
+    _slow_chain(gateway, audited, tenant, 30)  # a tool union of some 14 KB each
+    time.sleep(0.01)
+    _slow_chain(gateway, audited, tenant, 10)
+    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 256 << 10)
+    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
+        error = error_of(client.get("/audit/export"), 400)
+        assert (error["code"], error["param"]) == ("bundle_too_large", "since")
+        assert error["message"].startswith(f"a bundle of seqs 1..40 of chain {tenant!r} would")
+        assert error["message"].endswith("export a shorter range of receipts")
+        page = client.get("/audit/receipts", params={"limit": 1, "cursor": 30}).json()
+        response = client.get("/audit/export", params={"since": page["items"][0]["created_at"]})
+        assert response.status_code == 200, response.text
+    bundle = tmp_path / "tail.tar.gz"
+    bundle.write_bytes(response.content)
+    pem = gateway.ledger.public_keys(tenant)[0]["public_key_pem"]
+    report = verify_bundle(bundle, pinned=pem, allow_range=True)
+    assert report.ok and (report.first_seq, report.last_seq) == (31, 40), report
+
+
 def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
     gateway: Any, audited: dict[str, Any]
 ) -> None:

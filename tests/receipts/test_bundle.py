@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
 
+import receipts.bundle
 import receipts.bundle_archive
 import receipts.bundle_verify
 from receipts.bundle import MANIFEST, RECEIPTS, ReceiptLine, key_file, write_bundle
@@ -21,7 +22,8 @@ from receipts.bundle_archive import MAX_SMALL_FILE
 from receipts.bundle_verify import verify_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
-from receipts.errors import BundleError, ReceiptFormatError
+from receipts.errors import BundleError, BundleTooLarge, ReceiptFormatError
+from receipts.manifest import schema_hash
 from receipts.merkle import MerkleTree
 from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt, entry_hash_of
 from receipts.seal import seal
@@ -247,6 +249,91 @@ def test_a_write_that_fails_ends_its_read_of_the_receipts_at_once(signer) -> Non
         write_bundle(FillingDisk(), receipts, SCHEMAS, keys_of(signer), checkpoint)
     assert reading_when_full[0] == 1  # the disk filled during the second read
     assert failed.value is not None and open_reads == []
+
+
+def whole_chain_checkpoint(chain: list[Receipt], signer: Signer) -> dict[str, Any]:
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    return make_checkpoint("acme", len(chain), tree.root().hex(), signer)
+
+
+def distinct_schemas(count: int, size: int) -> dict[str, dict[str, Any]]:
+    """``count`` distinct schemas of about ``size`` bytes each, under their real hashes (an
+    agent whose tool descriptions change from call to call binds a new one each time)."""
+    schemas = ({"description": f"{i} " + "x" * size} for i in range(count))
+    return {schema_hash(s): s for s in schemas}
+
+
+@pytest.mark.parametrize(
+    ("bound", "limit", "size"), [("MAX_SMALL_TOTAL", 1 << 20, 20_000), ("MAX_MEMBERS", 40, 10)]
+)
+def test_the_writer_keeps_within_the_bounds_a_reader_holds_a_bundle_to(
+    tmp_path: Path,
+    chain,
+    signer,
+    monkeypatch: pytest.MonkeyPatch,
+    bound: str,
+    limit: int,
+    size: int,
+) -> None:
+    """A chain of many distinct tool sets was exported as a bundle that `callproof verify`
+    refused (past 256 MiB of schemas, or 100,000 files). The writer refuses it, before
+    writing, with BundleTooLarge; the largest bundle it writes verifies under the same bound."""
+    for module in (receipts.bundle, receipts.bundle_archive):
+        monkeypatch.setattr(module, bound, limit)
+    checkpoint = whole_chain_checkpoint(chain, signer)
+    written = None
+    for count in range(1, 200):
+        path = tmp_path / f"bundle-{count}.tar.gz"
+        try:
+            write_bundle(
+                path,
+                chain,
+                {**SCHEMAS, **distinct_schemas(count, size)},
+                keys_of(signer),
+                checkpoint,
+            )
+        except BundleTooLarge as exc:
+            refused = str(exc)
+            break
+        written = path
+    else:
+        pytest.fail(f"{count} schemas of {size} bytes: no bound held")
+    assert written is not None and not path.exists()  # refused before a byte was written
+    assert refused.startswith(f"a bundle of seqs 1..{N} of chain 'acme' would "), refused
+    assert refused.endswith("export a shorter range of receipts"), refused
+    report = verify_bundle(written, signer.public_key_pem())
+    assert report.ok and report.checked == N, report
+    with tarfile.open(written, "r:gz") as tar:  # and it came close: the bound is not padded
+        members = tar.getmembers()
+    small = sum(512 + -(-m.size // 512) * 512 for m in members if m.name != RECEIPTS)
+    if bound == "MAX_MEMBERS":
+        assert len(members) == limit
+    else:
+        assert limit - small < 2 * size, small  # within about one schema of the bound
+
+
+@pytest.mark.parametrize("change", ["edited", "dropped", "added", "reordered"])
+def test_schemas_that_change_between_the_two_reads_leave_no_bundle(
+    tmp_path: Path, chain, signer, change: str
+) -> None:
+    """Schemas are read twice, as receipts are (a function called twice: many distinct tool
+    sets are never held together); a second read that differs leaves no bundle."""
+    first = sorted({**SCHEMAS, **distinct_schemas(3, 10)}.items())
+    second = {
+        "edited": [*first[:-1], (first[-1][0], {"description": "edited"})],
+        "dropped": first[:-1],
+        "added": [*first, ("f" * 64, {})],
+        "reordered": first[::-1],
+    }[change]
+    reads = iter([first, second])
+    path = tmp_path / "bundle.tar.gz"
+    with pytest.raises(
+        ReceiptFormatError, match="changed between the bundle's two reads|in hash order"
+    ):
+        write_bundle(
+            path, chain, lambda: next(reads), keys_of(signer), whole_chain_checkpoint(chain, signer)
+        )
+    assert not path.exists()
 
 
 def test_range_bundle_verifies_against_whole_chain_checkpoint(
