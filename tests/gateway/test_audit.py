@@ -743,12 +743,21 @@ def test_whole_chain_audits_in_flight_leave_every_tenant_served(
 
     release = threading.Event()
     verify = gateway.ledger.verify
+    running = threading.Semaphore(0)
 
     def long_verify(*args: Any, **kwargs: Any) -> Any:
+        running.release()
         release.wait(60)
         return verify(*args, **kwargs)
 
     monkeypatch.setattr(gateway.ledger, "verify", long_verify)
+    lookup, looked_up = gateway.keys.lookup, set()
+
+    def watched_lookup(secret: str) -> Any:
+        looked_up.add(secret)
+        return lookup(secret)
+
+    monkeypatch.setattr(gateway.keys, "lookup", watched_lookup)
     newcomer = gateway.keys.create("agent", "another-tenant")[1]  # not cached: looked up
     auditors = []  # eight tenants: one tenant gets one verification at a time
     for n in range(8):
@@ -761,8 +770,14 @@ def test_whole_chain_audits_in_flight_leave_every_tenant_served(
 
     with ThreadPoolExecutor(8) as pool:
         verifies = [pool.submit(post_verify, secret) for secret in auditors]
-        time.sleep(1.0)  # all eight in flight
         try:
+            deadline = time.monotonic() + 30
+            while not looked_up.issuperset(auditors):  # all eight arrived and were let in
+                assert time.monotonic() < deadline, "a verification never arrived"
+                time.sleep(0.05)
+            for _ in range(2):  # the two whole-chain threads are taken
+                assert running.acquire(timeout=30)
+            time.sleep(0.2)  # the six others' last step after their key: taking their turn
             started = time.monotonic()
             with httpx.Client(
                 base_url=gateway.url, headers={"Authorization": f"Bearer {newcomer}"}, timeout=60
@@ -843,7 +858,7 @@ def test_an_export_too_large_for_one_bundle_is_a_400_naming_what_to_do(
 
 
 def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
-    gateway: Any, audited: dict[str, Any]
+    gateway: Any, audited: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four whole-chain verifications whose clients gave up after 2 s still ran some 40 s
     each at 120k receipts, on the two threads every tenant's verifications and exports
@@ -861,13 +876,20 @@ def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
         assert whole.status_code == 200 and whole.json()["ok"], whole.text
         assert took > 4, f"the chain verifies in {took:.1f} s: too fast to tell"
 
+        verify, began = gateway.ledger.verify, threading.Event()
+
+        def watched_verify(*args: Any, **kwargs: Any) -> Any:
+            began.set()
+            return verify(*args, **kwargs)
+
         def abandoned() -> None:
             with pytest.raises(httpx.ReadTimeout):
-                client.post("/audit/verify", json={}, timeout=1.5)
+                client.post("/audit/verify", json={}, timeout=3)
 
+        monkeypatch.setattr(gateway.ledger, "verify", watched_verify)
         thread = threading.Thread(target=abandoned)
         thread.start()
-        time.sleep(0.5)
+        assert began.wait(10)  # it holds the tenant's turn
         busy = client.post("/audit/verify", json={"from_seq": 1, "to_seq": 1})
         assert busy.status_code == 429, busy.text
         assert busy.json()["error"]["type"] == "rate_limit_error"

@@ -10,6 +10,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ import httpx
 import openai
 import pytest
 import sqlalchemy as sa
+from conftest import ServerLoop
 
+from gateway.app import create_app
 from receipts.record import is_timestamp
 
 pytestmark = pytest.mark.model
@@ -44,9 +47,27 @@ def test_health_and_readiness(gateway: Any) -> None:
     assert ready.json() == {"status": "ready", "engine": True, "database": True}
 
 
+def chat_requests(gateway: Any, status: int) -> float:
+    """How many POST /v1/chat/completions `/metrics` counts with ``status`` so far (a count
+    of the session's gateway: tests compare it before and after)."""
+    series = 'callproof_http_requests_total{method="POST",route="/v1/chat/completions"'
+    with gateway.http() as client:
+        lines = client.get("/metrics").text.splitlines()
+    wanted = [line for line in lines if line.startswith(series) and f'status="{status}"' in line]
+    return sum(float(line.split()[-1]) for line in wanted)
+
+
+def wait_for_more(gateway: Any, status: int, before: float, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while chat_requests(gateway, status) <= before:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
 def test_a_client_that_leaves_mid_body_is_not_a_server_error(gateway: Any) -> None:
     """Half a body, then the connection closes: counted as 499 (client closed request),
     not as one of the gateway's own 500s."""
+    left, failed = chat_requests(gateway, 499), chat_requests(gateway, 500)
     host, port = gateway.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
@@ -55,21 +76,8 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(gateway: Any) -> No
             + b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
         )
 
-    def chat_lines(status: str) -> list[str]:
-        with gateway.http() as client:
-            text = client.get("/metrics").text
-        return [
-            line
-            for line in text.splitlines()
-            if line.startswith("callproof_http_requests_total")
-            and 'route="/v1/chat/completions"' in line
-            and f'status="{status}"' in line
-        ]
-
-    deadline = time.monotonic() + 30
-    while not chat_lines("499") and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert chat_lines("499") and not chat_lines("500")
+    wait_for_more(gateway, 499, left, "the half-sent request was not counted as 499")
+    assert chat_requests(gateway, 500) == failed
 
 
 @pytest.mark.model
@@ -81,6 +89,7 @@ def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
     from receipts.queries import ReceiptQuery
 
     test_started = datetime.now(UTC)
+    left = chat_requests(gateway, 499)
     client = openai.OpenAI(
         base_url=gateway.url + "/v1", api_key=gateway.secrets["agent"], max_retries=0, timeout=1
     )
@@ -99,12 +108,7 @@ def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
         assert time.monotonic() - started < 4
     since = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, since=test_started)).items
     assert [r.id for r in since] == [quick.model_extra["receipt"]["id"]]  # none abandoned
-    with gateway.http() as http:
-        metrics = http.get("/metrics").text
-    assert any(
-        'route="/v1/chat/completions"' in line and 'status="499"' in line
-        for line in metrics.splitlines()
-    )
+    wait_for_more(gateway, 499, left, "the timed-out request was not counted as 499")
 
 
 @pytest.mark.model
@@ -124,21 +128,14 @@ def test_a_stream_whose_client_leaves_counts_as_499_not_200(gateway: Any) -> Non
         "stream": True,
     }
     headers = {"Authorization": f"Bearer {gateway.secrets['agent']}"}
-    with gateway.http() as http:
-
-        def abandoned() -> float:
-            series = 'callproof_http_requests_total{method="POST",route="/v1/chat/completions"'
-            lines = http.get("/metrics").text.splitlines()
-            return sum(float(x.split()[-1]) for x in lines if x.startswith(series) and "499" in x)
-
-        before = abandoned()
-        with http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer:
-            assert answer.status_code == 200
-            next(answer.iter_lines())  # the role chunk: the status is sent; then the client goes
-        deadline = time.monotonic() + 30
-        while abandoned() <= before:
-            assert time.monotonic() < deadline, "the abandoned stream was not counted as 499"
-            time.sleep(0.2)
+    left = chat_requests(gateway, 499)
+    with (
+        gateway.http() as http,
+        http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer,
+    ):
+        assert answer.status_code == 200
+        next(answer.iter_lines())  # the role chunk: the status is sent; then the client goes
+    wait_for_more(gateway, 499, left, "the abandoned stream was not counted as 499")
     assert not gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, since=test_started)).items
 
 
@@ -371,18 +368,36 @@ def call_tool(gateway: Any, **params: Any) -> Any:
     )
 
 
-def test_ledger_outage_fails_closed_and_recovers_without_restart(gateway: Any) -> None:
-    first = call_tool(gateway)
+@contextmanager
+def keys_cached_for_a_minute(gateway: Any, server_loop: ServerLoop) -> Iterator[Any]:
+    """The same gateway (engine, ledger, key store) served again with API keys cached for a
+    minute: a key looked up before an outage is answered from the cache, so the append, not
+    the key lookup (whose failure answers the same 503 and code), meets the outage."""
+    settings = replace(gateway.settings, key_cache_ttl_s=60)
+    app = create_app(settings, gateway.engine, gateway.ledger, gateway.keys)
+    url, stop = server_loop.serve(app)
+    try:
+        yield replace(gateway, url=url, settings=settings)
+    finally:
+        stop()
+
+
+def test_ledger_outage_fails_closed_and_recovers_without_restart(
+    gateway: Any, server_loop: ServerLoop
+) -> None:
+    with keys_cached_for_a_minute(gateway, server_loop) as cached:
+        _outage_fails_closed_and_recovers(cached)
+
+
+def _outage_fails_closed_and_recovers(gateway: Any) -> None:
+    first = call_tool(gateway)  # the agent's key is cached from here
     outage = sqlite_refuses_writes if gateway.db_kind == "sqlite" else postgres_refuses_connections
-    # A cached key entry is not renewed by use: let it expire, so that this call caches the
-    # key afresh for the outage below and the append (not the key lookup) is what fails.
-    time.sleep(gateway.settings.key_cache_ttl_s + 0.1)
-    gateway.openai().models.list()
     with outage(gateway.db_url):
         with pytest.raises(openai.InternalServerError) as caught:
             call_tool(gateway)
         assert caught.value.status_code == 503
         assert caught.value.body["code"] == "ledger_unavailable"
+        assert caught.value.body["message"].startswith("the receipt ledger's database")
         assert caught.value.response.headers["retry-after"] == "1"
         if gateway.db_kind == "postgres":  # SQLite still answers reads: it stays "reachable"
             with gateway.http() as client:
