@@ -607,17 +607,24 @@ def test_the_query_check_comes_after_authentication(gateway: Any) -> None:
 def test_replay_takes_a_receipt_a_fallback_backend_enforced(
     gateway: Any, audited: dict[str, Any]
 ) -> None:
-    """The embedded engine tries its backends in order; the one that compiled is recorded."""
+    """The embedded engine tries its backends in order; the one that compiled is recorded,
+    and a receipt of its last fallback replays. An engine with one backend (vLLM: the one its
+    server was started with) refuses a receipt of another as a manifest mismatch."""
     backends = gateway.engine.identity.backends
-    if len(backends) < 2:
-        pytest.skip(f"this engine enforces with {backends[0]} alone")
     original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    manifest = {**original.manifest, "backend": backends[-1]}
-    fallback = _recorded_elsewhere(gateway, original.id, manifest=manifest)
+    other = backends[-1] if len(backends) > 1 else "a-backend-it-lacks"
+    fallback = _recorded_elsewhere(
+        gateway, original.id, manifest={**original.manifest, "backend": other}
+    )
     with gateway.http("auditor") as client:
         response = client.post(f"/audit/replay/{fallback}", json={})
-    assert response.status_code == 200, response.text
-    assert response.json()["differences"] == []
+    if len(backends) > 1:
+        assert response.status_code == 200, response.text
+        assert response.json()["differences"] == [] and response.json()["match"] is True
+    else:
+        error = error_of(response, 409)
+        assert error["code"] == "manifest_mismatch"
+        assert [d.split(":")[0] for d in error["differences"]] == ["backend"], error
 
 
 @contextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -47,7 +48,11 @@ def test_a_full_pipe_holds_its_writer_until_the_reader_takes_a_chunk() -> None:
             pipe.finish()
 
         writer = asyncio.ensure_future(asyncio.to_thread(write))
-        await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while sent != [0, 1]:
+            assert time.monotonic() < deadline, sent
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
         assert sent == [0, 1]  # the third chunk waits for room
         assert await pipe.read() == b"\x00"
         assert await _read_all(pipe) == b"\x01\x02\x03"

@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -48,14 +49,25 @@ def test_key_file_is_created_0600_and_reloaded(tmp_path: Path) -> None:
     assert list(path.parent.iterdir()) == [path]  # no temp file left behind
 
 
+_start: Any = None  # a worker's copy of the barrier its first run waits at
+
+
+def _line_up(barrier: Any) -> None:
+    global _start
+    _start = barrier
+
+
 def _key_id_of(path: str) -> str:
+    _start.wait(30)  # all four first runs start together
     return load_or_create_signer(path).key_id
 
 
 def test_concurrent_first_runs_agree_on_one_key(tmp_path: Path) -> None:
     path = str(tmp_path / "signing.pem")
-    with multiprocessing.get_context("spawn").Pool(4) as pool:
-        ids = pool.map(_key_id_of, [path] * 8)
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(4)
+    with context.Pool(4, initializer=_line_up, initargs=(barrier,)) as pool:
+        ids = pool.map(_key_id_of, [path] * 4, chunksize=1)
     assert len(set(ids)) == 1
 
 

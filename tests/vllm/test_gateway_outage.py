@@ -98,18 +98,19 @@ async def _outage_and_recovery(
         assert (await client.get("/readyz")).status_code == 200
 
         await asyncio.to_thread(server.stop)
-        for stream in (False, True):
-            down = await client.post(
-                "/v1/chat/completions", json=body(model, stream=stream), headers=auth
-            )
-            assert down.status_code == 503, down.text
-            error = down.json()["error"]
-            assert "unreachable" in error["message"] and error["code"] == "engine_unavailable"
-        assert (await client.get("/readyz")).status_code == 503
-        assert receipt_count(ledger) == 1  # nothing was receipted while vLLM was down
-
-        await asyncio.to_thread(server.start)
-        await asyncio.to_thread(server.wait_healthy)
+        try:  # the server is the session's: the later vLLM tests need it back whatever happens
+            for stream in (False, True):
+                down = await client.post(
+                    "/v1/chat/completions", json=body(model, stream=stream), headers=auth
+                )
+                assert down.status_code == 503, down.text
+                error = down.json()["error"]
+                assert "unreachable" in error["message"] and error["code"] == "engine_unavailable"
+            assert (await client.get("/readyz")).status_code == 503
+            assert receipt_count(ledger) == 1  # nothing was receipted while vLLM was down
+        finally:
+            await asyncio.to_thread(server.start)
+            await asyncio.to_thread(server.wait_healthy)
         back = await client.post("/v1/chat/completions", json=body(model), headers=auth)
         assert back.status_code == 200, back.text
         streamed = await client.post(
