@@ -785,8 +785,10 @@ def test_an_append_its_caller_gave_up_on_while_the_lock_was_held_is_never_sealed
         holder = sqlite3.connect(fresh_sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
         holder.execute("BEGIN IMMEDIATE")
         abandoned = led.submit(draft())
-        time.sleep(0.5)  # the writer has taken it and waits for the lock
-        assert led.queued_appends() == 0
+        deadline = time.monotonic() + 10
+        while led.queued_appends():  # until the writer has taken it (then it waits for the lock)
+            assert time.monotonic() < deadline, "the writer never took the draft"
+            time.sleep(0.01)
         assert abandoned.cancel()  # what the gateway's db_timeout_s does
         holder.execute("ROLLBACK")
         holder.close()
