@@ -1,6 +1,6 @@
 """Export of a chain as a bundle: how soon its first bytes leave, and its rate.
 
-    python -m bench.export [--db URL] [--count 20000] [--rounds 3]
+    python -m bench.export [--db URL] [--count 20000] [--rounds 3] [--distinct-schemas BYTES]
 
 Fills a chain with realistic receipts (bench.ledger's DraftFactory, through the real append
 path) in a throwaway SQLite ledger (the embedded default) or the database `--db` names, then
@@ -11,21 +11,30 @@ The baseline, measured in the same run, is that first read alone against the who
 `first_chunk_over_total` is the share of the export a client waits in silence (1.0 when a
 bundle was written whole before its first byte, as exports were until 2026-11-23).
 
+With --distinct-schemas BYTES every receipt binds a tool union of its own, padded by about
+BYTES (an agent whose tool descriptions change from call to call). One more export then runs
+under tracemalloc: `peak_over_schemas` is its peak of traced memory over the bytes of the
+schemas it writes (the writer before 2026-11-24 held every schema parsed: above 1.0).
+
 The last line of output is one JSON object of the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
 from bench.ledger import DraftFactory, append_windowed
 from bench.measure import percentile
+from receipts.canonical import canonical_json
+from receipts.manifest import schema_hash
 
 FIRST_CHUNK = 1 << 16  # what gateway.pipe.ThreadPipe sends first
 TENANT = "bench-export"
@@ -49,10 +58,34 @@ class _Sink:
         pass
 
 
-def fill(ledger: Any, count: int) -> None:
-    """`count` receipts of one factory's agents (tool sets, answers, linked follow-ups)."""
+def fill(ledger: Any, count: int, distinct_schemas: int | None = None) -> int:
+    """`count` receipts of one factory's agents (tool sets, answers, linked follow-ups), each
+    with a tool union of its own padded by `distinct_schemas` bytes when that is given; the
+    bytes of those schemas as a bundle spells them (0 without)."""
     factory = DraftFactory(TENANT, seed=3)
-    append_windowed(ledger, (factory.draft() for _ in range(count)))
+    drafts = (factory.draft() for _ in range(count))
+    if distinct_schemas is None:
+        append_windowed(ledger, drafts)
+        return 0
+    own = [_own_schema(d, n, distinct_schemas) for n, d in enumerate(drafts)]
+    append_windowed(ledger, own)
+    return sum(len(canonical_json(d.schema)) for d in own)
+
+
+def _own_schema(draft: Any, n: int, padding: int) -> Any:
+    schema = {**draft.schema, "description": f"tool set {n} " + "x" * padding}
+    manifest = {**draft.manifest, "schema_hash": schema_hash(schema)}
+    return dataclasses.replace(draft, schema=schema, manifest=manifest)
+
+
+def traced_peak(ledger: Any) -> int:
+    """The peak of memory Python allocated during one more export (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        ledger.export(TENANT, _Sink())
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,9 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", help="database URL (default: a throwaway SQLite ledger)")
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--distinct-schemas", type=int, metavar="BYTES")
     args = parser.parse_args(argv)
-    if args.count < 1 or args.rounds < 1:
-        parser.error("--count and --rounds must be positive")
+    if args.count < 1 or args.rounds < 1 or (args.distinct_schemas or 0) < 0:
+        parser.error("--count and --rounds must be positive, --distinct-schemas not negative")
 
     from migrations.runner import upgrade
     from receipts.ledger import Ledger
@@ -77,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         upgrade(url)
         load = os.getloadavg()[0]
         with Ledger(url, Signer.generate()) as ledger:
-            fill(ledger, args.count)
+            schemas = fill(ledger, args.count, args.distinct_schemas)
             totals, firsts, size = [], [], 0
             for _ in range(args.rounds):
                 sink = _Sink()
@@ -85,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 totals.append(time.perf_counter() - sink.started)
                 firsts.append(sink.first_chunk_s or totals[-1])
                 size = sink.size
+            peak = traced_peak(ledger) if args.distinct_schemas is not None else 0
     total, first = percentile(totals, 50), percentile(firsts, 50)
     print(
         f"export of {args.count:,} receipts ({size / 2**20:.1f} MiB): {total:.2f} s"
@@ -102,6 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "load_average_1m": round(load, 2),
     }
+    if args.distinct_schemas is not None:
+        print(
+            f"schemas {schemas / 2**20:.1f} MiB; the export's traced peak {peak / 2**20:.1f} MiB"
+            f" ({peak / schemas:.3f} of them)"
+        )
+        figures |= {
+            "distinct_schema_padding": args.distinct_schemas,
+            "schemas_bytes": schemas,
+            "export_peak_traced_bytes": peak,
+            "peak_over_schemas": round(peak / schemas, 3),
+        }
     print(json.dumps(figures, sort_keys=True))
     return 0
 

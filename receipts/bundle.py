@@ -83,7 +83,8 @@ class ReceiptLine(NamedTuple):
 
 
 BundleReceipts = Iterable[Receipt | Mapping[str, Any] | ReceiptLine]
-BundleSchemas = Mapping[str, Mapping[str, Any]] | Callable[[], Iterable[tuple[str, Any]]]
+SchemaText = Mapping[str, Any] | bytes  # a schema, or its canonical JSON already spelled
+BundleSchemas = Mapping[str, Mapping[str, Any]] | Callable[[], Iterable[tuple[str, SchemaText]]]
 _SchemaFiles = Generator[tuple[str, bytes], None, None]  # (schemas/<hash>.json, its bytes)
 
 
@@ -104,8 +105,9 @@ def write_bundle(
     held or spooled, so the first bytes leave as soon as the hash is known. `receipts` is a
     collection, or a function returning the same receipts anew on each call (a database
     read); a one-shot iterator is read into a list. `schemas` is a mapping of schema hash to
-    schema, or a function returning (hash, schema) pairs in hash order anew on each call:
-    they are read twice too, so a chain of many distinct tool sets is never held in memory.
+    schema, or a function returning (hash, schema) pairs in hash order anew on each call, a
+    schema as its canonical JSON bytes (the ledger stores them so) or as an object: they are
+    read twice too, so a chain of many distinct tool sets is never held in memory.
     A second read that differs from the first is ReceiptFormatError: a file written at a
     path is then removed, a file object left unfinished. A bundle past the bounds a reader
     holds it to is BundleTooLarge, raised before anything is written.
@@ -303,7 +305,8 @@ def _schema_files(schemas: BundleSchemas) -> Callable[[], _SchemaFiles]:
                 if bound <= previous:
                     raise ReceiptFormatError("schemas come once each, in hash order")
                 previous = bound
-                yield f"schemas/{bound}.json", canonical_json(schema)
+                text = schema if isinstance(schema, bytes) else canonical_json(schema)
+                yield f"schemas/{bound}.json", text
         finally:
             if isinstance(source, Generator):  # a database read: its transaction ends here
                 source.close()

@@ -92,7 +92,7 @@ def export_bundle(
             rows = queries.stream_rows(conn, tenant, first, last, should_stop)
             yield from _consecutive(rows, tenant, first, last)
 
-    def schemas() -> Iterator[tuple[str, dict[str, Any]]]:
+    def schemas() -> Iterator[tuple[str, bytes]]:
         """The schemas the range binds, read anew on each call (write_bundle reads them
         twice, so a range of many distinct tool sets is never held in memory)."""
         with reading() as conn:

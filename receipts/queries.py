@@ -295,12 +295,12 @@ def bound_schemas(
     first: int,
     last: int,
     should_stop: ShouldStop | None = None,
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The schemas the chain's receipts first..last bind, in hash order (for an export), in
-    keyset-paginated chunks along the (chain, schema_hash, seq) index: a range of many
-    distinct tool sets streams in constant memory (SCHEMA_CHUNK schemas at a time). A bound
-    schema the database lacks is left out (the bundle then fails verification, naming the
-    receipt that binds it)."""
+) -> Iterator[tuple[str, bytes]]:
+    """The schemas the chain's receipts first..last bind, as stored (canonical JSON), in hash
+    order (for an export), in keyset-paginated chunks along the (chain, schema_hash, seq)
+    index: a range of many distinct tool sets streams in constant memory (SCHEMA_CHUNK
+    schemas at a time). A bound schema the database lacks is left out (the bundle then
+    fails verification, naming the receipt that binds it)."""
     r = ReceiptRow.__table__.c
     after = ""
     while True:
@@ -323,7 +323,7 @@ def bound_schemas(
             .order_by(SchemaRow.hash)
         )
         for row in rows:
-            yield row.hash, json.loads(row.body)
+            yield row.hash, row.body.encode()
         if len(hashes) < SCHEMA_CHUNK:
             return
         after = hashes[-1]
