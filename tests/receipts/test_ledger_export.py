@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from ledger_kit import draft, ledger, migrated, tool_union
 
+from callproof.cli import main
 from receipts.bundle_verify import verify_bundle
 from receipts.errors import BundleTooLarge
 from receipts.ledger import Ledger
@@ -51,7 +52,7 @@ def test_an_export_holds_one_chunk_of_schemas_at_a_time(db_url: str, tmp_path: P
 
 
 def test_a_range_too_large_for_one_bundle_is_refused_and_shorter_ones_export(
-    fresh_sqlite_url: str, tmp_path: Path
+    fresh_sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """4,400 distinct 60 KB tool unions are more than the 256 MiB of schemas a bundle may
     hold (what `callproof verify` reads into memory): the whole chain's export wrote a bundle
@@ -70,6 +71,12 @@ def test_a_range_too_large_for_one_bundle_is_refused_and_shorter_ones_export(
         assert not whole.exists()
         assert str(refused.value).startswith("a bundle of seqs 1..4400 of chain 'acme' would hold")
         assert "a bundle may hold 256 MiB of them" in str(refused.value)
+        key = tmp_path / "signing.pem"
+        key.write_bytes(signer.private_key_pem())
+        argv = ["export", "--db", fresh_sqlite_url, "--signing-key", str(key), "-o", str(whole)]
+        assert main(argv) == 2  # `callproof export` says the same, as bad input
+        assert capsys.readouterr().err.endswith("export a shorter range of receipts\n")
+        assert not whole.exists()
         halves: list[dict[str, Any]] = [{"until": middle}, {"since": middle}]
         for n, half in enumerate(halves):
             bounds = {k: _utc(v) for k, v in half.items()}
