@@ -400,6 +400,47 @@ def test_other_tenants_and_other_roles_see_nothing(
             assert response.json()["error"]["code"] == "wrong_role"
 
 
+def test_a_schema_only_another_tenants_chain_binds_is_not_found(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """Schemas are stored once for all tenants; an auditor sees one only when a receipt of
+    its own chain binds it."""
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    theirs = {**gateway.ledger.schema(original.manifest["schema_hash"]), "$comment": "globex"}
+    bound = hash_json(theirs)
+    manifest = {**original.manifest, "schema_hash": bound}
+    _recorded_elsewhere(gateway, original.id, tenant="globex", schema=theirs, manifest=manifest)
+    with gateway.http("other_auditor") as other:
+        assert other.get(f"/audit/schemas/{bound}").json() == theirs
+    with gateway.http("auditor") as auditor:
+        assert error_of(auditor.get(f"/audit/schemas/{bound}"), 404)["code"] == "not_found"
+
+
+def test_a_window_or_range_at_the_chains_edge(gateway: Any, audited: dict[str, Any]) -> None:
+    """since == until is an empty window, not a reversed one; a verify range past the head
+    is a 400 naming the bound, on an empty chain too, where an empty body verifies trivially
+    unless a saved checkpoint says the chain held receipts."""
+    moment = "2024-01-01T00:00:00Z"
+    with gateway.http("auditor") as auditor:
+        window = auditor.get("/audit/receipts", params={"since": moment, "until": moment})
+        assert window.status_code == 200 and window.json()["items"] == [], window.text
+        head = audited["receipt"]["seq"] + len(all_receipts(gateway))  # past it, surely
+        error = error_of(auditor.post("/audit/verify", json={"to_seq": head}), 400)
+        assert error["param"] == "to_seq" and "beyond this chain's head" in error["message"]
+    tenant = "never-used"
+    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as empty:
+        report = empty.post("/audit/verify", json={}).json()
+        assert report["ok"] and report["checked"] == 0, report
+        error = error_of(empty.post("/audit/verify", json={"from_seq": 1}), 400)
+        assert (
+            error["param"] == "from_seq" and "beyond this chain's head (seq 0)" in error["message"]
+        )
+        held = make_checkpoint(tenant, 3, "ab" * 32, gateway.signer)
+        report = empty.post("/audit/verify", json={"checkpoint": held}).json()
+        assert not report["ok"] and "truncated" in report["reason"], report
+
+
 def _recorded_elsewhere(gateway: Any, receipt_id: str, **changes: Any) -> str:
     """Append a copy of a receipt as another replica would record it (fresh call ids; the
     manifest or request changed as given) and return the new receipt's id."""

@@ -1,18 +1,45 @@
-"""The API key cache: concurrent requests share one lookup when an entry is missing or expired,
-and a revoked key stops working once its entry expires."""
+"""API keys: stored as their secret's hash with checked fields, and the key cache (concurrent
+requests share one lookup when an entry is missing or expired, and a revoked key stops working
+once its entry expires)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import threading
 import time
+from contextlib import closing
 
 import pytest
+import sqlalchemy as sa
 
-from gateway.apikeys import KeyStore
+from gateway.apikeys import InvalidKeyField, KeyStore
 from gateway.auth import Authenticator, KeyCall
 from gateway.errors import APIError
 from migrations.runner import upgrade
+
+
+def test_the_database_holds_the_secrets_hash_never_the_secret(fresh_sqlite_url: str) -> None:
+    upgrade(fresh_sqlite_url)
+    with closing(KeyStore.open(fresh_sqlite_url)) as store:
+        key, secret = store.create("agent", "acme")
+    engine = sa.create_engine(fresh_sqlite_url)
+    with engine.connect() as conn:
+        row = conn.execute(sa.text("SELECT * FROM api_keys WHERE id = :i"), {"i": key.id}).one()
+    engine.dispose()
+    assert row.key_hash == hashlib.sha256(secret.encode()).hexdigest()
+    assert all(secret not in str(value) for value in row)
+
+
+def test_the_key_store_refuses_a_bad_name_or_role_itself(fresh_sqlite_url: str) -> None:
+    """`callproof keys create --name` reaches the store with no other check: a newline would
+    forge a line of `keys list`."""
+    upgrade(fresh_sqlite_url)
+    with closing(KeyStore.open(fresh_sqlite_url)) as store:
+        for fields, param in (({"name": "ops\nforged"}, "name"), ({"role": "root"}, "role")):
+            with pytest.raises(InvalidKeyField) as refused:
+                store.create(**{"role": "agent", "tenant": "acme", **fields})
+            assert refused.value.param == param
 
 
 def test_concurrent_misses_share_one_lookup_and_revocation_applies_after_ttl(

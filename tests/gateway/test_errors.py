@@ -9,14 +9,22 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
-from conftest import error_of
+from conftest import error_of, gateway_settings
 
+from gateway.apikeys import KeyStore
+from gateway.app import create_app
+from migrations.runner import upgrade
+from receipts.ledger import Ledger
 from receipts.queries import ReceiptQuery
+from receipts.signing import Signer
 
 TOOL = {
     "type": "function",
@@ -636,6 +644,10 @@ def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
         bare = client.get("/v1/models", headers={"Authorization": gateway.secrets["agent"]})
     assert "a 'Basic' Authorization header" in error_of(basic, 401)["message"]
     assert gateway.secrets["agent"] not in error_of(bare, 401)["message"]  # never echoed
+    foreign = "sk-proj-" + "a1b2c3d4" * 5  # another provider's key, sent without "Bearer "
+    with gateway.http(None) as client:
+        sent = error_of(client.get("/v1/models", headers={"Authorization": foreign}), 401)
+    assert foreign not in sent["message"] and sent["type"] == "authentication_error"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="cp_wrong", max_retries=0).models.list()
 
@@ -649,7 +661,8 @@ def test_non_agent_keys_cannot_call_v1(gateway: Any, role: str) -> None:
 
 def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:
     with gateway.http("agent") as client:
-        assert error_of(client.get("/audit/receipts"), 403)["code"] == "wrong_role"
+        refused = error_of(client.get("/audit/receipts"), 403)
+        assert (refused["code"], refused["type"]) == ("wrong_role", "permission_error")
         assert error_of(client.get("/admin/keys"), 403)["code"] == "wrong_role"
 
 
@@ -745,47 +758,118 @@ def test_an_anonymous_body_is_not_read_before_the_401(
         assert error_of(wrong_role, 403)["code"] == "wrong_role"
 
 
+@contextmanager
+def own_gateway(
+    engine: Any, server_loop: Any, tmp_path: Path, db_url: str, **settings: Any
+) -> Iterator[tuple[str, str, Ledger]]:
+    """A gateway of its own (settings the session's gateway does not have) on a fresh
+    ledger: its URL, an agent key of tenant acme and the ledger."""
+    upgrade(db_url)
+    ledger = Ledger(db_url, Signer.generate())
+    keys = KeyStore.open(db_url)
+    secret = keys.create("agent", "acme")[1]
+    app = create_app(gateway_settings(tmp_path, db_url, **settings), engine, ledger, keys)
+    base, stop = server_loop.serve(app)
+    try:
+        yield base, secret, ledger
+    finally:
+        stop()
+        ledger.close()
+        keys.close()
+
+
+def read_answer(conn: socket.socket) -> bytes:
+    """A whole HTTP/1.1 answer with a JSON body, as the raw bytes."""
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
+def post_head(secret: str, length: int) -> bytes:
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
+        + f"Authorization: Bearer {secret}\r\n".encode()
+        + f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n".encode()
+    )
+
+
 def test_a_body_that_stops_short_of_its_length_is_408_in_bounded_time(
     gateway_engine: Any, server_loop: Any, tmp_path: Path, fresh_sqlite_url: str
 ) -> None:
     """A client that sends less than its Content-Length and waits (slowloris) held the
     connection and its handler with no end: now the body is due within body_timeout_s."""
-    from conftest import gateway_settings
-
-    from gateway.apikeys import KeyStore
-    from gateway.app import create_app
-    from migrations.runner import upgrade
-    from receipts.ledger import Ledger
-    from receipts.signing import Signer
-
-    upgrade(fresh_sqlite_url)
-    settings = gateway_settings(tmp_path, fresh_sqlite_url, body_timeout_s=1.0)
-    ledger = Ledger(fresh_sqlite_url, Signer.generate())
-    keys = KeyStore.open(fresh_sqlite_url)
-    secret = keys.create("agent", "acme")[1]
-    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
-    try:
+    with own_gateway(
+        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=1.0
+    ) as (base, secret, ledger):
         host, port = base.removeprefix("http://").split(":")
         started = time.monotonic()
         with socket.create_connection((host, int(port)), timeout=15) as conn:
-            conn.sendall(
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
-                + f"Authorization: Bearer {secret}\r\n".encode()
-                + b'Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{"model":'
-            )
-            answer = b""
-            while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                answer += chunk
+            conn.sendall(post_head(secret, 500) + b'{"model":')
+            answer = read_answer(conn)
         assert time.monotonic() - started < 8  # 1 s, on a busy VM
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 408"), answer
         error = json.loads(body)["error"]
         assert error["code"] == "request_timeout" and "body_timeout_s (1 s)" in error["message"]
         assert ledger.last_seq("acme") == 0
-    finally:
-        stop()
-        ledger.close()
-        keys.close()
+
+
+def test_a_body_trickled_byte_by_byte_is_408_at_its_deadline(
+    gateway_engine: Any, server_loop: Any, tmp_path: Path, fresh_sqlite_url: str
+) -> None:
+    """The deadline runs from the request's start, not from each chunk: a byte every 0.3 s
+    never leaves a gap of body_timeout_s, and is still cut off at it."""
+    with own_gateway(
+        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=1.0
+    ) as (base, secret, ledger):
+        host, port = base.removeprefix("http://").split(":")
+        started = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=15) as conn:
+            conn.sendall(post_head(secret, 500) + b"{")
+            conn.settimeout(0.3)
+            answer = b""
+            while time.monotonic() - started < 20 and b"\r\n\r\n" not in answer:
+                try:
+                    conn.sendall(b" ")
+                    answer += conn.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:  # the server closed the connection after answering
+                    break
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert time.monotonic() - started < 8  # 1 s, on a busy VM
+        assert ledger.last_seq("acme") == 0
+
+
+@pytest.mark.model
+def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
+    gateway_engine: Any, server_loop: Any, tmp_path: Path, fresh_sqlite_url: str
+) -> None:
+    """Once the body is in, the deadline is done: a stream longer than body_timeout_s runs to
+    its end and its receipt."""
+    with own_gateway(
+        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=0.3
+    ) as (base, secret, ledger):
+        body = {
+            "model": gateway_engine.identity.model,
+            "stream": True,
+            "max_tokens": 64,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "Write letters."}],
+            "regex": "[a-z ]{64}",  # cannot end early: some seconds of decoding
+        }
+        started = time.monotonic()
+        headers = {"Authorization": f"Bearer {secret}"}
+        with (
+            httpx.Client(base_url=base, headers=headers, timeout=120) as client,
+            client.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line]
+        assert time.monotonic() - started > 0.6, "the stream ended before the deadline"
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        assert ledger.last_seq("acme") == 1
