@@ -95,7 +95,7 @@ class AuditController(Controller):
             description="next_cursor of a page",
             schema_extra={"minimum": 0},  # Litestar leaves a bound of 0 out of the document
         ),
-        limit: int = Parameter(default=100, ge=1, le=1000),
+        limit: int = Parameter(default=100, ge=1, le=queries.MAX_PAGE),
     ) -> ReceiptPage:
         start, end = _window(since, until)
         page = await chain.query(

@@ -400,6 +400,18 @@ def test_other_tenants_and_other_roles_see_nothing(
             assert response.json()["error"]["code"] == "wrong_role"
 
 
+def test_a_page_limit_past_1000_is_refused_naming_limit(gateway: Any) -> None:
+    """The route's own bound (the ledger's 1,000 a page), so the 400 names the parameter and
+    the OpenAPI schema documents the maximum."""
+    with gateway.http("auditor") as client:
+        error = error_of(client.get("/audit/receipts", params={"limit": 1001}), 400)
+        assert error["param"] == "limit"
+        document = client.get("/schema/openapi.json").json()
+    parameters = document["paths"]["/audit/receipts"]["get"]["parameters"]
+    (limit,) = [p for p in parameters if p["name"] == "limit"]
+    assert limit["schema"]["maximum"] == queries.MAX_PAGE == 1000
+
+
 def test_a_schema_only_another_tenants_chain_binds_is_not_found(
     gateway: Any, audited: dict[str, Any]
 ) -> None:

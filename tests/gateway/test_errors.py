@@ -659,6 +659,23 @@ def test_non_agent_keys_cannot_call_v1(gateway: Any, role: str) -> None:
     assert f"an {role} key cannot use /v1/chat/completions: it needs an agent key" == err["message"]
 
 
+def test_admin_keys_cannot_read_the_audit_routes(gateway: Any) -> None:
+    """An admin manages keys; reading a chain takes an auditor key of its tenant."""
+    with gateway.http("admin") as client:
+        for path in ("/audit/receipts", "/audit/checkpoints/latest"):
+            refused = error_of(client.get(path), 403)
+            assert (refused["code"], refused["type"]) == ("wrong_role", "permission_error")
+
+
+def test_a_request_the_receipt_cannot_digest_exactly_is_400(gateway: Any) -> None:
+    """An unknown member of response_format (kept in the digested body; the text format
+    ignores it) holding an integer past 2**53 has no RFC 8785 form: a 400 naming why, not a
+    500."""
+    response_format = {"type": "text", "extra": 2**54 + 1}
+    response = post_chat(gateway, response_format=response_format)
+    assert "cannot be recorded exactly" in error_of(response, 400)["message"]
+
+
 def test_agent_keys_cannot_call_audit_or_admin(gateway: Any) -> None:
     with gateway.http("agent") as client:
         refused = error_of(client.get("/audit/receipts"), 403)
