@@ -151,7 +151,7 @@ def _refusals_are_400() -> Iterator[None]:
     except (ReceiptFormatError, OutOfRange) as exc:
         raise APIError(400, str(exc), code="invalid_value") from None
     except BundleTooLarge as exc:
-        raise APIError(400, str(exc), code="bundle_too_large", param="since") from None
+        raise APIError(400, str(exc), code="bundle_too_large") from None
 
 
 async def _rest(

@@ -12,7 +12,7 @@ Layout (docs/receipt-format.md has the precise rules):
 
 A bundle is hostile input until verified, so a reader holds it to the bounds below
 (receipts.bundle_archive); the writer refuses, before writing a byte, a bundle that would not
-fit them, so every bundle it writes can be verified. receipts.bundle_verify verifies one.
+fit them, so that none it writes is refused for its size. receipts.bundle_verify verifies one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import tarfile
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, NoReturn
 
 from receipts.canonical import canonical_json
 from receipts.checkpoint import check_checkpoint
@@ -52,6 +52,9 @@ MAX_SMALL_FILE = 64 << 20  # metadata, schemas and receipt lines are small: refu
 MAX_SMALL_TOTAL = 256 << 20  # every member but receipts.jsonl together, tar headers included
 MAX_MEMBERS = 100_000  # a few files and one schema per distinct tool set
 MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is announced
+# A line of receipts.jsonl the writer puts in a bundle: the verifier refuses one running past
+# MAX_SMALL_FILE, counting it in 1 MiB blocks (bundle_verify.BLOCK), so two are kept spare.
+MAX_RECEIPT_LINE = MAX_SMALL_FILE - (2 << 20)
 
 
 def key_file(key_id: str) -> str:
@@ -121,6 +124,7 @@ def write_bundle(
     again = _rereadable(receipts)
     with contextlib.closing(_lines(again())) as lines:
         measured = _measure(lines)
+    room = _Room(measured)
     if checkpoint["chain"] != measured.chain or checkpoint["tree_size"] < measured.last_seq:
         raise ReceiptFormatError(
             "the checkpoint must be of the same chain and cover the last receipt"
@@ -137,8 +141,13 @@ def write_bundle(
         ),
         **_key_files(public_keys),
     }
+    for data in files.values():
+        room.take(len(data))
     schema_files = _schema_files(schemas)
-    schema_digests = _measure_schemas(schema_files())
+    schema_digests = _measure_schemas(schema_files(), room)
+    listed = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    listed |= {name: digest for name, digest in schema_digests}
+    listed[RECEIPTS] = measured.sha256
     manifest = canonical_json(
         {
             "format": BUNDLE_FORMAT,
@@ -147,17 +156,12 @@ def write_bundle(
             "first_seq": measured.first_seq,
             "last_seq": measured.last_seq,
             "receipts": measured.last_seq - measured.first_seq + 1,
-            "files": {
-                **{name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
-                **{name: digest for name, digest, _ in schema_digests},
-                RECEIPTS: measured.sha256,
-            },
+            # sorted here: msgspec sorts a map nearly in order but one key (receipts.jsonl
+            # after 100,000 schemas) in quadratic time, 21 s with the GIL held
+            "files": dict(sorted(listed.items())),
         }
     )
-    _check_bounds(
-        [len(manifest), *map(len, files.values()), *(size for *_, size in schema_digests)],
-        measured,
-    )
+    room.take(len(manifest))
     with (
         _open_out(out) as raw,
         gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
@@ -169,7 +173,7 @@ def write_bundle(
             _add(tar, name, files[name])
         with contextlib.closing(schema_files()) as again_schemas:
             for entry, listed in itertools.zip_longest(again_schemas, schema_digests):
-                if entry is None or listed is None or _digested(*entry) != listed[:2]:
+                if entry is None or listed is None or _digested(*entry) != listed:
                     raise ReceiptFormatError(
                         "the schemas changed between the bundle's two reads of them:"
                         " the bundle is unfinished and must not be used"
@@ -228,6 +232,12 @@ def _measure(lines: Iterator[ReceiptLine]) -> _Measured:
     size = 0
     first = last = next(lines)  # _lines raises for none at all
     for last in itertools.chain([first], lines):
+        if len(last.text) > MAX_RECEIPT_LINE:
+            raise BundleTooLarge(
+                f"receipt seq {last.seq} of chain {last.chain!r} is {len(last.text):,} bytes:"
+                f" a bundle's receipt may be {MAX_RECEIPT_LINE:,} (a verifier reads it whole),"
+                " so no bundle can hold it; its retained payload made it that large"
+            )
         digest.update(last.text)
         digest.update(b"\n")
         size += len(last.text) + 1
@@ -314,10 +324,15 @@ def _schema_files(schemas: BundleSchemas) -> Callable[[], _SchemaFiles]:
     return files
 
 
-def _measure_schemas(files: _SchemaFiles) -> list[tuple[str, str, int]]:
-    """(name, SHA-256, size) of every schema file, from the first read."""
+def _measure_schemas(files: _SchemaFiles, room: _Room) -> list[tuple[str, str]]:
+    """(name, SHA-256) of every schema file, from the first read, each taking its ``room``
+    as it is read (a range far past a bundle's bounds is refused at them, not at its end)."""
+    digests = []
     with contextlib.closing(files):
-        return [(*_digested(name, data), len(data)) for name, data in files]
+        for name, data in files:
+            room.take(len(data))
+            digests.append(_digested(name, data))
+    return digests
 
 
 def _digested(name: str, data: bytes) -> tuple[str, str]:
@@ -330,42 +345,50 @@ def _tar_bytes(size: int) -> int:
     return tarfile.BLOCKSIZE + -(-size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
 
 
-_RECEIPTS_HEADER = 3 * tarfile.BLOCKSIZE  # its header, with a PAX header when 8 GiB or more
+# Counted by the reader against MAX_SMALL_TOTAL besides the small files: receipts.jsonl's
+# header (three blocks with the PAX header a size of 8 GiB or more needs), its padding and the
+# two end-of-archive blocks (one block and two), and tarfile's read-ahead of one record.
+_RESERVE = 6 * tarfile.BLOCKSIZE + tarfile.RECORDSIZE
 
 
-def _check_bounds(small: list[int], measured: _Measured) -> None:
-    """Refuse a bundle a reader would refuse (bundle_archive enforces the same bounds): too
-    many members, or small files (every member but receipts.jsonl) too large, alone or
-    together with their tar headers. The reader counts what it decompresses up to the
-    header of receipts.jsonl, and tarfile reads ahead by up to one record, so that record is
-    kept free. A shorter range of receipts binds fewer schemas."""
-    span = f"seqs {measured.first_seq}..{measured.last_seq} of chain {measured.chain!r}"
-    shorter = "export a shorter range of receipts"
-    members = len(small) + 1
-    if members > MAX_MEMBERS:
-        raise BundleTooLarge(
-            f"a bundle of {span} would have {members} files (one per distinct schema);"
-            f" a bundle may have {MAX_MEMBERS}: {shorter}"
-        )
-    largest = max(small)
-    if largest > MAX_SMALL_FILE:
-        raise BundleTooLarge(
-            f"a bundle of {span} would hold a file of {largest} bytes;"
-            f" a bundle's files other than {RECEIPTS} may be {MAX_SMALL_FILE >> 20} MiB each"
-        )
-    total = sum(map(_tar_bytes, small)) + _RECEIPTS_HEADER + tarfile.RECORDSIZE
-    if total > MAX_SMALL_TOTAL:
-        raise BundleTooLarge(
-            f"a bundle of {span} would hold {total / (1 << 20):.1f} MiB of files other than"
-            f" {RECEIPTS} (its schemas, keys and proofs, tar headers included); a bundle may"
-            f" hold {MAX_SMALL_TOTAL >> 20} MiB of them, which a verifier reads into memory:"
-            f" {shorter}"
-        )
-    if measured.size > MAX_RECEIPTS_BYTES:
-        raise BundleTooLarge(
-            f"a bundle of {span} would hold {measured.size >> 30} GiB of receipts;"
-            f" a bundle may hold {MAX_RECEIPTS_BYTES >> 30} GiB: {shorter}"
-        )
+class _Room:
+    """What a bundle's members other than receipts.jsonl take, held to the bounds a reader
+    holds them to (bundle_archive) as they are counted: a bundle its verifier would refuse
+    is refused before a byte is written. A shorter range of receipts binds fewer schemas."""
+
+    def __init__(self, measured: _Measured) -> None:
+        self._span = f"seqs {measured.first_seq}..{measured.last_seq} of chain {measured.chain!r}"
+        self._members = 1  # receipts.jsonl
+        self._bytes = _RESERVE
+        if measured.size > MAX_RECEIPTS_BYTES:
+            self._refuse(
+                f"would hold {measured.size >> 30} GiB of receipts; a bundle may hold"
+                f" {MAX_RECEIPTS_BYTES >> 30} GiB"
+            )
+
+    def take(self, size: int) -> None:
+        """Count one more small member of ``size`` bytes."""
+        self._members += 1
+        self._bytes += _tar_bytes(size)
+        if self._members > MAX_MEMBERS:
+            self._refuse(
+                f"would have more than {MAX_MEMBERS} files (one per distinct schema), the"
+                " most a bundle may have"
+            )
+        if size > MAX_SMALL_FILE:
+            self._refuse(
+                f"would hold a file of {size} bytes; a bundle's files other than {RECEIPTS}"
+                f" may be {MAX_SMALL_FILE >> 20} MiB each"
+            )
+        if self._bytes > MAX_SMALL_TOTAL:
+            self._refuse(
+                f"would hold more than {MAX_SMALL_TOTAL >> 20} MiB of files other than"
+                f" {RECEIPTS} (its schemas, keys and proofs, tar headers included), the most"
+                " a bundle may hold: a verifier reads them into memory"
+            )
+
+    def _refuse(self, why: str) -> NoReturn:
+        raise BundleTooLarge(f"a bundle of {self._span} {why}: export a shorter range of receipts")
 
 
 @contextmanager

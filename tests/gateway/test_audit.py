@@ -904,7 +904,7 @@ def test_an_export_too_large_for_one_bundle_is_a_400_naming_what_to_do(
     headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
     with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
         error = error_of(client.get("/audit/export"), 400)
-        assert (error["code"], error["param"]) == ("bundle_too_large", "since")
+        assert (error["code"], error["param"]) == ("bundle_too_large", None)
         assert error["message"].startswith(f"a bundle of seqs 1..40 of chain {tenant!r} would")
         assert error["message"].endswith("export a shorter range of receipts")
         page = client.get("/audit/receipts", params={"limit": 1, "cursor": 30}).json()

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,67 @@ def test_the_writer_keeps_within_the_bounds_a_reader_holds_a_bundle_to(
         assert len(members) == limit
     else:
         assert limit - small < 2 * size, small  # within about one schema of the bound
+
+
+def test_the_writer_accepts_no_bundle_its_reader_refuses_even_at_the_exact_bound(
+    tmp_path: Path, chain, signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The smallest MAX_SMALL_TOTAL the writer accepts for a bundle (found by bisection) is
+    one the reader accepts it under: the writer's count of tar headers, padding, the end of
+    the archive and tarfile's read-ahead is not short of the reader's."""
+    checkpoint = whole_chain_checkpoint(chain, signer)
+    schemas = {**SCHEMAS, **distinct_schemas(7, 3_000)}
+    path = tmp_path / "bundle.tar.gz"
+    low, high = 1, 1 << 20  # the writer refuses at low, accepts at high
+    while high - low > 1:
+        middle = (low + high) // 2
+        monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", middle)
+        try:
+            write_bundle(path, chain, schemas, keys_of(signer), checkpoint)
+            high = middle
+        except BundleTooLarge:
+            low = middle
+    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", high)
+    write_bundle(path, chain, schemas, keys_of(signer), checkpoint)
+    monkeypatch.setattr(receipts.bundle_archive, "MAX_SMALL_TOTAL", high)
+    report = verify_bundle(path, signer.public_key_pem())
+    assert report.ok and report.checked == N, report
+
+
+def test_a_receipt_longer_than_a_bundle_may_hold_is_refused_by_name(
+    tmp_path: Path, chain, signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retained payload can make one receipt longer than a verifier reads (max_body_bytes
+    has no ceiling): no range holds it, and the refusal says which receipt and why."""
+    lengths = [len(ReceiptLine.of(r).text) for r in chain]
+    monkeypatch.setattr(receipts.bundle, "MAX_RECEIPT_LINE", max(lengths) - 1)
+    longest = lengths.index(max(lengths)) + 1
+    path = tmp_path / "bundle.tar.gz"
+    with pytest.raises(BundleTooLarge, match=f"receipt seq {longest} of chain 'acme' is "):
+        write_bundle(path, chain, SCHEMAS, keys_of(signer), whole_chain_checkpoint(chain, signer))
+    assert not path.exists()
+
+
+def test_a_manifest_of_many_schemas_is_encoded_in_linear_time(
+    chain, signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """msgspec sorts a map that is in order but for one key (receipts.jsonl after the
+    schemas) in quadratic time: 21 s for 100,000 schemas, the GIL held and the gateway's
+    event loop frozen. The writer hands it the map sorted."""
+    longest: list[float] = [0.0]
+
+    def timed(value: Any) -> bytes:
+        started = time.perf_counter()
+        try:
+            return canonical_json(value)
+        finally:
+            longest[0] = max(longest[0], time.perf_counter() - started)
+
+    monkeypatch.setattr(receipts.bundle, "canonical_json", timed)
+    schemas = {**SCHEMAS, **distinct_schemas(60_000, 0)}
+    checkpoint = whole_chain_checkpoint(chain, signer)
+    write_bundle(io.BytesIO(), chain, schemas, keys_of(signer), checkpoint)
+    assert longest[0] < 1, f"one encoding took {longest[0]:.1f} s"  # some 0.01 s; 8 s unsorted
 
 
 @pytest.mark.parametrize("change", ["edited", "dropped", "added", "reordered"])
