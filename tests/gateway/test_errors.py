@@ -854,7 +854,7 @@ def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
     """Once the body is in, the deadline is done: a stream longer than body_timeout_s runs to
     its end and its receipt."""
     with own_gateway(
-        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=0.3
+        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=0.1
     ) as (base, secret, ledger):
         body = {
             "model": gateway_engine.identity.model,
@@ -872,6 +872,6 @@ def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
         ):
             assert response.status_code == 200
             lines = [line for line in response.iter_lines() if line]
-        assert time.monotonic() - started > 0.6, "the stream ended before the deadline"
+        assert time.monotonic() - started > 0.2, "the stream ended before the deadline"
         assert lines[-1] == "data: [DONE]", lines[-3:]
         assert ledger.last_seq("acme") == 1

@@ -224,7 +224,7 @@ def test_abandoned_stream_frees_the_worker(engine: EmbeddedEngine) -> None:
     finally:
         hook.remove()
     assert follow_up.completion_tokens == 4
-    assert len(steps) < 40, f"{len(steps)} steps: the 200-token story was decoded on"
+    assert 5 <= len(steps) < 40, f"{len(steps)} steps: the 200-token story was decoded on"
 
 
 def test_post_hoc_fallback_returns_only_validated_json(engine: EmbeddedEngine) -> None:
