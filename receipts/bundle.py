@@ -124,11 +124,11 @@ def write_bundle(
     again = _rereadable(receipts)
     with contextlib.closing(_lines(again())) as lines:
         measured = _measure(lines)
-    room = _Room(measured)
     if checkpoint["chain"] != measured.chain or checkpoint["tree_size"] < measured.last_seq:
         raise ReceiptFormatError(
             "the checkpoint must be of the same chain and cover the last receipt"
         )
+    room = _Room(measured)
     files = {
         "checkpoint.json": canonical_json(dict(checkpoint)),
         "proofs.json": canonical_json(
@@ -145,9 +145,9 @@ def write_bundle(
         room.take(len(data))
     schema_files = _schema_files(schemas)
     schema_digests = _measure_schemas(schema_files(), room)
-    listed = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
-    listed |= {name: digest for name, digest in schema_digests}
-    listed[RECEIPTS] = measured.sha256
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    digests.update(schema_digests)
+    digests[RECEIPTS] = measured.sha256
     manifest = canonical_json(
         {
             "format": BUNDLE_FORMAT,
@@ -158,7 +158,7 @@ def write_bundle(
             "receipts": measured.last_seq - measured.first_seq + 1,
             # sorted here: msgspec sorts a map nearly in order but one key (receipts.jsonl
             # after 100,000 schemas) in quadratic time, 21 s with the GIL held
-            "files": dict(sorted(listed.items())),
+            "files": dict(sorted(digests.items())),
         }
     )
     room.take(len(manifest))
@@ -172,8 +172,8 @@ def write_bundle(
         for name in sorted(files):  # all sort before "schemas/"
             _add(tar, name, files[name])
         with contextlib.closing(schema_files()) as again_schemas:
-            for entry, listed in itertools.zip_longest(again_schemas, schema_digests):
-                if entry is None or listed is None or _digested(*entry) != listed:
+            for entry, first_read in itertools.zip_longest(again_schemas, schema_digests):
+                if entry is None or first_read is None or _digested(*entry) != first_read:
                     raise ReceiptFormatError(
                         "the schemas changed between the bundle's two reads of them:"
                         " the bundle is unfinished and must not be used"
