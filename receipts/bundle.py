@@ -29,7 +29,7 @@ import tarfile
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import IO, Any, NamedTuple, NoReturn
+from typing import IO, Any, NamedTuple, NoReturn, TypeVar
 
 from receipts.canonical import canonical_json
 from receipts.checkpoint import check_checkpoint
@@ -89,6 +89,7 @@ BundleReceipts = Iterable[Receipt | Mapping[str, Any] | ReceiptLine]
 SchemaText = Mapping[str, Any] | bytes  # a schema, or its canonical JSON already spelled
 BundleSchemas = Mapping[str, Mapping[str, Any]] | Callable[[], Iterable[tuple[str, SchemaText]]]
 _SchemaFiles = Generator[tuple[str, bytes], None, None]  # (schemas/<hash>.json, its bytes)
+T = TypeVar("T")
 
 
 def write_bundle(
@@ -195,12 +196,23 @@ def _rereadable(
     return lambda: receipts
 
 
+@contextmanager
+def _reading(items: Iterable[T]) -> Iterator[Iterator[T]]:
+    """``items`` to iterate; a generator (a database read) is closed however the iteration
+    ends, so its transaction ends then and not when the garbage collector gets to it."""
+    source = iter(items)
+    try:
+        yield source
+    finally:
+        if isinstance(source, Generator):
+            source.close()
+
+
 def _lines(receipts: BundleReceipts) -> Iterator[ReceiptLine]:
     """The receipts as lines, checked to be consecutive receipts of one chain in seq order
     (the range the manifest announces)."""
     last = None
-    source = iter(receipts)
-    try:
+    with _reading(receipts) as source:
         for item in source:
             line = item if isinstance(item, ReceiptLine) else ReceiptLine.of(item)
             if last is not None and (line.seq != last.seq + 1 or line.chain != last.chain):
@@ -209,9 +221,6 @@ def _lines(receipts: BundleReceipts) -> Iterator[ReceiptLine]:
                 )
             last = line
             yield line
-    finally:
-        if isinstance(source, Generator):  # a database read: its transaction ends here
-            source.close()
     if last is None:
         raise ReceiptFormatError("a bundle needs at least one receipt")
 
@@ -306,9 +315,8 @@ def _schema_files(schemas: BundleSchemas) -> Callable[[], _SchemaFiles]:
     )
 
     def files() -> _SchemaFiles:
-        source = iter(pairs())
-        try:
-            previous = ""
+        previous = ""
+        with _reading(pairs()) as source:
             for bound, schema in source:
                 if not isinstance(bound, str) or not is_hex64(bound):
                     raise ReceiptFormatError(f"not a schema hash: {bound!r}")
@@ -317,9 +325,6 @@ def _schema_files(schemas: BundleSchemas) -> Callable[[], _SchemaFiles]:
                 previous = bound
                 text = schema if isinstance(schema, bytes) else canonical_json(schema)
                 yield f"schemas/{bound}.json", text
-        finally:
-            if isinstance(source, Generator):  # a database read: its transaction ends here
-                source.close()
 
     return files
 
