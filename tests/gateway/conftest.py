@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from gateway.apikeys import KeyStore
 from gateway.app import create_app
 from gateway.boot import open_resources, prepare_database
 from gateway.settings import Settings
+from migrations.runner import upgrade
 from receipts.ledger import Ledger
 from receipts.signing import Signer
 from runtime.engines.base import Engine
@@ -212,3 +213,37 @@ def _serve_gateway(
     stop()
     ledger.close()
     keys.close()
+
+
+@contextmanager
+def served_again(gateway: Gateway, server_loop: ServerLoop, **changes: Any) -> Iterator[Gateway]:
+    """The session's gateway (its engine, ledger and key store) served by a second app with
+    ``changes`` to its settings, for a test the shared app's settings do not fit."""
+    settings = replace(gateway.settings, **changes)
+    url, stop = server_loop.serve(
+        create_app(settings, gateway.engine, gateway.ledger, gateway.keys)
+    )
+    try:
+        yield replace(gateway, url=url, settings=settings)
+    finally:
+        stop()
+
+
+@contextmanager
+def fresh_gateway(
+    engine: Engine, server_loop: ServerLoop, data_dir: Path, db_url: str, **settings: Any
+) -> Iterator[tuple[str, str, Ledger]]:
+    """A gateway on a ledger of its own at ``db_url`` (migrated here), with ``settings`` over
+    the suite's: its URL, an agent key of tenant acme, and the ledger."""
+    upgrade(db_url)
+    ledger = Ledger(db_url, Signer.generate())
+    keys = KeyStore.open(db_url)
+    secret = keys.create("agent", TENANT)[1]
+    app = create_app(gateway_settings(data_dir, db_url, **settings), engine, ledger, keys)
+    url, stop = server_loop.serve(app)
+    try:
+        yield url, secret, ledger
+    finally:
+        stop()
+        ledger.close()
+        keys.close()

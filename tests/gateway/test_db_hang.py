@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import gateway_settings
+from conftest import fresh_gateway, gateway_settings
 
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
@@ -261,11 +261,6 @@ def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logge
     the request is a 499, and the receipt that still lands is logged as committed late with
     the request's id. It used to be recorded as an ordinary 200 nobody read, and with the
     SDK's retry the chain held two receipts for one call with nothing tying them together."""
-    url = fresh_sqlite_url
-    upgrade(url)
-    settings = gateway_settings(tmp_path, url, db_timeout_s=60.0)
-    ledger, keys = Ledger(url, Signer.generate()), KeyStore.open(url)
-    secret = keys.create("agent", "acme")[1]
     sealing, release = threading.Event(), threading.Event()
     seal = ledger_writer.seal
 
@@ -276,40 +271,42 @@ def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logge
 
     monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
     caplog.set_level(logging.WARNING, logger="callproof.gateway")
-    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
-    try:
-        host, port = base.removeprefix("http://").rsplit(":", 1)
-        body = httpx.Request(
-            "POST",
-            f"{base}/v1/chat/completions",
-            json=ping(gateway_engine),
-            headers={"Authorization": f"Bearer {secret}"},
-        )
-        head = "".join(f"{k}: {v}\r\n" for k, v in body.headers.items())
-        with socket.create_connection((host, int(port))) as client:
-            client.sendall(
-                f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + body.read()
+    served = fresh_gateway(
+        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, db_timeout_s=60.0
+    )
+    with served as (base, secret, _):
+        try:
+            host, port = base.removeprefix("http://").rsplit(":", 1)
+            body = httpx.Request(
+                "POST",
+                f"{base}/v1/chat/completions",
+                json=ping(gateway_engine),
+                headers={"Authorization": f"Bearer {secret}"},
             )
-            assert sealing.wait(60), "the receipt never reached the writer"
-        with httpx.Client(base_url=base) as http:
+            head = "".join(f"{k}: {v}\r\n" for k, v in body.headers.items())
+            with socket.create_connection((host, int(port))) as client:
+                client.sendall(
+                    f"POST /v1/chat/completions HTTP/1.1\r\n{head}\r\n".encode() + body.read()
+                )
+                assert sealing.wait(60), "the receipt never reached the writer"
+            with httpx.Client(base_url=base) as http:
+                deadline = time.monotonic() + 30
+                while not any(
+                    'route="/v1/chat/completions"' in line and 'status="499"' in line
+                    for line in http.get("/metrics").text.splitlines()
+                ):  # the 499 is answered while the writer still holds the receipt
+                    assert time.monotonic() < deadline, "the client's leaving was not noticed"
+                    time.sleep(0.1)
+            release.set()
             deadline = time.monotonic() + 30
-            while not any(
-                'route="/v1/chat/completions"' in line and 'status="499"' in line
-                for line in http.get("/metrics").text.splitlines()
-            ):  # the 499 is answered while the writer still holds the receipt
-                assert time.monotonic() < deadline, "the client's leaving was not noticed"
+            while not (
+                late := [r for r in caplog.records if r.msg.startswith("receipt committed")]
+            ):
+                assert time.monotonic() < deadline, "the late commit was not logged"
                 time.sleep(0.1)
-        release.set()
-        deadline = time.monotonic() + 30
-        while not (late := [r for r in caplog.records if r.msg.startswith("receipt committed")]):
-            assert time.monotonic() < deadline, "the late commit was not logged"
-            time.sleep(0.1)
-        assert late[0].seq == 1
-        with httpx.Client(base_url=base) as http:
-            metrics = http.get("/metrics").text
-        assert "callproof_receipts_committed_late_total 1.0" in metrics
-    finally:
-        release.set()
-        stop()
-        ledger.close()
-        keys.close()
+            assert late[0].seq == 1
+            with httpx.Client(base_url=base) as http:
+                metrics = http.get("/metrics").text
+            assert "callproof_receipts_committed_late_total 1.0" in metrics
+        finally:
+            release.set()

@@ -9,22 +9,15 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from conftest import error_of, gateway_settings
+from conftest import error_of, fresh_gateway
 
-from gateway.apikeys import KeyStore
-from gateway.app import create_app
-from migrations.runner import upgrade
-from receipts.ledger import Ledger
 from receipts.queries import ReceiptQuery
-from receipts.signing import Signer
 
 TOOL = {
     "type": "function",
@@ -775,26 +768,6 @@ def test_an_anonymous_body_is_not_read_before_the_401(
         assert error_of(wrong_role, 403)["code"] == "wrong_role"
 
 
-@contextmanager
-def own_gateway(
-    engine: Any, server_loop: Any, tmp_path: Path, db_url: str, **settings: Any
-) -> Iterator[tuple[str, str, Ledger]]:
-    """A gateway of its own (settings the session's gateway does not have) on a fresh
-    ledger: its URL, an agent key of tenant acme and the ledger."""
-    upgrade(db_url)
-    ledger = Ledger(db_url, Signer.generate())
-    keys = KeyStore.open(db_url)
-    secret = keys.create("agent", "acme")[1]
-    app = create_app(gateway_settings(tmp_path, db_url, **settings), engine, ledger, keys)
-    base, stop = server_loop.serve(app)
-    try:
-        yield base, secret, ledger
-    finally:
-        stop()
-        ledger.close()
-        keys.close()
-
-
 def read_answer(conn: socket.socket, trickle: bool = False) -> bytes:
     """A whole HTTP/1.1 answer with a JSON body, as the raw bytes; ``trickle``: send a byte of
     body every 0.3 s while waiting for it."""
@@ -831,7 +804,7 @@ def test_a_body_not_all_sent_within_body_timeout_s_is_408(
     """A client that sends less than its Content-Length and waits (slowloris) held the
     connection and its handler with no end: now the body is due within body_timeout_s of the
     request's start, however it trickles in (a byte every 0.3 s leaves no gap that long)."""
-    with own_gateway(
+    with fresh_gateway(
         gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=1.0
     ) as (base, secret, ledger):
         host, port = base.removeprefix("http://").split(":")
@@ -853,7 +826,7 @@ def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
 ) -> None:
     """Once the body is in, the deadline is done: a stream longer than body_timeout_s runs to
     its end and its receipt."""
-    with own_gateway(
+    with fresh_gateway(
         gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=0.1
     ) as (base, secret, ledger):
         body = {

@@ -24,12 +24,11 @@ from typing import Any
 
 import pytest
 import schemathesis
+from conftest import served_again
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from test_ops import call_tool
-
-from gateway.app import create_app
 
 pytestmark = pytest.mark.model
 
@@ -39,12 +38,8 @@ ROLE_BY_PREFIX = {"/v1/": "agent", "/audit/": "auditor", "/admin/": "admin"}
 
 @pytest.fixture(scope="module")
 def fuzz_url(gateway: Any, server_loop: Any) -> Iterator[str]:
-    import dataclasses
-
-    tiny = dataclasses.replace(gateway.settings, default_max_tokens=2, max_tokens_limit=4)
-    url, stop = server_loop.serve(create_app(tiny, gateway.engine, gateway.ledger, gateway.keys))
-    yield url
-    stop()
+    with served_again(gateway, server_loop, default_max_tokens=2, max_tokens_limit=4) as tiny:
+        yield tiny.url
 
 
 def existing_values(gateway: Any) -> dict[str, Any]:

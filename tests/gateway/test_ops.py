@@ -10,7 +10,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +17,8 @@ import httpx
 import openai
 import pytest
 import sqlalchemy as sa
-from conftest import ServerLoop
+from conftest import ServerLoop, served_again
 
-from gateway.app import create_app
 from receipts.record import is_timestamp
 
 pytestmark = pytest.mark.model
@@ -368,24 +366,13 @@ def call_tool(gateway: Any, **params: Any) -> Any:
     )
 
 
-@contextmanager
-def keys_cached_for_a_minute(gateway: Any, server_loop: ServerLoop) -> Iterator[Any]:
-    """The same gateway (engine, ledger, key store) served again with API keys cached for a
-    minute: a key looked up before an outage is answered from the cache, so the append, not
-    the key lookup (whose failure answers the same 503 and code), meets the outage."""
-    settings = replace(gateway.settings, key_cache_ttl_s=60)
-    app = create_app(settings, gateway.engine, gateway.ledger, gateway.keys)
-    url, stop = server_loop.serve(app)
-    try:
-        yield replace(gateway, url=url, settings=settings)
-    finally:
-        stop()
-
-
 def test_ledger_outage_fails_closed_and_recovers_without_restart(
     gateway: Any, server_loop: ServerLoop
 ) -> None:
-    with keys_cached_for_a_minute(gateway, server_loop) as cached:
+    """Served with API keys cached for a minute: a key looked up before the outage is
+    answered from the cache, so the append, not the key lookup (whose failure answers the
+    same 503 and code), meets the outage."""
+    with served_again(gateway, server_loop, key_cache_ttl_s=60) as cached:
         _outage_fails_closed_and_recovers(cached)
 
 

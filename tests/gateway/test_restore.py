@@ -12,14 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import gateway_settings
+from conftest import fresh_gateway
 from openai import InternalServerError, OpenAI
-
-from gateway.apikeys import KeyStore
-from gateway.app import create_app
-from migrations.runner import upgrade
-from receipts.ledger import Ledger
-from receipts.signing import Signer
 
 pytestmark = pytest.mark.model
 
@@ -43,19 +37,13 @@ def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
     gateway_engine: Any, server_loop: Any, tmp_path: Path
 ) -> None:
     db = tmp_path / "ledger.db"
-    url = f"sqlite:///{db}"
-    upgrade(url)
-    settings = gateway_settings(tmp_path, url)
-    ledger = Ledger(url, Signer.generate())
-    keys = KeyStore.open(url)
-    _, secret = keys.create("agent", "acme")
-    base, stop = server_loop.serve(create_app(settings, gateway_engine, ledger, keys))
     body = {
         "model": gateway_engine.identity.model,
         "messages": [{"role": "user", "content": "Say hi."}],
         "max_tokens": 2,
     }
-    try:
+    url = f"sqlite:///{db}"
+    with fresh_gateway(gateway_engine, server_loop, tmp_path, url) as (base, secret, ledger):
         with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}) as client:
             assert client.post("/v1/chat/completions", json=body).status_code == 200
             _copy(db, tmp_path / "backup.db")  # the nightly backup, at seq 1
@@ -77,7 +65,3 @@ def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
         assert "went back from seq 3 to seq 1" in error["message"], error
         assert "receipts 2..3 are gone" in error["message"]
         assert ledger.last_seq("acme") == 1  # nothing sealed onto the restored chain
-    finally:
-        stop()
-        ledger.close()
-        keys.close()
