@@ -54,6 +54,11 @@ def keys_of(*signers: Signer) -> list[dict[str, Any]]:
     ]
 
 
+def whole_chain_checkpoint(chain: list[Receipt], signer: Signer) -> dict[str, Any]:
+    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
+    return make_checkpoint("acme", len(chain), tree.root().hex(), signer)
+
+
 def export(
     path: Path, chain: list[Receipt], signer: Signer, first: int = 1, last: int | None = None
 ) -> Path:
@@ -170,8 +175,7 @@ def test_receipts_are_read_twice_and_never_spooled(tmp_path: Path, chain, signer
     """The manifest, which hashes receipts.jsonl, comes first, so the writer reads the receipts
     twice rather than hold them: a function is called twice, a one-shot iterator is read into
     a list, and every form writes the same bytes."""
-    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
-    checkpoint = make_checkpoint("acme", N, tree.root().hex(), signer)
+    checkpoint = whole_chain_checkpoint(chain, signer)
     calls: list[int] = []
 
     def again() -> list[Receipt]:
@@ -196,8 +200,7 @@ def test_receipts_that_change_between_the_two_reads_leave_no_bundle(
 ) -> None:
     """A source that answers differently the second time (a database edited mid-export) is
     ReceiptFormatError, and the unfinished file is removed: none is left to mislead."""
-    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
-    checkpoint = make_checkpoint("acme", N, tree.root().hex(), signer)
+    checkpoint = whole_chain_checkpoint(chain, signer)
     reads: list[int] = []
 
     def receipts() -> list[Receipt | dict[str, Any]]:
@@ -221,8 +224,7 @@ def test_a_write_that_fails_ends_its_read_of_the_receipts_at_once(signer) -> Non
     """A receipts generator (an export's database read, inside its transaction) is closed
     when the write fails halfway, not whenever the exception that stopped it is collected."""
     chain = build_chain(signer, 400)  # enough that the disk fills inside receipts.jsonl
-    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
-    checkpoint = make_checkpoint("acme", len(chain), tree.root().hex(), signer)
+    checkpoint = whole_chain_checkpoint(chain, signer)
     open_reads: list[int] = []
     reading_when_full: list[int] = []
 
@@ -250,11 +252,6 @@ def test_a_write_that_fails_ends_its_read_of_the_receipts_at_once(signer) -> Non
         write_bundle(FillingDisk(), receipts, SCHEMAS, keys_of(signer), checkpoint)
     assert reading_when_full[0] == 1  # the disk filled during the second read
     assert failed.value is not None and open_reads == []
-
-
-def whole_chain_checkpoint(chain: list[Receipt], signer: Signer) -> dict[str, Any]:
-    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
-    return make_checkpoint("acme", len(chain), tree.root().hex(), signer)
 
 
 def distinct_schemas(count: int, size: int) -> dict[str, dict[str, Any]]:
@@ -627,7 +624,6 @@ def test_pinned_ranges_hold_a_leaked_retired_key_to_the_receipts_it_signed(
         signer = new if 6 <= seq <= 10 else old
         chain.append(seal(draft(city=f"City {seq}"), seq=seq, prev_hash=prev, signer=signer))
         prev = chain[-1].entry_hash
-    tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
     claimed = keys_of(old, new)  # both "current": the thief's keys.json
     path = tmp_path / "forged.tar.gz"
     write_bundle(
@@ -635,7 +631,7 @@ def test_pinned_ranges_hold_a_leaked_retired_key_to_the_receipts_it_signed(
         [r.to_json_obj() for r in chain],
         SCHEMAS,
         claimed,
-        make_checkpoint("acme", len(chain), tree.root().hex(), old),
+        whole_chain_checkpoint(chain, old),
         prev_entry_hash="0" * 64,
         proofs={"left": [], "right": []},
     )
