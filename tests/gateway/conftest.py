@@ -133,6 +133,11 @@ class Gateway:
         headers = {"Authorization": f"Bearer {self.secrets[role]}"} if role else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
+    def auditor_of(self, tenant: str) -> httpx.Client:
+        """A client holding a new auditor key of ``tenant``: a chain the test makes its own."""
+        headers = {"Authorization": f"Bearer {self.keys.create('auditor', tenant)[1]}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
 
 @pytest.fixture(scope="session")
 def server_loop() -> Iterator[ServerLoop]:

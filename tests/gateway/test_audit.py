@@ -440,8 +440,7 @@ def test_a_window_or_range_at_the_chains_edge(gateway: Any, audited: dict[str, A
         error = error_of(auditor.post("/audit/verify", json={"to_seq": head}), 400)
         assert error["param"] == "to_seq" and "beyond this chain's head" in error["message"]
     tenant = "never-used"
-    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
-    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as empty:
+    with gateway.auditor_of(tenant) as empty:
         report = empty.post("/audit/verify", json={}).json()
         assert report["ok"] and report["checked"] == 0, report
         error = error_of(empty.post("/audit/verify", json={"from_seq": 1}), 400)
@@ -901,8 +900,7 @@ def test_an_export_too_large_for_one_bundle_is_a_400_naming_what_to_do(
     time.sleep(0.01)
     _slow_chain(gateway, audited, tenant, 10)
     monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 256 << 10)
-    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
-    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
+    with gateway.auditor_of(tenant) as client:
         error = error_of(client.get("/audit/export"), 400)
         assert (error["code"], error["param"]) == ("bundle_too_large", None)
         assert error["message"].startswith(f"a bundle of seqs 1..40 of chain {tenant!r} would")
@@ -928,8 +926,7 @@ def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
 
     tenant = "slow-chain"
     _slow_chain(gateway, audited, tenant, 1200)
-    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
-    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
+    with gateway.auditor_of(tenant) as client:
         started = time.monotonic()
         whole = client.post("/audit/verify", json={})  # how long the whole chain takes
         took = time.monotonic() - started
@@ -978,7 +975,6 @@ def test_an_export_streams_while_it_is_written_and_stops_when_its_client_leaves(
 
     tenant = "streamed-export"
     _slow_chain(gateway, audited, tenant, 300)  # big schemas: a bundle of some 350 KiB
-    headers = {"Authorization": f"Bearer {gateway.keys.create('auditor', tenant)[1]}"}
     hold, held = threading.Event(), threading.Event()
     stopped: list[BaseException] = []
     export = gateway.ledger.export
@@ -1007,7 +1003,7 @@ def test_an_export_streams_while_it_is_written_and_stops_when_its_client_leaves(
 
     monkeypatch.setattr(gateway.ledger, "export", held_export)
     bundle = tmp_path / "streamed.tar.gz"
-    with httpx.Client(base_url=gateway.url, headers=headers, timeout=60) as client:
+    with gateway.auditor_of(tenant) as client:
         with client.stream("GET", "/audit/export") as response, bundle.open("wb") as out:
             assert response.status_code == 200
             chunks = response.iter_bytes()
