@@ -103,6 +103,15 @@ class ServerLoop:
         self._thread.join(10)
 
 
+def chat_requests(client: httpx.Client, status: int) -> float:
+    """How many POST /v1/chat/completions the gateway's /metrics counts with ``status`` so
+    far (a running count: tests compare it before and after)."""
+    series = 'callproof_http_requests_total{method="POST",route="/v1/chat/completions"'
+    lines = client.get("/metrics").text.splitlines()
+    wanted = [line for line in lines if line.startswith(series) and f'status="{status}"' in line]
+    return sum(float(line.split()[-1]) for line in wanted)
+
+
 @dataclass
 class Gateway:
     """A running gateway and the credentials to use it."""
@@ -132,6 +141,10 @@ class Gateway:
     def http(self, role: str | None = None) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.secrets[role]}"} if role else {}
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+    def chat_requests(self, status: int) -> float:
+        with self.http() as client:
+            return chat_requests(client, status)
 
     def auditor_of(self, tenant: str) -> httpx.Client:
         """A client holding a new auditor key of ``tenant``: a chain the test makes its own."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fresh_gateway, gateway_settings
+from conftest import chat_requests, fresh_gateway, gateway_settings
 
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
@@ -291,10 +291,7 @@ def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logge
                 assert sealing.wait(60), "the receipt never reached the writer"
             with httpx.Client(base_url=base) as http:
                 deadline = time.monotonic() + 30
-                while not any(
-                    'route="/v1/chat/completions"' in line and 'status="499"' in line
-                    for line in http.get("/metrics").text.splitlines()
-                ):  # the 499 is answered while the writer still holds the receipt
+                while not chat_requests(http, 499):  # answered while the writer holds it
                     assert time.monotonic() < deadline, "the client's leaving was not noticed"
                     time.sleep(0.1)
             release.set()

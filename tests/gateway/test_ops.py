@@ -45,19 +45,9 @@ def test_health_and_readiness(gateway: Any) -> None:
     assert ready.json() == {"status": "ready", "engine": True, "database": True}
 
 
-def chat_requests(gateway: Any, status: int) -> float:
-    """How many POST /v1/chat/completions `/metrics` counts with ``status`` so far (a count
-    of the session's gateway: tests compare it before and after)."""
-    series = 'callproof_http_requests_total{method="POST",route="/v1/chat/completions"'
-    with gateway.http() as client:
-        lines = client.get("/metrics").text.splitlines()
-    wanted = [line for line in lines if line.startswith(series) and f'status="{status}"' in line]
-    return sum(float(line.split()[-1]) for line in wanted)
-
-
 def wait_for_more(gateway: Any, status: int, before: float, what: str) -> None:
     deadline = time.monotonic() + 30
-    while chat_requests(gateway, status) <= before:
+    while gateway.chat_requests(status) <= before:
         assert time.monotonic() < deadline, what
         time.sleep(0.2)
 
@@ -65,7 +55,7 @@ def wait_for_more(gateway: Any, status: int, before: float, what: str) -> None:
 def test_a_client_that_leaves_mid_body_is_not_a_server_error(gateway: Any) -> None:
     """Half a body, then the connection closes: counted as 499 (client closed request),
     not as one of the gateway's own 500s."""
-    left, failed = chat_requests(gateway, 499), chat_requests(gateway, 500)
+    left, failed = gateway.chat_requests(499), gateway.chat_requests(500)
     host, port = gateway.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as sock:
         sock.sendall(
@@ -75,7 +65,7 @@ def test_a_client_that_leaves_mid_body_is_not_a_server_error(gateway: Any) -> No
         )
 
     wait_for_more(gateway, 499, left, "the half-sent request was not counted as 499")
-    assert chat_requests(gateway, 500) == failed
+    assert gateway.chat_requests(500) == failed
 
 
 @pytest.mark.model
@@ -87,7 +77,7 @@ def test_a_client_that_times_out_stops_the_generation(gateway: Any) -> None:
     from receipts.queries import ReceiptQuery
 
     test_started = datetime.now(UTC)
-    left = chat_requests(gateway, 499)
+    left = gateway.chat_requests(499)
     client = openai.OpenAI(
         base_url=gateway.url + "/v1", api_key=gateway.secrets["agent"], max_retries=0, timeout=1
     )
@@ -126,7 +116,7 @@ def test_a_stream_whose_client_leaves_counts_as_499_not_200(gateway: Any) -> Non
         "stream": True,
     }
     headers = {"Authorization": f"Bearer {gateway.secrets['agent']}"}
-    left = chat_requests(gateway, 499)
+    left = gateway.chat_requests(499)
     with (
         gateway.http() as http,
         http.stream("POST", "/v1/chat/completions", json=body, headers=headers) as answer,

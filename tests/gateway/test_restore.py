@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import fresh_gateway
+from conftest import chat_requests, fresh_gateway
 from openai import InternalServerError, OpenAI
 
 pytestmark = pytest.mark.model
@@ -22,15 +22,6 @@ def _copy(source: Path, target: Path) -> None:
     """SQLite's backup API: a consistent copy of a live database, into the same file."""
     with closing(sqlite3.connect(source)) as src, closing(sqlite3.connect(target)) as dst:
         src.backup(dst)
-
-
-def _refusals(client: httpx.Client) -> float:
-    """How many chat completions the gateway answered 503, from its /metrics."""
-    for line in client.get("/metrics").text.splitlines():
-        labels = ('status="503"', 'route="/v1/chat/completions"')
-        if line.startswith("callproof_http_requests_total{") and all(x in line for x in labels):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
 
 
 def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
@@ -54,11 +45,11 @@ def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
             # the SDK would send it twice more after a Retry-After; it obeys this header
             assert refused.headers.get("x-should-retry") == "false", refused.headers
             assert "retry-after" not in refused.headers
-            before = _refusals(client)
+            before = chat_requests(client, 503)
             sdk = OpenAI(base_url=f"{base}/v1", api_key=secret)  # max_retries 2, its default
             with pytest.raises(InternalServerError):
                 sdk.chat.completions.create(**body)
-            assert _refusals(client) == before + 1  # one request, no retries
+            assert chat_requests(client, 503) == before + 1  # one request, no retries
         assert refused.status_code == 503, refused.text
         error = refused.json()["error"]
         assert error["code"] == "ledger_unavailable"
