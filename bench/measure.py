@@ -24,8 +24,10 @@ def percentile(values: Sequence[float], percent: float) -> float:
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and all its threads (Linux /proc): a figure the
-    machine's load does not change, unlike latencies on a shared 2-core box."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process and all its threads, or of one of its threads by
+    id (Linux /proc): a figure the machine's load does not change, unlike latencies on a
+    shared 2-core box."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
