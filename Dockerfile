@@ -10,15 +10,16 @@ ENV PIP_NO_CACHE_DIR=1 \
     CALLPROOF_PORT=8000
 
 WORKDIR /app
-COPY pyproject.toml README.md LICENSE ./
+COPY pyproject.toml README.md LICENSE constraints.txt ./
 COPY callproof ./callproof
 COPY runtime ./runtime
 COPY receipts ./receipts
 COPY gateway ./gateway
 COPY migrations ./migrations
 # The gateway and Postgres extras only: the embedded engine's libraries (torch, transformers:
-# about 1 GB) are for laptops and tests; this image serves in front of vLLM.
-RUN pip install ".[gateway,postgres]" \
+# about 1 GB) are for laptops and tests; this image serves in front of vLLM. Every dependency
+# at the version constraints.txt locks, the one the suite passed with.
+RUN pip install -c constraints.txt ".[gateway,postgres]" \
     && useradd --system --uid 10001 --home-dir /data callproof \
     && mkdir -p /data && chown callproof /data
 

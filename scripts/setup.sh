@@ -12,5 +12,6 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first and pinned: this machine carries the CPU wheel of 2.13.0 on disk; an unpinned
 # torch would pull a multi-GB CUDA build.
 .venv/bin/pip install -q "torch==2.13.0"
-.venv/bin/pip install -q -e ".${extras}"
+# Every dependency at the version constraints.txt locks (scripts/lock.sh writes it).
+.venv/bin/pip install -q -c constraints.txt -e ".${extras}"
 .venv/bin/callproof model fetch

