@@ -286,7 +286,7 @@ def _single_constraint(
 ) -> tuple[Mode, Constraint | None, dict[str, Any] | None, str]:
     """Mode, constraint, bound schema and system note of a request without tools."""
     if response_format is not None and response_format.schema is not None:
-        schema = closed_schema(response_format.schema)
+        schema = closed_schema(response_format.schema, param="response_format")
         return "json", Constraint.json_schema(schema), schema, json_answer_note(schema)
     if chat.regex is not None:
         return "regex", _regex(chat.regex), None, ""

@@ -31,7 +31,13 @@ from typing import Any, Literal
 
 import msgspec
 
-from runtime.errors import InvalidSchema, InvalidTools, RuntimeInputError, UnknownTool
+from runtime.errors import (
+    ConstraintTooComplex,
+    InvalidSchema,
+    InvalidTools,
+    RuntimeInputError,
+    UnknownTool,
+)
 from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.schema_check import check_schema, refs_in
 from runtime.schema_walk import (
@@ -146,7 +152,13 @@ _SCHEMA_SINGLES = (
 _OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
-def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
+# Subschemas closed_schema may read while listing the keys each object names in place (about
+# 0.15 s): every object re-reads what it composes, so a schema of many objects that each
+# compose one wide allOf costs their product, and would be refused as too large only after.
+MAX_IN_PLACE_READS = 50_000
+
+
+def closed_schema(schema: dict[str, Any], *, param: str | None = None) -> dict[str, Any]:
     """``schema`` with every object that lists ``properties`` closed to exactly those.
 
     Constraints are built from this, strict or not (as OpenAI's strict mode and xgrammar's
@@ -169,10 +181,13 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
     made the composition (OpenAPI's ``allOf: [{$ref: Base}, ...]``) unsatisfiable. Refs
     used alone (a property's schema, a lone ``allOf`` member, an ``anyOf`` variant) keep
     the closed target. Refs are first made pointers from the root (:func:`_pointer_refs`).
+
+    Raises ConstraintTooComplex (naming ``param``) past MAX_IN_PLACE_READS.
     """
     out = _pointer_refs(schema)
     pristine = _json_copy(out)  # the targets open copies are made of
     open_refs: dict[str, str] = {}
+    reads = 0
 
     def opened(ref: str) -> str:
         """The ref of an open copy of what ``ref`` names, made once (cycles end there)."""
@@ -192,6 +207,7 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
 
     def close(node: Any, *, keys_ruled: bool = False) -> None:
         """``keys_ruled``: an object this node applies to in place already rules its keys."""
+        nonlocal reads
         if not isinstance(node, dict):
             return
         described = "properties" in node or any(k in node for k in _OPEN_KEYWORDS)
@@ -199,7 +215,17 @@ def closed_schema(schema: dict[str, Any]) -> dict[str, Any]:
             node["additionalProperties"] = False
             properties = node["properties"]
             if isinstance(properties, dict):
-                for key in _keys_named_in_place(node, pristine):
+                keys, read = _keys_named_in_place(node, pristine)
+                reads += read
+                if reads > MAX_IN_PLACE_READS:
+                    raise ConstraintTooComplex(
+                        f"the schema's objects compose more than {MAX_IN_PLACE_READS} subschemas"
+                        " in place (allOf, anyOf, oneOf, then, else, dependentSchemas and $ref"
+                        " beside properties, counted once for each object); define shared"
+                        " properties once instead of composing them into every object",
+                        param=param,
+                    )
+                for key in keys:
                     properties.setdefault(key, {})
         standalone = list(_subschemas(node, skip=_IN_PLACE))  # before opened() adds to $defs
         in_place = keys_ruled or described
@@ -235,27 +261,35 @@ def _in_place_members(node: dict[str, Any]) -> Iterable[Any]:
     yield from dependent.values() if isinstance(dependent, dict) else ()
 
 
-def _keys_named_in_place(
-    node: dict[str, Any], root: dict[str, Any], followed: frozenset[str] = frozenset()
-) -> list[str]:
+def _keys_named_in_place(node: dict[str, Any], root: dict[str, Any]) -> tuple[list[str], int]:
     """Keys ``node`` requires, and those its in-place parts (``allOf``, ``anyOf``, ``oneOf``,
     ``then``, ``else``, ``dependentSchemas``, the target of its ``$ref`` in ``root``: they
-    read the same object) list or require, at any depth, each ref followed once; in the
-    schema's order, so the closed schema's text is stable."""
-    required = node.get("required")
-    keys = [k for k in required if isinstance(k, str)] if isinstance(required, list) else []
-    ref = node.get("$ref")
-    target = resolve_ref(root, ref) if isinstance(ref, str) and ref not in followed else None
-    if target is not None:
-        followed = followed | {ref}
-    conjuncts = node.get("allOf")
-    parts = [target, *(conjuncts if isinstance(conjuncts, list) else ())]
-    for part in [*parts, *_in_place_members(node)]:
-        if isinstance(part, dict):
-            listed = part.get("properties")
-            keys += list(listed) if isinstance(listed, dict) else []
-            keys += _keys_named_in_place(part, root, followed)
-    return keys
+    read the same object) list or require, at any depth; in the schema's order, so the closed
+    schema's text is stable. With the number of subschemas read: each once, however many
+    refs name it (read once per path, refs that each name the next level twice took 2^depth
+    steps, and a 2 KB schema held the event loop for minutes)."""
+    keys: list[str] = []
+    read: set[int] = set()  # ids of the subschemas read
+
+    def read_part(part: dict[str, Any]) -> None:
+        read.add(id(part))
+        required = part.get("required")
+        if isinstance(required, list):
+            keys.extend(k for k in required if isinstance(k, str))
+        ref = part.get("$ref")
+        conjuncts = part.get("allOf")
+        for sub in (
+            resolve_ref(root, ref) if isinstance(ref, str) else None,
+            *(conjuncts if isinstance(conjuncts, list) else ()),
+            *_in_place_members(part),
+        ):
+            if isinstance(sub, dict) and id(sub) not in read:
+                listed = sub.get("properties")
+                keys.extend(listed if isinstance(listed, dict) else ())
+                read_part(sub)
+
+    read_part(node)
+    return keys, len(read)
 
 
 def _subschemas(node: dict[str, Any], skip: Container[str] = ()) -> Iterable[Any]:
@@ -418,7 +452,7 @@ def union_schema(
     if choice.allows_answer:
         answer: dict[str, Any] = {"type": "string"}
         if rf is not None and rf.schema is not None:
-            answer = _embed(closed_schema(rf.schema), "answer", defs)
+            answer = _embed(closed_schema(rf.schema, param="response_format"), "answer", defs)
         branches.append(_closed_object({"answer": answer}))
     schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
     if defs:
@@ -446,7 +480,7 @@ def union_calls(union: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]
 
 
 def _call_branch(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
-    arguments = _embed(closed_schema(tool.parameters), f"tool-{tool.name}", defs)
+    arguments = _embed(closed_schema(tool.parameters, param="tools"), f"tool-{tool.name}", defs)
     return _closed_object({"tool": {"const": tool.name}, "arguments": arguments})
 
 

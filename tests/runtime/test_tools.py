@@ -27,6 +27,7 @@ from runtime.output_parsing import (
     parse_envelope,
     parse_native_tool_call,
 )
+from runtime.planning import ChatInput, plan_chat
 from runtime.schema_check import check_schema, validate
 from runtime.tools import (
     closed_schema,
@@ -734,6 +735,54 @@ def test_closing_leaves_members_that_read_a_described_object_open() -> None:
     assert accepts(closed, {"name": "Ann", "phone": "12"})
     assert not accepts(closed, {"name": "Ann"})
     assert not accepts(closed, {"name": "Ann", "email": "a@b.c", "extra": 1})
+
+
+def _composed_levels(levels: int, fan: int) -> dict[str, Any]:
+    """Each level's object composes the next level ``fan`` times (allOf of the same $ref)."""
+    defs: dict[str, Any] = {
+        f"d{i}": {
+            "allOf": [{"$ref": f"#/$defs/d{i + 1}"} for _ in range(fan)],
+            "properties": {f"p{i}": {"type": "string"}},
+        }
+        for i in range(levels)
+    }
+    defs[f"d{levels}"] = {"type": "object", "properties": {"z": {"type": "string"}}}
+    return {
+        "type": "object",
+        "allOf": [{"$ref": "#/$defs/d0"}],
+        "properties": {"x": {"type": "string"}},
+        "$defs": defs,
+    }
+
+
+@pytest.mark.timeout(60)
+def test_closing_reads_a_subschema_once_however_many_refs_name_it() -> None:
+    """Read once per path, these 40 levels took 2^40 steps: an agent's 2 KB request held the
+    gateway's event loop for minutes (9 levels of fan 4 passed every limit and took 2.7 s)."""
+    closed = closed_schema(_composed_levels(40, fan=2))
+    assert list(closed["properties"]) == ["x", *(f"p{i}" for i in range(40)), "z"]
+    assert list(closed_schema(_composed_levels(12, fan=4))["properties"])[-1] == "z"
+
+
+def test_objects_composing_too_much_in_place_are_refused_by_name() -> None:
+    """Every object re-reads what it composes: 500 objects each composing one 500-member allOf
+    (55 KB) would have taken a second before the union's size refused it."""
+    wide = {f"d{i}": {"required": ["a"]} for i in range(500)}
+    wide["hub"] = {"allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(500)]}
+    params = {
+        "type": "object",
+        "properties": {
+            f"p{j}": {"properties": {}, "allOf": [{"$ref": "#/$defs/hub"}]} for j in range(500)
+        },
+        "$defs": wide,
+    }
+    with pytest.raises(ConstraintTooComplex, match="compose more than 50000") as caught:
+        union_schema(parse_tools_field([function_tool("f", params)]), "required")
+    assert caught.value.param == "tools"
+    fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": params}}
+    with pytest.raises(ConstraintTooComplex) as caught:
+        plan_chat(ChatInput(messages=[{"role": "user", "content": "x"}], response_format=fmt))
+    assert caught.value.param == "response_format"
 
 
 def test_closing_never_reaches_into_not_or_if() -> None:
