@@ -195,6 +195,35 @@ def test_constraints_the_compiler_would_recurse_through_are_refused(
         assert client.get("/healthz").status_code == 200  # the process is still there
 
 
+def _tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "t", "parameters": parameters}}
+
+
+def test_schemas_composing_subschemas_many_times_over_are_answered_at_once(gateway: Any) -> None:
+    """Two ways an agent's schema made closing its objects slow, on the event loop (every
+    other request waited): refs naming the next level twice, read once per path (19 levels:
+    2^19 reads, 10 s; then refused as too deep), and 500 objects each composing one wide
+    allOf (a second; then refused as too large). Both are now refused at once."""
+    defs: dict[str, Any] = {
+        f"d{i}": {"allOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2, "properties": {f"p{i}": {}}}
+        for i in range(19)
+    }
+    defs["d19"] = {"type": "object", "properties": {"z": {}}}
+    levels = {"type": "object", "allOf": [{"$ref": "#/$defs/d0"}], "properties": {}}
+    wide: dict[str, Any] = {f"d{i}": {"required": ["a"]} for i in range(500)}
+    wide["hub"] = {"allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(500)]}
+    objects = {f"p{j}": {"properties": {}, "allOf": [{"$ref": "#/$defs/hub"}]} for j in range(500)}
+    for parameters, words in (
+        ({**levels, "$defs": defs}, "max_schema_depth"),
+        ({"type": "object", "properties": objects, "$defs": wide}, "compose more than 50000"),
+    ):
+        started = time.perf_counter()
+        err = error_of(post_chat(gateway, tools=[_tool(parameters)], tool_choice="required"), 400)
+        assert time.perf_counter() - started < 2.0
+        assert err["code"] == "constraint_too_complex" and words in err["message"], err
+        assert err["param"] == "tools"
+
+
 def test_a_huge_schema_is_refused_by_size_before_it_is_checked(gateway: Any) -> None:
     """Its metaschema check took 27 s on the event loop (every request waited), and the
     checked schema stayed cached: the size limit now comes first."""
