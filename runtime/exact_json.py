@@ -4,7 +4,10 @@ output and client schemas to them.
 A receipt binds values in RFC 8785 canonical form, which holds I-JSON's exact numbers only
 (RFC 7493 section 2.2): integers within +-(2**53 - 1), finite doubles, no NaN. A value past
 that could be valid against its schema and still not be recorded faithfully, so it is
-refused where the JSON is read rather than rounded in the receipt.
+refused where the JSON is read rather than rounded in the receipt. So is an object naming
+one key twice (I-JSON section 2.3): readers disagree on which value counts (Python's keeps
+the last, others the first or refuse), so the receipt would record one value while the
+agent, which gets the model's text, could act on the other.
 """
 
 from __future__ import annotations
@@ -40,14 +43,32 @@ def _no_constant(name: str) -> None:
     raise InexactNumber(f"{name} is not JSON")
 
 
-# json's decoder with the exact-number rule; raises InexactNumber (a ValueError) past it
+class DuplicateKey(ValueError):
+    """An object in a JSON text that names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    members = dict(pairs)
+    if len(members) < len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise DuplicateKey(f"an object names the key {twice!r} twice")
+    return members
+
+
+# json's decoder with the exact-number and unique-key rules; raises InexactNumber or
+# DuplicateKey (ValueErrors) past them
 EXACT_JSON = json.JSONDecoder(
-    parse_int=_exact_int, parse_float=_finite_float, parse_constant=_no_constant
+    object_pairs_hook=_unique_keys,
+    parse_int=_exact_int,
+    parse_float=_finite_float,
+    parse_constant=_no_constant,
 )
 
 
 def load_exact(text: str | bytes) -> Any:
-    """``text`` decoded by :data:`EXACT_JSON`; raises InexactNumber past the exact-number rule."""
+    """``text`` decoded by :data:`EXACT_JSON`; raises InexactNumber past the exact-number rule
+    and DuplicateKey past the unique-key one."""
     return EXACT_JSON.decode(text.decode() if isinstance(text, bytes) else text)
 
 
@@ -55,11 +76,14 @@ def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "
     """``json.loads`` of model output whose failure is a StructuredOutputInvalid carrying the
     schema and naming ``param``, the request field that constrained it. Numbers a receipt
     cannot hold exactly (NaN, overflow, integers past 2**53) fail here too: the schema may
-    allow them, the signed receipt could not record them."""
+    allow them, the signed receipt could not record them; and so does a key named twice in
+    one object, which the grammars let through."""
     try:
         return load_exact(text)
     except InexactNumber as exc:
         why = f"output holds a number a receipt cannot record exactly ({exc})"
+    except DuplicateKey as exc:
+        why = f"output is not one JSON value every reader agrees on ({exc})"
     except json.JSONDecodeError as exc:
         why = f"output is not valid JSON ({exc.msg}, char {exc.pos})"
     except RecursionError:
@@ -67,4 +91,11 @@ def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "
     raise StructuredOutputInvalid(why, schema=schema, raw_output=text, pointer=pointer, param=param)
 
 
-__all__ = ["EXACT_JSON", "MAX_EXACT_INTEGER", "InexactNumber", "load_exact", "load_json"]
+__all__ = [
+    "EXACT_JSON",
+    "MAX_EXACT_INTEGER",
+    "DuplicateKey",
+    "InexactNumber",
+    "load_exact",
+    "load_json",
+]

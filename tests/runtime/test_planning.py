@@ -283,6 +283,9 @@ def test_strict_response_format_is_recorded() -> None:
     assert p.schema == {**ANSWER_SCHEMA, "additionalProperties": False}
     with pytest.raises(StructuredOutputInvalid):
         p.parse('{"summary": "x", "score": 1, "extra": true}')
+    with pytest.raises(StructuredOutputInvalid, match="names the key 'score' twice") as err:
+        p.parse('{"summary": "x", "score": 1, "score": 0}')  # the grammars let this through
+    assert err.value.param == "response_format"
 
 
 def test_regex_output_is_checked_again_after_decoding() -> None:

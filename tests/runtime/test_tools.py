@@ -543,6 +543,25 @@ def test_numbers_a_receipt_cannot_hold_exactly_fail_the_parse(number: str) -> No
     assert err.value.status == 422
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"tool": "count", "arguments": {"n": [7, 7], "n": [1, 2]}}',
+        '{"tool": "count", "arguments": {"n": {"to": "alice", "to": "alice"}}}',  # same value
+        '{"tool": "count", "tool": "count", "arguments": {"n": 1}}',  # the envelope's own key
+        '{"tool_calls": [{"tool": "count", "arguments": {"n": [{"k": 1, "k": 2}]}}]}',
+    ],
+)
+def test_an_output_naming_a_key_twice_fails_the_parse(raw: str) -> None:
+    """The grammars (llguidance, xgrammar) let a model write a key twice where the schema
+    leaves keys free. The agent gets the model's text and may act on the first value, while
+    the receipt recorded (and validated) the last."""
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_envelope(raw, COUNTER)
+    assert "names the key" in err.value.message and err.value.status == 422
+    assert err.value.raw_output == raw
+
+
 def test_a_schema_holding_an_inexact_integer_is_refused() -> None:
     """The manifest binds the schema as RFC 8785 JSON, exact only within +-(2**53 - 1)."""
     with pytest.raises(InvalidSchema) as err:
