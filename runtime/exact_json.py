@@ -4,7 +4,8 @@ output and client schemas to them.
 A receipt binds values in RFC 8785 canonical form, which holds I-JSON's exact numbers only
 (RFC 7493 section 2.2): integers within +-(2**53 - 1), finite doubles, no NaN. A value past
 that could be valid against its schema and still not be recorded faithfully, so it is
-refused where the JSON is read rather than rounded in the receipt. So is an object naming
+refused where the JSON is read rather than rounded in the receipt. So is a string holding a
+lone surrogate (``"\\ud800"``: no UTF-8 form, I-JSON section 2.1), and an object naming
 one key twice (I-JSON section 2.3): readers disagree on which value counts (Python's keeps
 the last, others the first or refuse), so the receipt would record one value while the
 agent, which gets the model's text, could act on the other.
@@ -13,6 +14,7 @@ agent, which gets the model's text, could act on the other.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from runtime.errors import StructuredOutputInvalid
@@ -56,6 +58,32 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return members
 
 
+class LoneSurrogate(ValueError):
+    """A string in a JSON text holding half of a UTF-16 surrogate pair."""
+
+
+# a surrogate written as an escape, or (text decoded leniently) as itself
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
+
+
+def _utf8_strings(value: Any) -> None:
+    """Raises LoneSurrogate at a string (or key) of ``value`` that has no UTF-8 form."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(item)  # keys too
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode()
+            except UnicodeEncodeError:
+                shown = repr(item) if len(item) <= 40 else repr(item[:40]) + "..."
+                raise LoneSurrogate(f"the string {shown} holds a lone surrogate") from None
+
+
 # json's decoder with the exact-number and unique-key rules; raises InexactNumber or
 # DuplicateKey (ValueErrors) past them
 EXACT_JSON = json.JSONDecoder(
@@ -67,23 +95,30 @@ EXACT_JSON = json.JSONDecoder(
 
 
 def load_exact(text: str | bytes) -> Any:
-    """``text`` decoded by :data:`EXACT_JSON`; raises InexactNumber past the exact-number rule
-    and DuplicateKey past the unique-key one."""
-    return EXACT_JSON.decode(text.decode() if isinstance(text, bytes) else text)
+    """``text`` decoded by :data:`EXACT_JSON`; raises InexactNumber past the exact-number rule,
+    DuplicateKey past the unique-key one and LoneSurrogate at a string with no UTF-8 form
+    (looked for only when the text spells a surrogate: a valid pair is two escapes)."""
+    text = text.decode() if isinstance(text, bytes) else text
+    value = EXACT_JSON.decode(text)
+    if _SURROGATE.search(text):
+        _utf8_strings(value)
+    return value
 
 
 def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "") -> Any:
     """``json.loads`` of model output whose failure is a StructuredOutputInvalid carrying the
     schema and naming ``param``, the request field that constrained it. Numbers a receipt
     cannot hold exactly (NaN, overflow, integers past 2**53) fail here too: the schema may
-    allow them, the signed receipt could not record them; and so does a key named twice in
-    one object, which the grammars let through."""
+    allow them, the signed receipt could not record them; and so do a lone surrogate and a
+    key named twice in one object, which the grammars let through."""
     try:
         return load_exact(text)
     except InexactNumber as exc:
         why = f"output holds a number a receipt cannot record exactly ({exc})"
     except DuplicateKey as exc:
         why = f"output is not one JSON value every reader agrees on ({exc})"
+    except LoneSurrogate as exc:
+        why = f"output holds a string a receipt cannot record ({exc}: it has no UTF-8 form)"
     except json.JSONDecodeError as exc:
         why = f"output is not valid JSON ({exc.msg}, char {exc.pos})"
     except RecursionError:
@@ -96,6 +131,7 @@ __all__ = [
     "MAX_EXACT_INTEGER",
     "DuplicateKey",
     "InexactNumber",
+    "LoneSurrogate",
     "load_exact",
     "load_json",
 ]

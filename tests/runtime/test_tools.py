@@ -562,6 +562,17 @@ def test_an_output_naming_a_key_twice_fails_the_parse(raw: str) -> None:
     assert err.value.raw_output == raw
 
 
+@pytest.mark.parametrize("text", ["\\ud800", "\\udfff tail", "\ud800"])
+def test_an_output_string_with_a_lone_surrogate_fails_the_parse(text: str) -> None:
+    """No UTF-8 form, so no receipt: the seal failed in the ledger's writer, a 500."""
+    raw = '{"tool": "count", "arguments": {"n": "' + text + '"}}'
+    with pytest.raises(StructuredOutputInvalid) as err:
+        parse_envelope(raw, COUNTER)
+    assert "holds a lone surrogate" in err.value.message and err.value.status == 422
+    pair = parse_envelope('{"tool": "count", "arguments": {"n": "\\ud83d\\ude00"}}', COUNTER)
+    assert pair.tool_calls[0].arguments == {"n": "\U0001f600"}
+
+
 def test_a_schema_holding_an_inexact_integer_is_refused() -> None:
     """The manifest binds the schema as RFC 8785 JSON, exact only within +-(2**53 - 1)."""
     with pytest.raises(InvalidSchema) as err:
