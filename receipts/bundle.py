@@ -55,6 +55,19 @@ MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is 
 # A line of receipts.jsonl the writer puts in a bundle: the verifier refuses one running past
 # MAX_SMALL_FILE, counting it in 1 MiB blocks (bundle_verify.BLOCK), so two are kept spare.
 MAX_RECEIPT_LINE = MAX_SMALL_FILE - (2 << 20)
+# Values and keys in one JSON file or receipt line. Parsed, each takes up to about 70 bytes of
+# memory, 25 times its text for `[{},{},...]`: the byte bounds alone let a 200 KB bundle take
+# 3.4 GB to verify. A receipt reaches this only with a retained request body of 2 MB or more.
+MAX_JSON_VALUES = 2_000_000
+
+
+def too_many_values(text: bytes) -> bool:
+    """Whether the JSON ``text`` may hold more than MAX_JSON_VALUES values and keys, told
+    without parsing it: each one but the first follows a ``[``, ``{``, ``,`` or ``:`` byte,
+    so their count bounds it (those in strings count too), and a shorter text is under it."""
+    if len(text) < MAX_JSON_VALUES:
+        return False
+    return sum(map(text.count, (b"[", b"{", b",", b":"))) >= MAX_JSON_VALUES
 
 
 def key_file(key_id: str) -> str:
@@ -142,8 +155,8 @@ def write_bundle(
         ),
         **_key_files(public_keys),
     }
-    for data in files.values():
-        room.take(len(data))
+    for name, data in files.items():
+        room.take(name, data)
     schema_files = _schema_files(schemas)
     schema_digests = _measure_schemas(schema_files(), room)
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
@@ -162,7 +175,7 @@ def write_bundle(
             "files": dict(sorted(digests.items())),
         }
     )
-    room.take(len(manifest))
+    room.take(MANIFEST, manifest)
     with (
         _open_out(out) as raw,
         gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
@@ -246,6 +259,12 @@ def _measure(lines: Iterator[ReceiptLine]) -> _Measured:
                 f"receipt seq {last.seq} of chain {last.chain!r} is {len(last.text):,} bytes:"
                 f" a bundle's receipt may be {MAX_RECEIPT_LINE:,} (a verifier reads it whole),"
                 " so no bundle can hold it; its retained payload made it that large"
+            )
+        if too_many_values(last.text):
+            raise BundleTooLarge(
+                f"receipt seq {last.seq} of chain {last.chain!r} holds {MAX_JSON_VALUES:,} JSON"
+                " values or more (a verifier parses it whole), so no bundle can hold it; its"
+                " retained payload made it that large"
             )
         digest.update(last.text)
         digest.update(b"\n")
@@ -335,7 +354,7 @@ def _measure_schemas(files: _SchemaFiles, room: _Room) -> list[tuple[str, str]]:
     digests = []
     with contextlib.closing(files):
         for name, data in files:
-            room.take(len(data))
+            room.take(name, data)
             digests.append(_digested(name, data))
     return digests
 
@@ -371,8 +390,9 @@ class _Room:
                 f" {MAX_RECEIPTS_BYTES >> 30} GiB"
             )
 
-    def take(self, size: int) -> None:
-        """Count one more small member of ``size`` bytes."""
+    def take(self, name: str, data: bytes) -> None:
+        """Count one more small member, ``name`` holding ``data``."""
+        size = len(data)
         self._members += 1
         self._bytes += _tar_bytes(size)
         if self._members > MAX_MEMBERS:
@@ -384,6 +404,11 @@ class _Room:
             self._refuse(
                 f"would hold a file of {size} bytes; a bundle's files other than {RECEIPTS}"
                 f" may be {MAX_SMALL_FILE >> 20} MiB each"
+            )
+        if too_many_values(data):
+            self._refuse(
+                f"would hold {name} with {MAX_JSON_VALUES:,} JSON values or more; a bundle's"
+                f" files may hold fewer (a verifier parses each whole)"
             )
         if self._bytes > MAX_SMALL_TOTAL:
             self._refuse(

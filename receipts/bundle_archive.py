@@ -19,6 +19,7 @@ from typing import IO, Any
 from receipts.bundle import (
     DIRECTORIES,
     MANIFEST,
+    MAX_JSON_VALUES,
     MAX_MEMBERS,
     MAX_RECEIPTS_BYTES,
     MAX_SMALL_FILE,
@@ -27,6 +28,7 @@ from receipts.bundle import (
     RECEIPTS,
     SMALL_FILES,
     announced,
+    too_many_values,
 )
 from receipts.errors import VerificationError
 
@@ -62,6 +64,8 @@ class BundleContents:
             raise VerificationError(f"bundle lacks {name}")
         try:
             return _loads(self.small[name])
+        except _TooManyValues as exc:
+            raise VerificationError(f"{name} {exc}") from exc
         except _DuplicateKey as exc:
             raise VerificationError(
                 f"{name}: {exc} (JSON readers disagree on which counts)"
@@ -247,7 +251,17 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
+class _TooManyValues(ValueError):
+    """A JSON text too dense to parse within a verifier's memory bound."""
+
+
 def _loads(data: bytes) -> Any:
     """JSON with every object's keys distinct: some readers keep a repeated key's first
-    value, some its last, and two verifiers must never read two different files."""
+    value, some its last, and two verifiers must never read two different files. A text
+    that may hold more than MAX_JSON_VALUES values is refused unparsed."""
+    if too_many_values(data):
+        raise _TooManyValues(
+            f"may hold {MAX_JSON_VALUES:,} JSON values or more; no bundle file does, and"
+            " parsed it would fill gigabytes of memory"
+        )
     return json.loads(data, object_pairs_hook=_unique_keys)

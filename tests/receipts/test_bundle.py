@@ -664,6 +664,46 @@ def test_a_receipt_line_past_any_plausible_size_fails_without_reading_it_whole(
     assert not report.ok and "no receipt is that long" in report.reason
 
 
+DENSE = b"[" + b"{}," * 1_000_000 + b"{}]"  # 3 MB that json.loads makes 72 MB of dicts
+
+
+@pytest.mark.parametrize(
+    "name", [MANIFEST, "keys.json", "checkpoint.json", f"schemas/{'ab' * 32}.json", RECEIPTS]
+)
+def test_a_file_too_dense_to_parse_in_bounded_memory_fails_unparsed(
+    bundle: Path, name: str
+) -> None:
+    """Within the byte bounds, `[{},{},...]` parses to 25 times its size: a 200 KB bundle took
+    3.4 GB to verify. Past MAX_JSON_VALUES a file or receipt line is refused unparsed."""
+    import tracemalloc
+
+    files = {**read(bundle), name: DENSE + (b"\n" if name == RECEIPTS else b"")}
+    dense = rewrite(bundle, files, fix_manifest=name != MANIFEST)
+    tracemalloc.start()
+    try:
+        report = verify_bundle(dense)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not report.ok and "may hold 2,000,000 JSON values or more" in report.reason, report
+    assert report.reason.startswith("a line of receipts.jsonl" if name == RECEIPTS else name)
+    assert peak < 40 << 20, peak  # the bundle's bytes, a few times over: nothing parsed
+
+
+def test_the_writer_puts_no_file_or_receipt_too_dense_to_verify_in_a_bundle(
+    tmp_path: Path, chain, signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checkpoint = whole_chain_checkpoint(chain, signer)
+    path = tmp_path / "bundle.tar.gz"
+    dense = {"ab" * 32: {"enum": [0] * 2_000_000}}  # a schema no gateway's default limits take
+    with pytest.raises(BundleTooLarge, match=f"schemas/{'ab' * 32}.json with 2,000,000 JSON"):
+        write_bundle(path, chain, {**SCHEMAS, **dense}, keys_of(signer), checkpoint)
+    monkeypatch.setattr(receipts.bundle, "MAX_JSON_VALUES", 40)  # a receipt's retained payload
+    with pytest.raises(BundleTooLarge, match="receipt seq 1 of chain 'acme' holds 40 JSON"):
+        write_bundle(path, chain, SCHEMAS, keys_of(signer), checkpoint)
+    assert not path.exists()
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
