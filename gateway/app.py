@@ -13,6 +13,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, YamlRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from gateway.admin import AdminKeysController
@@ -75,6 +76,10 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
                 "for every tool call, and the audit API over those receipts."
             ),
             path="/schema",
+            # The document only: Litestar's HTML viewers load their scripts from public CDNs,
+            # code on the gateway's origin where an operator types API keys (and a blank page
+            # on a network without internet access). Any OpenAPI viewer reads the document.
+            render_plugins=[JsonRenderPlugin(), YamlRenderPlugin()],
             components=Components(
                 security_schemes={
                     "apiKey": SecurityScheme(type="http", scheme="bearer", bearer_format="cp_...")

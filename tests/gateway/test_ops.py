@@ -229,6 +229,9 @@ def test_tokens_count_what_the_engine_did_receipted_or_not(gateway: Any) -> None
 def test_openapi_document_is_served(gateway: Any) -> None:
     with gateway.http() as client:
         document = client.get("/schema/openapi.json").json()
+        assert client.get("/schema/openapi.yaml").status_code == 200
+        for viewer in ("/schema/swagger", "/schema/redoc", "/schema/elements", "/schema/rapidoc"):
+            assert client.get(viewer).status_code == 404, viewer  # scripts from public CDNs
     paths = document["paths"]
     for path in (
         "/v1/chat/completions",
