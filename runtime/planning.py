@@ -26,7 +26,6 @@ from runtime.errors import (
     StructuredOutputInvalid,
 )
 from runtime.exact_json import load_json
-from runtime.grammar_check import grammar_mismatch
 from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.messages import parse_messages
 from runtime.output_parsing import (
@@ -109,11 +108,11 @@ class Plan:
         """The meaning of the model's ``text``; validates again and raises
         StructuredOutputInvalid when it does not hold. Pass the request's ``ids`` so a retry
         or a streamed parse gives each call the id it already has. ``cut``: the token limit
-        or a stop string ended it, so grammar output need only begin a sentence of the
-        grammar, and is marked incomplete.
+        or a stop string ended it, so grammar output (which nothing re-checks here) is
+        marked incomplete.
         """
         reasoning, body = split_thinking(text)
-        result = self._parse_body(body, ids or CallIds(), cut=cut)
+        result = self._parse_body(body, ids or CallIds())
         if reasoning is not None:
             result = dataclasses.replace(result, reasoning=reasoning)
         if cut and self.mode == "ebnf":
@@ -125,7 +124,7 @@ class Plan:
         rf = self.response_format
         return rf.schema if rf is not None and rf.constrains else None
 
-    def _parse_body(self, body: str, ids: CallIds, *, cut: bool) -> ParsedResponse:
+    def _parse_body(self, body: str, ids: CallIds) -> ParsedResponse:
         if self.mode == "json":
             assert self.schema is not None
             value = load_json(body, self.schema, param="response_format")
@@ -137,13 +136,6 @@ class Plan:
             if problem:
                 raise StructuredOutputInvalid(
                     problem, schema=None, raw_output=body, pointer="", param="regex"
-                )
-        if self.mode == "ebnf":
-            assert self.constraint is not None
-            problem = grammar_mismatch(self.constraint.source, body, cut=cut)
-            if problem:
-                raise StructuredOutputInvalid(
-                    problem, schema=None, raw_output=body, pointer="", param="grammar"
                 )
         if self.mode != "tools":
             return ParsedResponse("text", content=body)

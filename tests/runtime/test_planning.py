@@ -4,7 +4,6 @@ and the parse of the model's output; every bad input is a typed error before gen
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -298,31 +297,6 @@ def test_regex_output_is_checked_again_after_decoding() -> None:
         with pytest.raises(StructuredOutputInvalid) as info:
             r.parse(output)
         assert info.value.param == "regex" and info.value.raw_output == output
-
-
-@pytest.mark.parametrize(
-    "grammar",
-    [
-        'root ::= "call(" [0-9]+ ")"',  # GBNF
-        'start: "call(" /[0-9]+/ ")"',  # Lark
-        'start: "call(" %json {"type": "integer", "minimum": 0} ")"',  # a schema inside
-    ],
-)
-def test_grammar_output_is_checked_again_after_decoding(grammar: str) -> None:
-    """On vLLM the server applies the grammar: output it let through (a server that ignored
-    the grammar) was receipted valid on its word. Now it is read again, as regex output is."""
-    g = plan(grammar=grammar)
-    assert g.parse("call(42)").content == "call(42)"
-    assert g.parse("call(4", cut=True).complete is False  # max_tokens ended a sentence begun
-    for output, cut, says in (
-        ('{"tool": "get_weather"}', False, "leaves the grammar at byte 0 of 23"),
-        ("call(4x)", True, "leaves the grammar at byte 6 of 8"),
-        ("call(4", False, "ends (6 bytes) before the grammar allows"),
-        ("call(42))", False, "leaves the grammar at byte 8 of 9"),
-    ):
-        with pytest.raises(StructuredOutputInvalid, match=re.escape(says)) as info:
-            g.parse(output, cut=cut)
-        assert info.value.param == "grammar" and info.value.raw_output == output
 
 
 def test_formats_are_checked_after_decoding() -> None:
