@@ -46,6 +46,7 @@ from runtime.renderers.base import json_answer_note
 from runtime.schema_check import validate
 from runtime.thinking import THINK_CLOSE, THINK_OPEN, Enforcement
 from runtime.tools import (
+    RESPONSE_SCHEMA_PARAM,
     ResponseFormat,
     ToolChoice,
     ToolSpec,
@@ -286,7 +287,7 @@ def _single_constraint(
 ) -> tuple[Mode, Constraint | None, dict[str, Any] | None, str]:
     """Mode, constraint, bound schema and system note of a request without tools."""
     if response_format is not None and response_format.schema is not None:
-        schema = closed_schema(response_format.schema, param="response_format")
+        schema = closed_schema(response_format.schema, param=RESPONSE_SCHEMA_PARAM)
         return "json", Constraint.json_schema(schema), schema, json_answer_note(schema)
     if chat.regex is not None:
         return "regex", _regex(chat.regex), None, ""

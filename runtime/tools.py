@@ -152,9 +152,11 @@ _SCHEMA_SINGLES = (
 _OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
 
-# Subschemas closed_schema may read while listing the keys each object names in place (about
-# 0.15 s): every object re-reads what it composes, so a schema of many objects that each
-# compose one wide allOf costs their product, and would be refused as too large only after.
+# Subschemas closed_schema may read, and keys it may list, for the keys each object names in
+# place (about 0.15 s): every object re-reads what it composes and lists its keys again, so
+# many objects that each compose one wide allOf, or one $ref requiring thousands of keys, cost
+# their product (2,000,000 keys listed, 5 s and 550 MB from 60 KB), and would be refused as
+# too large only after.
 MAX_IN_PLACE_READS = 50_000
 
 
@@ -182,7 +184,8 @@ def closed_schema(schema: dict[str, Any], *, param: str | None = None) -> dict[s
     used alone (a property's schema, a lone ``allOf`` member, an ``anyOf`` variant) keep
     the closed target. Refs are first made pointers from the root (:func:`_pointer_refs`).
 
-    Raises ConstraintTooComplex (naming ``param``) past MAX_IN_PLACE_READS.
+    Raises ConstraintTooComplex (naming ``param``, the schema's place in the request) past
+    MAX_IN_PLACE_READS.
     """
     out = _pointer_refs(schema)
     pristine = _json_copy(out)  # the targets open copies are made of
@@ -216,13 +219,14 @@ def closed_schema(schema: dict[str, Any], *, param: str | None = None) -> dict[s
             properties = node["properties"]
             if isinstance(properties, dict):
                 keys, read = _keys_named_in_place(node, pristine)
-                reads += read
+                reads += read + len(keys)
                 if reads > MAX_IN_PLACE_READS:
                     raise ConstraintTooComplex(
-                        f"the schema's objects compose more than {MAX_IN_PLACE_READS} subschemas"
-                        " in place (allOf, anyOf, oneOf, then, else, dependentSchemas and $ref"
-                        " beside properties, counted once for each object); define shared"
-                        " properties once instead of composing them into every object",
+                        f"the schema's objects compose more than {MAX_IN_PLACE_READS:,}"
+                        " subschemas and keys in place (allOf, anyOf, oneOf, then, else,"
+                        " dependentSchemas and $ref beside properties, counted again for each"
+                        " object that composes them); define shared properties once instead"
+                        " of composing them into every object",
                         param=param,
                     )
                 for key in keys:
@@ -324,6 +328,9 @@ class ResponseFormat:
         return self.type != "text"
 
 
+RESPONSE_SCHEMA_PARAM = "response_format.json_schema.schema"  # where errors place the schema
+
+
 def parse_response_format(value: Any, limits: Limits = DEFAULT_LIMITS) -> ResponseFormat | None:
     """Validate ``response_format``; json_object becomes the schema ``{"type": "object"}``."""
     if value is None:
@@ -353,7 +360,7 @@ def parse_response_format(value: Any, limits: Limits = DEFAULT_LIMITS) -> Respon
             param="response_format.json_schema.name",
         )
     schema = spec.get("schema")
-    check_schema(schema, "response_format.json_schema.schema", limits)
+    check_schema(schema, RESPONSE_SCHEMA_PARAM, limits)
     return ResponseFormat("json_schema", _json_copy(schema), name, bool(spec.get("strict")))
 
 
@@ -440,7 +447,7 @@ def union_schema(
     allowed = [t for t in tools if choice.allows(t.name)] if choice.allows_calls else []
     if allowed and parallel_tool_calls:
         for tool in allowed:
-            defs[f"call-{tool.name}"] = _call_branch(tool, defs)
+            defs[f"call-{tool.name}"] = _call_branch(tool, tools.index(tool), defs)
         refs = [{"$ref": f"#/$defs/call-{t.name}"} for t in allowed]
         items = refs[0] if len(refs) == 1 else {"anyOf": refs}
         branches.extend(refs)
@@ -448,11 +455,11 @@ def union_schema(
             _closed_object({"tool_calls": {"type": "array", "items": items, "minItems": 1}})
         )
     else:
-        branches.extend(_call_branch(t, defs) for t in allowed)
+        branches.extend(_call_branch(t, tools.index(t), defs) for t in allowed)
     if choice.allows_answer:
         answer: dict[str, Any] = {"type": "string"}
         if rf is not None and rf.schema is not None:
-            answer = _embed(closed_schema(rf.schema, param="response_format"), "answer", defs)
+            answer = _embed(closed_schema(rf.schema, param=RESPONSE_SCHEMA_PARAM), "answer", defs)
         branches.append(_closed_object({"answer": answer}))
     schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
     if defs:
@@ -479,8 +486,10 @@ def union_calls(union: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]
     return tuple(calls)
 
 
-def _call_branch(tool: ToolSpec, defs: dict[str, Any]) -> dict[str, Any]:
-    arguments = _embed(closed_schema(tool.parameters, param="tools"), f"tool-{tool.name}", defs)
+def _call_branch(tool: ToolSpec, index: int, defs: dict[str, Any]) -> dict[str, Any]:
+    """The envelope of one call of ``tool``, ``tools[index]`` in the request."""
+    parameters = closed_schema(tool.parameters, param=f"tools[{index}].function.parameters")
+    arguments = _embed(parameters, f"tool-{tool.name}", defs)
     return _closed_object({"tool": {"const": tool.name}, "arguments": arguments})
 
 
@@ -569,6 +578,7 @@ def _fragment(pointer: str) -> str:
 
 
 __all__ = [
+    "RESPONSE_SCHEMA_PARAM",
     "ResponseFormat",
     "ToolChoice",
     "ToolSpec",

@@ -794,25 +794,31 @@ def test_closing_reads_a_subschema_once_however_many_refs_name_it() -> None:
     assert list(closed_schema(_composed_levels(12, fan=4))["properties"])[-1] == "z"
 
 
-def test_objects_composing_too_much_in_place_are_refused_by_name() -> None:
-    """Every object re-reads what it composes: 500 objects each composing one 500-member allOf
-    (55 KB) would have taken a second before the union's size refused it."""
-    wide = {f"d{i}": {"required": ["a"]} for i in range(500)}
-    wide["hub"] = {"allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(500)]}
+@pytest.mark.parametrize("shape", ["wide allOf", "many required keys"])
+def test_objects_composing_too_much_in_place_are_refused_by_name(shape: str) -> None:
+    """Every object re-reads what it composes and lists its keys again: 500 objects each
+    composing one 500-member allOf (55 KB), or one $ref requiring 4,000 keys (60 KB: 2,000,000
+    keys listed, 5 s and 550 MB), cost their product before the union's size refused them."""
+    if shape == "wide allOf":
+        defs: dict[str, Any] = {f"d{i}": {"required": ["a"]} for i in range(500)}
+        defs["hub"] = {"allOf": [{"$ref": f"#/$defs/d{i}"} for i in range(500)]}
+    else:
+        defs = {"hub": {"required": [f"k{i}" for i in range(4000)]}}
     params = {
         "type": "object",
         "properties": {
             f"p{j}": {"properties": {}, "allOf": [{"$ref": "#/$defs/hub"}]} for j in range(500)
         },
-        "$defs": wide,
+        "$defs": defs,
     }
-    with pytest.raises(ConstraintTooComplex, match="compose more than 50000") as caught:
-        union_schema(parse_tools_field([function_tool("f", params)]), "required")
-    assert caught.value.param == "tools"
+    tools = parse_tools_field([function_tool("f", {"type": "object"}), function_tool("g", params)])
+    with pytest.raises(ConstraintTooComplex, match="compose more than 50,000") as caught:
+        union_schema(tools, "required")
+    assert caught.value.param == "tools[1].function.parameters"
     fmt = {"type": "json_schema", "json_schema": {"name": "w", "schema": params}}
     with pytest.raises(ConstraintTooComplex) as caught:
         plan_chat(ChatInput(messages=[{"role": "user", "content": "x"}], response_format=fmt))
-    assert caught.value.param == "response_format"
+    assert caught.value.param == "response_format.json_schema.schema"
 
 
 def test_closing_never_reaches_into_not_or_if() -> None:
