@@ -55,9 +55,11 @@ MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is 
 # A line of receipts.jsonl the writer puts in a bundle: the verifier refuses one running past
 # MAX_SMALL_FILE, counting it in 1 MiB blocks (bundle_verify.BLOCK), so two are kept spare.
 MAX_RECEIPT_LINE = MAX_SMALL_FILE - (2 << 20)
-# Values and keys in one JSON file or receipt line. Parsed, each takes up to about 70 bytes of
-# memory, 25 times its text for `[{},{},...]`: the byte bounds alone let a 200 KB bundle take
-# 3.4 GB to verify. A receipt reaches this only with a retained request body of 2 MB or more.
+# A bound on the values and keys in one JSON file or receipt line, as the count of its `[`,
+# `{`, `,` and `:` bytes (too_many_values: the format's rule is that count, below this).
+# Parsed, a value takes up to about 70 bytes of memory, 25 times its text for `[{},{},...]`:
+# the byte bounds alone let a 200 KB bundle take 3.4 GB to verify. A receipt reaches this
+# only with a retained request body of 2 MB or more.
 MAX_JSON_VALUES = 2_000_000
 
 
@@ -262,9 +264,9 @@ def _measure(lines: Iterator[ReceiptLine]) -> _Measured:
             )
         if too_many_values(last.text):
             raise BundleTooLarge(
-                f"receipt seq {last.seq} of chain {last.chain!r} holds {MAX_JSON_VALUES:,} JSON"
-                " values or more (a verifier parses it whole), so no bundle can hold it; its"
-                " retained payload made it that large"
+                f"receipt seq {last.seq} of chain {last.chain!r} may hold {MAX_JSON_VALUES:,}"
+                " JSON values or more (counted as its [ { , : bytes; a verifier parses it"
+                " whole), so no bundle can hold it; its retained payload made it that large"
             )
         digest.update(last.text)
         digest.update(b"\n")
@@ -407,8 +409,8 @@ class _Room:
             )
         if too_many_values(data):
             self._refuse(
-                f"would hold {name} with {MAX_JSON_VALUES:,} JSON values or more; a bundle's"
-                f" files may hold fewer (a verifier parses each whole)"
+                f"would hold {name}, which may hold {MAX_JSON_VALUES:,} JSON values or more"
+                " (counted as its [ { , : bytes); a verifier parses each file whole"
             )
         if self._bytes > MAX_SMALL_TOTAL:
             self._refuse(

@@ -696,12 +696,38 @@ def test_the_writer_puts_no_file_or_receipt_too_dense_to_verify_in_a_bundle(
     checkpoint = whole_chain_checkpoint(chain, signer)
     path = tmp_path / "bundle.tar.gz"
     dense = {"ab" * 32: {"enum": [0] * 2_000_000}}  # a schema no gateway's default limits take
-    with pytest.raises(BundleTooLarge, match=f"schemas/{'ab' * 32}.json with 2,000,000 JSON"):
+    with pytest.raises(BundleTooLarge, match=f"schemas/{'ab' * 32}.json, which may hold 2,000,"):
         write_bundle(path, chain, {**SCHEMAS, **dense}, keys_of(signer), checkpoint)
     monkeypatch.setattr(receipts.bundle, "MAX_JSON_VALUES", 40)  # a receipt's retained payload
-    with pytest.raises(BundleTooLarge, match="receipt seq 1 of chain 'acme' holds 40 JSON"):
+    with pytest.raises(BundleTooLarge, match="receipt seq 1 of chain 'acme' may hold 40 JSON"):
         write_bundle(path, chain, SCHEMAS, keys_of(signer), checkpoint)
     assert not path.exists()
+
+
+def test_writer_and_verifier_draw_the_json_value_bound_at_the_same_byte(
+    tmp_path: Path, chain, signer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule is a count of bytes an independent verifier reproduces: 199 of `[ { , :` pass
+    a bound of 200, and 200 do not, for the writer and the reader alike."""
+    for module in (receipts.bundle, receipts.bundle_archive, receipts.bundle_verify):
+        monkeypatch.setattr(module, "MAX_JSON_VALUES", 200)
+    checkpoint = whole_chain_checkpoint(chain, signer)
+    counted = {n: {"enum": [0] * (n - 2)} for n in (199, 200)}  # "{" ":" "[" and n - 3 commas
+    under = tmp_path / "under.tar.gz"
+    write_bundle(under, chain, {**SCHEMAS, "ab" * 32: counted[199]}, keys_of(signer), checkpoint)
+    assert verify_bundle(under, signer.public_key_pem()).ok
+    with pytest.raises(BundleTooLarge, match=f"schemas/{'ab' * 32}.json, which may hold 200"):
+        write_bundle(
+            tmp_path / "over.tar.gz",
+            chain,
+            {**SCHEMAS, "ab" * 32: counted[200]},
+            keys_of(signer),
+            checkpoint,
+        )
+    files = read(under)
+    files[f"schemas/{'ab' * 32}.json"] = canonical_json(counted[200])
+    report = verify_bundle(rewrite(under, files), signer.public_key_pem())
+    assert not report.ok and "may hold 200 JSON values" in report.reason, report
 
 
 @pytest.mark.parametrize(
