@@ -56,20 +56,22 @@ MAX_RECEIPTS_BYTES = 64 << 30  # receipts.jsonl, whatever number of receipts is 
 # MAX_SMALL_FILE, counting it in 1 MiB blocks (bundle_verify.BLOCK), so two are kept spare.
 MAX_RECEIPT_LINE = MAX_SMALL_FILE - (2 << 20)
 # A bound on the values and keys in one JSON file or receipt line, as the count of its `[`,
-# `{`, `,` and `:` bytes (too_many_values: the format's rule is that count, below this).
+# `{`, `,` and `:` bytes (value_count_problem: the format's rule is that count, below this).
 # Parsed, a value takes up to about 70 bytes of memory, 25 times its text for `[{},{},...]`:
 # the byte bounds alone let a 200 KB bundle take 3.4 GB to verify. A receipt reaches this
 # only with a retained request body of 2 MB or more.
 MAX_JSON_VALUES = 2_000_000
 
 
-def too_many_values(text: bytes) -> bool:
-    """Whether the JSON ``text`` may hold more than MAX_JSON_VALUES values and keys, told
+def value_count_problem(text: bytes) -> str | None:
+    """Why the JSON ``text`` may hold more than MAX_JSON_VALUES values and keys, or None; told
     without parsing it: each one but the first follows a ``[``, ``{``, ``,`` or ``:`` byte,
     so their count bounds it (those in strings count too), and a shorter text is under it."""
     if len(text) < MAX_JSON_VALUES:
-        return False
-    return sum(map(text.count, (b"[", b"{", b",", b":"))) >= MAX_JSON_VALUES
+        return None
+    if sum(map(text.count, (b"[", b"{", b",", b":"))) < MAX_JSON_VALUES:
+        return None
+    return f"may hold {MAX_JSON_VALUES:,} JSON values or more (counted as its [ {{ , : bytes)"
 
 
 def key_file(key_id: str) -> str:
@@ -262,11 +264,10 @@ def _measure(lines: Iterator[ReceiptLine]) -> _Measured:
                 f" a bundle's receipt may be {MAX_RECEIPT_LINE:,} (a verifier reads it whole),"
                 " so no bundle can hold it; its retained payload made it that large"
             )
-        if too_many_values(last.text):
+        if problem := value_count_problem(last.text):
             raise BundleTooLarge(
-                f"receipt seq {last.seq} of chain {last.chain!r} may hold {MAX_JSON_VALUES:,}"
-                " JSON values or more (counted as its [ { , : bytes; a verifier parses it"
-                " whole), so no bundle can hold it; its retained payload made it that large"
+                f"receipt seq {last.seq} of chain {last.chain!r} {problem}; a verifier parses it"
+                " whole, so no bundle can hold it; its retained payload made it that large"
             )
         digest.update(last.text)
         digest.update(b"\n")
@@ -407,11 +408,8 @@ class _Room:
                 f"would hold a file of {size} bytes; a bundle's files other than {RECEIPTS}"
                 f" may be {MAX_SMALL_FILE >> 20} MiB each"
             )
-        if too_many_values(data):
-            self._refuse(
-                f"would hold {name}, which may hold {MAX_JSON_VALUES:,} JSON values or more"
-                " (counted as its [ { , : bytes); a verifier parses each file whole"
-            )
+        if problem := value_count_problem(data):
+            self._refuse(f"would hold {name}, which {problem}; a verifier parses each file whole")
         if self._bytes > MAX_SMALL_TOTAL:
             self._refuse(
                 f"would hold more than {MAX_SMALL_TOTAL >> 20} MiB of files other than"

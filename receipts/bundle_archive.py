@@ -19,7 +19,6 @@ from typing import IO, Any
 from receipts.bundle import (
     DIRECTORIES,
     MANIFEST,
-    MAX_JSON_VALUES,
     MAX_MEMBERS,
     MAX_RECEIPTS_BYTES,
     MAX_SMALL_FILE,
@@ -28,7 +27,7 @@ from receipts.bundle import (
     RECEIPTS,
     SMALL_FILES,
     announced,
-    too_many_values,
+    value_count_problem,
 )
 from receipts.errors import VerificationError
 
@@ -259,9 +258,8 @@ def _loads(data: bytes) -> Any:
     """JSON with every object's keys distinct: some readers keep a repeated key's first
     value, some its last, and two verifiers must never read two different files. A text
     that may hold more than MAX_JSON_VALUES values is refused unparsed."""
-    if too_many_values(data):
+    if problem := value_count_problem(data):
         raise _TooManyValues(
-            f"may hold {MAX_JSON_VALUES:,} JSON values or more; no bundle file does, and"
-            " parsed it would fill gigabytes of memory"
+            f"{problem}; no bundle file does, and parsed it would fill gigabytes of memory"
         )
     return json.loads(data, object_pairs_hook=_unique_keys)

@@ -24,12 +24,11 @@ from receipts.bundle import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     MANIFEST,
-    MAX_JSON_VALUES,
     RECEIPTS,
     SMALL_FILES,
     announced,
     key_file,
-    too_many_values,
+    value_count_problem,
 )
 from receipts.bundle_archive import MAX_SMALL_FILE, BundleContents
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
@@ -344,11 +343,10 @@ class LineChecker:
             if not line:
                 problem = f"a blank line in {RECEIPTS}, where each line holds one receipt"
                 break
-            if too_many_values(line):
+            if dense := value_count_problem(line):
                 problem = (
-                    f"a line of {RECEIPTS} may hold {MAX_JSON_VALUES:,} JSON values or more;"
-                    " no receipt a bundle holds does, and parsed it would fill gigabytes of"
-                    " memory"
+                    f"a line of {RECEIPTS} {dense}; no receipt a bundle holds does, and parsed"
+                    " it would fill gigabytes of memory"
                 )
                 break
             plain = loads_plain(line)
