@@ -19,18 +19,21 @@ from conftest import error_of, fresh_gateway
 
 from receipts.queries import ReceiptQuery
 
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "lookup",
-        "parameters": {
-            "type": "object",
-            "properties": {"q": {"type": "string", "enum": ["a", "b"]}},
-            "required": ["q"],
-            "additionalProperties": False,
-        },
+
+def function_tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI ``tools[]`` item."""
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+TOOL = function_tool(
+    "lookup",
+    {
+        "type": "object",
+        "properties": {"q": {"type": "string", "enum": ["a", "b"]}},
+        "required": ["q"],
+        "additionalProperties": False,
     },
-}
+)
 HELLO = [{"role": "user", "content": "hello"}]
 
 
@@ -85,7 +88,7 @@ def test_unknown_tool_in_tool_choice(gateway: Any) -> None:
 
 
 def test_invalid_tool_schema(gateway: Any) -> None:
-    bad = {"type": "function", "function": {"name": "bad", "parameters": {"type": "nonsense"}}}
+    bad = function_tool("bad", {"type": "nonsense"})
     err = error_of(post_chat(gateway, tools=[bad]), 400)
     assert err["code"] in ("invalid_schema", "invalid_tools") and err["param"].startswith("tools")
 
@@ -98,8 +101,7 @@ def test_body_too_large_is_413(gateway: Any) -> None:
 
 def test_too_many_tools(gateway: Any) -> None:
     many = [
-        {"type": "function", "function": {"name": f"t{i}", "parameters": {"type": "object"}}}
-        for i in range(gateway.settings.max_tools + 1)
+        function_tool(f"t{i}", {"type": "object"}) for i in range(gateway.settings.max_tools + 1)
     ]
     err = error_of(post_chat(gateway, tools=many), 400)
     assert err["code"] == "constraint_too_complex" and "max_tools" in err["message"]
@@ -195,10 +197,6 @@ def test_constraints_the_compiler_would_recurse_through_are_refused(
         assert client.get("/healthz").status_code == 200  # the process is still there
 
 
-def _tool(parameters: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": "t", "parameters": parameters}}
-
-
 def test_schemas_composing_subschemas_many_times_over_are_answered_at_once(gateway: Any) -> None:
     """Two ways an agent's schema made closing its objects slow, on the event loop (every
     other request waited): refs naming the next level twice, read once per path (19 levels:
@@ -222,7 +220,8 @@ def test_schemas_composing_subschemas_many_times_over_are_answered_at_once(gatew
         ),
     ):
         started = time.perf_counter()
-        err = error_of(post_chat(gateway, tools=[_tool(parameters)], tool_choice="required"), 400)
+        tools = [function_tool("t", parameters)]
+        err = error_of(post_chat(gateway, tools=tools, tool_choice="required"), 400)
         assert time.perf_counter() - started < 5.0  # 10 s and 1 s before; 0.05 s now
         assert err["code"] == "constraint_too_complex" and words in err["message"], err
         assert err["param"] == param
@@ -360,13 +359,11 @@ def test_many_large_tool_schemas_are_refused_fast(gateway: Any) -> None:
     checked against its metaschema first, 0.7 s each on the event loop; now 1 ms."""
     import time
 
-    def tool(n: int) -> dict[str, Any]:
-        properties = {f"p{i}": {} for i in range(4000)}
-        parameters = {"type": "object", "properties": properties}
-        return {"type": "function", "function": {"name": f"t{n}", "parameters": parameters}}
-
+    parameters = {"type": "object", "properties": {f"p{i}": {} for i in range(4000)}}
     started = time.perf_counter()
-    err = error_of(post_chat(gateway, tools=[tool(n) for n in range(10)]), 400)
+    err = error_of(
+        post_chat(gateway, tools=[function_tool(f"t{n}", parameters) for n in range(10)]), 400
+    )
     assert time.perf_counter() - started < 2.0
     assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
     assert err["param"] == "tools" and "the tools' union schema" in err["message"]
@@ -576,7 +573,7 @@ def test_a_number_a_receipt_cannot_hold_names_the_schema(
 ) -> None:
     """JSON has no such limits; Python's json and msgspec would pass the number as it is."""
     parameters = {"type": "object", "properties": {"n": {"maximum": "NUMBER"}}}
-    tools = [{"type": "function", "function": {"name": "f", "parameters": parameters}}]
+    tools = [function_tool("f", parameters)]
     body = json.dumps({"model": gateway.model, "messages": HELLO, "tools": tools})
     err = error_of(_post_raw(gateway, body.replace('"NUMBER"', number).encode()), 400)
     assert err["param"] == "tools[0].function.parameters"
