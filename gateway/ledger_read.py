@@ -16,7 +16,7 @@ import functools
 import logging
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -93,15 +93,30 @@ class LedgerRead:
             else:
                 pipe.finish()
 
-        _, stop = self._start(tenant, write)
+        future, stop = self._start(tenant, write)
+        ended = asyncio.wrap_future(future)
+
+        async def read() -> bytes | None:
+            """The next chunk; the last answer (the end, or the writer's error) only once
+            the writer's thread has given back its tenant's turn: a client told its export
+            is done, or refused, may start the next one at once, and did get a 429."""
+            try:
+                chunk = await pipe.read()
+            except Exception:
+                await asyncio.wait([ended])
+                raise
+            if chunk is None:
+                await asyncio.wait([ended])
+            return chunk
+
         try:
             with _refusals_are_400():
-                first = await unless_client_leaves(receive, pipe.read())
+                first = await unless_client_leaves(receive, read())
         except BaseException:
             stop.set()
             pipe.close()
             raise
-        return _rest(first, pipe, stop)
+        return _rest(first, read, pipe, stop)
 
     def _start(
         self, tenant: str, fn: Callable[..., T], *args: Any
@@ -155,7 +170,10 @@ def _refusals_are_400() -> Iterator[None]:
 
 
 async def _rest(
-    first: bytes | None, pipe: ThreadPipe, stop: threading.Event
+    first: bytes | None,
+    read: Callable[[], Awaitable[bytes | None]],
+    pipe: ThreadPipe,
+    stop: threading.Event,
 ) -> AsyncIterator[bytes]:
     """The stream from its first chunk on. A failure now cannot become an error answer (the
     status is sent): it is logged, and raised so that the response ends unfinished rather than
@@ -164,7 +182,7 @@ async def _rest(
         chunk = first
         while chunk is not None:
             yield chunk
-            chunk = await pipe.read()
+            chunk = await read()
     except Exception as exc:  # Stopped too, when the writer gave up on a client taking nothing
         log.error(
             "stream failed after its first byte",

@@ -1,0 +1,98 @@
+"""LedgerRead's whole-chain turns: a tenant's export, once answered (done or refused), has
+given back its turn, so the client's next one is not a 429."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.ledger_read import LedgerRead
+from gateway.pipe import ThreadPipe
+from receipts.errors import BundleTooLarge
+
+
+async def _stays(_: Any = None) -> dict[str, Any]:
+    """An ASGI receive whose client never leaves."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def _slow_to_end(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """ThreadPipe's ``name`` (finish or fail) lingers in its thread after it has told the
+    reader: the window in which the turn was still held when the answer had gone."""
+    end: Callable[..., None] = getattr(ThreadPipe, name)
+
+    def lingering(self: ThreadPipe, *args: Any) -> None:
+        end(self, *args)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(ThreadPipe, name, lingering)
+
+
+def _export(data: bytes) -> Callable[..., None]:
+    def write(out: Any, should_stop: Callable[[], bool]) -> None:
+        out.write(data)
+
+    return write
+
+
+def _too_large(out: Any, should_stop: Callable[[], bool]) -> None:
+    raise BundleTooLarge("a bundle of seqs 1..40 would be too large")
+
+
+def test_a_finished_export_has_given_back_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_to_end(monkeypatch, "finish")
+
+    async def main() -> list[bytes]:
+        read = LedgerRead(timeout_s=5)
+        try:
+            downloads = []
+            for n in range(2):
+                stream = await read.streamed("acme", _stays, _export(b"bundle %d" % n))
+                downloads.append(b"".join([chunk async for chunk in stream]))
+            return downloads
+        finally:
+            read.close()
+
+    assert asyncio.run(main()) == [b"bundle 0", b"bundle 1"]
+
+
+def test_a_refused_export_has_given_back_its_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_to_end(monkeypatch, "fail")
+
+    async def main() -> bytes:
+        read = LedgerRead(timeout_s=5)
+        try:
+            with pytest.raises(APIError) as refused:
+                await read.streamed("acme", _stays, _too_large)
+            assert (refused.value.status, refused.value.code) == (400, "bundle_too_large")
+            stream = await read.streamed("acme", _stays, _export(b"a shorter range"))
+            return b"".join([chunk async for chunk in stream])
+        finally:
+            read.close()
+
+    assert asyncio.run(main()) == b"a shorter range"
+
+
+def test_a_second_export_while_one_runs_is_a_429(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The turn is still one per tenant, held while the writer's thread runs: here from
+    the first chunk, which its finish sends, until it has slept."""
+    _slow_to_end(monkeypatch, "finish")
+
+    async def main() -> None:
+        read = LedgerRead(timeout_s=5)
+        try:
+            first = await read.streamed("acme", _stays, _export(b"x"))
+            with pytest.raises(APIError) as busy:
+                await read.streamed("acme", _stays, _export(b"y"))
+            assert busy.value.status == 429
+            assert b"".join([chunk async for chunk in first]) == b"x"
+        finally:
+            read.close()
+
+    asyncio.run(main())
