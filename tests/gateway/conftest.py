@@ -80,7 +80,11 @@ class ServerLoop:
     def serve(self, app: Any) -> tuple[str, Callable[[], None]]:
         """Start `app` on a free port; returns its base URL and a stop function."""
         port = free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+        # Idle connections kept past httpx's 5 s (uvicorn's default is also 5 s, timed from
+        # an earlier moment): a client reusing one at 4.99 s could find it closed under it.
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, log_config=None, lifespan="on", timeout_keep_alive=30
+        )
         server = uvicorn.Server(config)
         done = asyncio.run_coroutine_threadsafe(server.serve(), self.loop)
         url = f"http://127.0.0.1:{port}"

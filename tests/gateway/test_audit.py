@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -718,8 +718,10 @@ def test_verify_reports_a_deleted_receipt_instead_of_refusing_the_range(
     """A range check on which rows exist answered 400 to `from_seq` = the deleted seq."""
     tamper = "DELETE FROM receipts WHERE seq = 2"
     with _tampered_copy(gateway, audited, server_loop, tmp_path, tamper) as (base, _, headers):
-        response = httpx.post(f"{base}/audit/verify", json={"from_seq": 2}, headers=headers)
-        export = httpx.get(f"{base}/audit/export", headers=headers)
+        response = httpx.post(
+            f"{base}/audit/verify", json={"from_seq": 2}, headers=headers, timeout=60
+        )
+        export = httpx.get(f"{base}/audit/export", headers=headers, timeout=60)
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["ok"] is False and report["first_failure_seq"] == 2, report
@@ -740,7 +742,8 @@ def test_a_receipt_that_does_not_verify_is_not_replayed(
     )
     with _tampered_copy(gateway, audited, server_loop, tmp_path, tamper) as (base, ids, headers):
         response = httpx.post(f"{base}/audit/replay/{ids[1]}", json={}, headers=headers)
-        intact = httpx.post(f"{base}/audit/replay/{ids[2]}", json={}, headers=headers)
+        # a replay runs the model: httpx's default 5 s is too short on a loaded machine
+        intact = httpx.post(f"{base}/audit/replay/{ids[2]}", json={}, headers=headers, timeout=120)
     assert response.status_code == 500, response.text
     error = response.json()["error"]
     assert error["code"] == "chain_damaged"
@@ -977,6 +980,7 @@ def test_an_export_streams_while_it_is_written_and_stops_when_its_client_leaves(
     _slow_chain(gateway, audited, tenant, 300)  # big schemas: a bundle of some 350 KiB
     hold, held = threading.Event(), threading.Event()
     stopped: list[BaseException] = []
+    asked_to_stop: list[Callable[[], bool]] = []
     export = gateway.ledger.export
 
     class HeldFile:
@@ -995,6 +999,7 @@ def test_an_export_streams_while_it_is_written_and_stops_when_its_client_leaves(
             self.out.flush()
 
     def held_export(tenant: str, out: Any, **kwargs: Any) -> None:
+        asked_to_stop.append(kwargs["should_stop"])
         try:
             export(tenant, HeldFile(out), **kwargs)
         except BaseException as exc:
@@ -1024,6 +1029,10 @@ def test_an_export_streams_while_it_is_written_and_stops_when_its_client_leaves(
             chunks = response.iter_bytes()  # kept: an iterator dropped closes the connection
             next(chunks)
             assert held.wait(10)
+        started = time.monotonic()
+        while not asked_to_stop[-1]():  # the gateway has seen the client go
+            assert time.monotonic() - started < 10, "the client's leaving was not noticed"
+            time.sleep(0.05)
         hold.set()  # the writer goes on, finds its reader gone and stops
         started = time.monotonic()
         while (again := client.get("/audit/export")).status_code == 429:

@@ -239,7 +239,7 @@ def test_a_huge_schema_is_refused_by_size_before_it_is_checked(gateway: Any) -> 
     }
     started = time.perf_counter()
     err = error_of(post_chat(gateway, tools=[tool]), 400)
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 5.0  # 27 s before; some 0.2 s of it is sending
     assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
     assert err["param"] == "tools[0].function.parameters"
 
@@ -364,7 +364,7 @@ def test_many_large_tool_schemas_are_refused_fast(gateway: Any) -> None:
     err = error_of(
         post_chat(gateway, tools=[function_tool(f"t{n}", parameters) for n in range(10)]), 400
     )
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 5.0  # 7 s before; a loaded machine is slower
     assert err["code"] == "constraint_too_complex" and "max_schema_bytes" in err["message"]
     assert err["param"] == "tools" and "the tools' union schema" in err["message"]
 
@@ -857,8 +857,8 @@ def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
     """Once the body is in, the deadline is done: a stream longer than body_timeout_s runs to
     its end and its receipt."""
     with fresh_gateway(
-        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=0.1
-    ) as (base, secret, ledger):
+        gateway_engine, server_loop, tmp_path, fresh_sqlite_url, body_timeout_s=0.5
+    ) as (base, secret, ledger):  # 0.5 s: httpx sends head and body in two writes
         body = {
             "model": gateway_engine.identity.model,
             "stream": True,
@@ -875,6 +875,6 @@ def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
         ):
             assert response.status_code == 200
             lines = [line for line in response.iter_lines() if line]
-        assert time.monotonic() - started > 0.2, "the stream ended before the deadline"
+        assert time.monotonic() - started > 0.6, "the stream ended before the deadline"
         assert lines[-1] == "data: [DONE]", lines[-3:]
         assert ledger.last_seq("acme") == 1

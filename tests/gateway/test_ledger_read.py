@@ -4,6 +4,7 @@ given back its turn, so the client's next one is not a 429."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,14 +23,18 @@ async def _stays(_: Any = None) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
-def _slow_to_end(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+def _slow_to_end(
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    linger: Callable[[], object] = lambda: time.sleep(0.3),
+) -> None:
     """ThreadPipe's ``name`` (finish or fail) lingers in its thread after it has told the
     reader: the window in which the turn was still held when the answer had gone."""
     end: Callable[..., None] = getattr(ThreadPipe, name)
 
     def lingering(self: ThreadPipe, *args: Any) -> None:
         end(self, *args)
-        time.sleep(0.3)
+        linger()
 
     monkeypatch.setattr(ThreadPipe, name, lingering)
 
@@ -81,8 +86,9 @@ def test_a_refused_export_has_given_back_its_turn(monkeypatch: pytest.MonkeyPatc
 
 def test_a_second_export_while_one_runs_is_a_429(monkeypatch: pytest.MonkeyPatch) -> None:
     """The turn is still one per tenant, held while the writer's thread runs: here from
-    the first chunk, which its finish sends, until it has slept."""
-    _slow_to_end(monkeypatch, "finish")
+    the first chunk, which its finish sends, until the test lets it end."""
+    let_end = threading.Event()
+    _slow_to_end(monkeypatch, "finish", lambda: let_end.wait(10))
 
     async def main() -> None:
         read = LedgerRead(timeout_s=5)
@@ -91,6 +97,7 @@ def test_a_second_export_while_one_runs_is_a_429(monkeypatch: pytest.MonkeyPatch
             with pytest.raises(APIError) as busy:
                 await read.streamed("acme", _stays, _export(b"y"))
             assert busy.value.status == 429
+            let_end.set()
             assert b"".join([chunk async for chunk in first]) == b"x"
         finally:
             read.close()

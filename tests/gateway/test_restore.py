@@ -35,7 +35,8 @@ def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
     }
     url = f"sqlite:///{db}"
     with fresh_gateway(gateway_engine, server_loop, tmp_path, url) as (base, secret, ledger):
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {secret}"}) as client:
+        auth = {"Authorization": f"Bearer {secret}"}
+        with httpx.Client(base_url=base, headers=auth, timeout=120) as client:
             assert client.post("/v1/chat/completions", json=body).status_code == 200
             _copy(db, tmp_path / "backup.db")  # the nightly backup, at seq 1
             for _ in range(2):
