@@ -89,7 +89,9 @@ def hung_db_gateway(
     host_port = fresh_postgres_url.split("@", 1)[1].split("/", 1)[0]
     proxy = FreezableProxy(int(host_port.rsplit(":", 1)[1]))
     url = fresh_postgres_url.replace(host_port, f"127.0.0.1:{proxy.port}")
-    settings = gateway_settings(tmp_path, url, db_timeout_s=1.0, key_cache_ttl_s=1.0)
+    # db_timeout_s 2 s: the first commit (a new connection through the proxy, a forked
+    # backend, an fsync) must land within it on a loaded machine
+    settings = gateway_settings(tmp_path, url, db_timeout_s=2.0, key_cache_ttl_s=1.0)
     ledger = Ledger(url, Signer.generate())
     keys = KeyStore.open(url)
     secrets = {role: keys.create(role, "acme")[1] for role in ("agent", "auditor", "admin")}
@@ -135,7 +137,7 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
         started = time.monotonic()
         response = client.request(method, path)
         assert response.status_code == 503, response.text
-        assert time.monotonic() - started < 8, path  # timeouts of 1 and 2 s, on a busy VM
+        assert time.monotonic() - started < 8, path  # timeouts of 2 s, on a busy VM
         if path == "/v1/models":  # no receipt was at stake: the message says what failed
             error = response.json()["error"]
             assert error["code"] == "ledger_unavailable", error
@@ -177,7 +179,7 @@ def test_a_receipt_that_lands_after_its_503_is_logged_and_counted(
     seal = ledger_writer.seal
 
     def seal_slowly(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(2.0)  # past db_timeout_s (1 s), after the writer claimed the draft
+        time.sleep(4.0)  # past db_timeout_s (2 s), after the writer claimed the draft
         return seal(*args, **kwargs)
 
     monkeypatch.setattr(ledger_writer, "seal", seal_slowly)
@@ -205,7 +207,7 @@ def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(
     response = auditor.get("/audit/receipts")
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "ledger_unavailable"
-    assert time.monotonic() - started < 8  # db_timeout_s is 1 s, on a busy VM
+    assert time.monotonic() - started < 8  # db_timeout_s is 2 s, on a busy VM
     proxy.frozen.clear()
     deadline = time.monotonic() + 30
     while auditor.get("/audit/receipts").status_code != 200:
@@ -226,7 +228,7 @@ def test_key_management_on_a_hung_database_is_503_in_bounded_time(
     assert response.status_code == 503, response.text
     assert "did not answer within db_timeout_s" not in response.text  # the log has the detail
     assert response.json()["error"]["message"].startswith("the API key database is unavailable")
-    assert time.monotonic() - started < 8  # db_timeout_s is 1 s, on a busy VM
+    assert time.monotonic() - started < 8  # db_timeout_s is 2 s, on a busy VM
     proxy.frozen.clear()
 
 
