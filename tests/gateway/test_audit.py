@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import tarfile
@@ -942,21 +943,22 @@ def test_a_verify_whose_client_left_stops_and_a_tenant_has_one_at_a_time(
             began.set()
             return verify(*args, **kwargs)
 
-        def abandoned() -> None:
-            with pytest.raises(httpx.ReadTimeout):
-                client.post("/audit/verify", json={}, timeout=3)
-
         monkeypatch.setattr(gateway.ledger, "verify", watched_verify)
-        thread = threading.Thread(target=abandoned)
-        thread.start()
-        assert began.wait(10)  # it holds the tenant's turn
-        busy = client.post("/audit/verify", json={"from_seq": 1, "to_seq": 1})
-        assert busy.status_code == 429, busy.text
-        assert busy.json()["error"]["type"] == "rate_limit_error"
-        assert busy.json()["error"]["code"] == "rate_limit_exceeded"
-        with gateway.http("auditor") as other:  # another tenant is served meanwhile
-            assert other.post("/audit/verify", json={"to_seq": 1}).status_code == 200
-        thread.join()
+        host, port = gateway.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as abandoned:  # closed when told
+            auth = client.headers["authorization"]
+            abandoned.sendall(
+                b"POST /audit/verify HTTP/1.1\r\nHost: gw\r\n"
+                + f"Authorization: {auth}\r\nContent-Type: application/json\r\n".encode()
+                + b"Content-Length: 2\r\n\r\n{}"
+            )
+            assert began.wait(10)  # it holds the tenant's turn
+            busy = client.post("/audit/verify", json={"from_seq": 1, "to_seq": 1})
+            assert busy.status_code == 429, busy.text
+            assert busy.json()["error"]["type"] == "rate_limit_error"
+            assert busy.json()["error"]["code"] == "rate_limit_exceeded"
+            with gateway.http("auditor") as other:  # another tenant is served meanwhile
+                assert other.post("/audit/verify", json={"to_seq": 1}).status_code == 200
         gave_up = time.monotonic()
         while (small := client.post("/audit/verify", json={"to_seq": 1})).status_code == 429:
             assert time.monotonic() - gave_up < took / 2, "the abandoned verification ran on"
