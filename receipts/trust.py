@@ -39,17 +39,19 @@ def trusted_keys(
 
     Unpinned, the bundle's own keys and ranges are trusted: that proves the bundle is intact
     and self-consistent, not who made it. Pinned, only the pinned keys are trusted, with the
-    pinned ranges if any: the bundle's keys.json is not signed, so its ranges prove nothing."""
-    if pinned is None:
-        try:
-            bundle_ring = KeyRing.from_public_keys(bundle_keys)
-        except ReceiptsError as exc:
-            raise VerificationError(f"bundle keys: {exc}") from exc
+    pinned ranges if any: the bundle's keys.json is not signed, so its ranges prove nothing.
+    Either way the bundle's keys must be well formed, each PEM matching its key id: a bundle
+    that passes for its pinning auditor verifies for whoever it is handed on to."""
+    ring = None if pinned is None else pinned_keys(pinned)  # the caller's input fails first
+    try:
+        bundle_ring = KeyRing.from_public_keys(bundle_keys)
+    except ReceiptsError as exc:
+        raise VerificationError(f"bundle keys: {exc}") from exc
+    if ring is None:
         return bundle_ring, (
             "trusted the bundle's own keys: this proves integrity, not origin;"
             " pin the operator's keys with --public-key"
         )
-    ring = pinned_keys(pinned)
     return ring, pinned_note(ring)
 
 

@@ -867,6 +867,25 @@ def test_a_key_id_that_is_not_a_string_fails_cleanly(bundle: Path, signer: Signe
     assert not report.ok and report.reason == "keys.json: ['x'] is not a key id (ed25519: + 32 hex)"
 
 
+@pytest.mark.parametrize(
+    ("pem", "reason"),
+    [
+        (b"not a key", "bundle keys: "),
+        (Signer.generate().public_key_pem().encode(), "does not match its public key"),
+    ],
+)
+def test_a_bundle_whose_key_files_are_broken_fails_even_with_pinned_keys(
+    bundle: Path, signer: Signer, pem: bytes, reason: str
+) -> None:
+    """Pinned, the bundle's keys were not read: a bundle with a garbage or swapped PEM file
+    passed for its auditor and then failed for whoever it was handed on to."""
+    files = read(bundle)
+    files[key_file(signer.key_id)] = pem
+    for pinned in (None, signer.public_key_pem()):
+        report = verify_bundle(rewrite(bundle, files), pinned)
+        assert not report.ok and reason in report.reason, report
+
+
 def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
