@@ -295,11 +295,14 @@ class Completions:
             return []
 
         def lookup() -> list[dict[str, str | None]]:
-            links = []
-            for call_id in call_ids:
-                issuer = self.ledger.find_call(tenant, call_id)
-                links.append({"tool_call_id": call_id, "receipt_id": issuer.id if issuer else None})
-            return links
+            issued = self.ledger.issuers(tenant, call_ids)
+            return [
+                {
+                    "tool_call_id": call_id,
+                    "receipt_id": r.id if (r := issued.get(call_id)) else None,
+                }
+                for call_id in call_ids
+            ]
 
         return await asyncio.to_thread(lookup)
 

@@ -12,7 +12,7 @@ everything done with them. It holds no logic of its own; each concern has its mo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -162,6 +162,12 @@ class Ledger:
     def find_call(self, tenant: str, call_id: str) -> Receipt | None:
         with self._reading() as conn:
             return queries.find_call(conn, tenant, call_id)
+
+    def issuers(self, tenant: str, call_ids: Collection[str]) -> dict[str, Receipt]:
+        """The receipt that issued each of ``call_ids`` (an id none issued is absent), read
+        together: a request's tool results are linked in one transaction, not one each."""
+        with self._reading() as conn:
+            return queries.issuers(conn, tenant, call_ids)
 
     def answers_to(self, tenant: str, call_id: str) -> ReceiptPage:
         """The first receipts answering ``call_id``; ``next_cursor`` (an ``after_seq`` for

@@ -134,6 +134,41 @@ def test_query_filters_and_cursor_pagination(db_url: str) -> None:
             led.query(ReceiptQuery("acme", since="yesterday"))
 
 
+def test_a_requests_tool_results_find_their_issuers_in_one_query_per_chunk(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway linked each tool result with a lookup of its own (three round trips, 1.7
+    ms on Postgres), and an agent resends every result of its loop: now one query per
+    CALLS_PER_QUERY distinct ids, each answer still checked against the signed body."""
+    migrated(db_url)
+    with ledger(db_url) as led:
+        parallel = draft()
+        parallel.output["tool_calls"].append(
+            {"id": call_id(), "name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}
+        )
+        issued = [led.append(draft()) for _ in range(3)] + [led.append(parallel)]
+        elsewhere = led.append(draft("globex")).tool_calls[0]["id"]
+        ids = [r.tool_calls[0]["id"] for r in issued] + [parallel.output["tool_calls"][1]["id"]]
+        unknown = "call_" + "0" * 24
+        selects: list[str] = []
+        sa.event.listen(
+            led._reader, "before_cursor_execute", lambda _c, _u, sql, *_: selects.append(sql)
+        )
+        monkeypatch.setattr(queries, "CALLS_PER_QUERY", 2)
+        asked = [ids[3], unknown, ids[0], elsewhere, ids[3], ids[4], ids[1], ids[2]]
+        found = led.issuers("acme", asked)
+        assert found == {
+            ids[0]: issued[0],
+            ids[1]: issued[1],
+            ids[2]: issued[2],
+            ids[3]: issued[3],
+            ids[4]: issued[3],  # both calls of the parallel receipt
+        }
+        assert len([q for q in selects if "receipt_calls" in q]) == 4  # 7 distinct ids, 2 each
+        assert led.issuers("acme", []) == {}
+        assert led.find_call("acme", ids[4]) == issued[3]
+
+
 def test_a_page_of_large_receipts_ends_at_its_byte_budget(db_url: str) -> None:
     """An agent can make each receipt big (retained payloads, here 1.5 MB): `limit` bounds
     rows, so a page also ends after the receipt that takes it past PAGE_BYTES, and its

@@ -251,6 +251,7 @@ def test_index_rows_that_disagree_with_the_bodies(
         assert (report.ok, report.first_failure_seq) == (False, seq), report
         assert says in report.reason
         assert led.find_call(T, FORGED_CALL) is None
+        assert led.issuers(T, [FORGED_CALL]) == {}
         assert led.answers_to(T, FORGED_CALL).items == []
         page = led.query(ReceiptQuery(tenant=T, tool_name="transfer_funds"))
         assert page.items == []
@@ -532,6 +533,7 @@ def test_a_row_moved_into_another_tenants_chain_is_not_shown_to_it(db_url: str) 
         assert led.query(ReceiptQuery("pa", call_id=call)).items == []
         assert led.get("pa", issued.id) is None and led.get("pa", answer.id) is None
         assert led.find_call("pa", call) is None
+        assert led.issuers("pa", [call]) == {}
         assert led.answers_to("pa", call).items == []
         assert led.get("pa", relabelled) is None  # the row's id says one thing, its body another
         assert led.get("pa", own[1].id) is None  # and no row holds that id any more
