@@ -296,13 +296,7 @@ class Completions:
 
         def lookup() -> list[dict[str, str | None]]:
             issued = self.ledger.issuers(tenant, call_ids)
-            return [
-                {
-                    "tool_call_id": call_id,
-                    "receipt_id": r.id if (r := issued.get(call_id)) else None,
-                }
-                for call_id in call_ids
-            ]
+            return [{"tool_call_id": c, "receipt_id": issued.get(c)} for c in call_ids]
 
         return await asyncio.to_thread(lookup)
 

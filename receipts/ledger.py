@@ -163,9 +163,9 @@ class Ledger:
         with self._reading() as conn:
             return queries.find_call(conn, tenant, call_id)
 
-    def issuers(self, tenant: str, call_ids: Collection[str]) -> dict[str, Receipt]:
-        """The receipt that issued each of ``call_ids`` (an id none issued is absent), read
-        together: a request's tool results are linked in one transaction, not one each."""
+    def issuers(self, tenant: str, call_ids: Collection[str]) -> dict[str, str]:
+        """The id of the receipt that issued each of ``call_ids`` (an id none issued is
+        absent), read together: a request's tool results are linked in one transaction."""
         with self._reading() as conn:
             return queries.issuers(conn, tenant, call_ids)
 

@@ -35,8 +35,10 @@ PAGE_BYTES = 4 * 2**20
 """A page of receipts ends after the receipt that takes its stored receipts past this many
 bytes (so a page always holds at least one, and its next_cursor continues after it): an
 agent can make each receipt large, and ``limit`` alone bounds rows, not bytes."""
-CALLS_PER_QUERY = 500
-"""Tool call ids looked up per query (`issuers`): SQLite before 3.32 allows 999 parameters."""
+CALLS_PER_QUERY = 32
+"""Tool call ids looked up per query (`issuers`): an agent's loop rarely answers more, and
+the rows of a query are held at once, each a whole receipt (with retained payloads up to
+about max_body_bytes)."""
 ANSWERS = 100
 """At most this many answering receipts per /audit/calls answer (within PAGE_BYTES too)."""
 STREAM_CHUNK = 2000
@@ -262,32 +264,42 @@ def get(conn: sa.Connection, tenant: str, receipt_id: str) -> Receipt | None:
 
 def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
     """The receipt whose output issued tool call ``call_id``."""
-    return issuers(conn, tenant, [call_id]).get(call_id)
+    receipt = _one(conn, tenant, _issuing(tenant).where(CallRow.call_id == call_id))
+    if receipt is None or not _issued(receipt, call_id):
+        return None  # no receipt, or only a forged receipt_calls row names one
+    return receipt
 
 
-def issuers(conn: sa.Connection, tenant: str, call_ids: Collection[str]) -> dict[str, Receipt]:
-    """The receipt that issued each of ``call_ids`` (an id none issued is absent), in one
-    query per CALLS_PER_QUERY ids: an agent's request carries every tool result of its loop
-    so far, and a query each took 1.7 ms on Postgres (three round trips). Each answer is
-    checked against the signed body, as a single lookup's is (_one)."""
-    r, c = ReceiptRow.__table__.c, CallRow.__table__.c
-    wanted = list(dict.fromkeys(call_ids))
-    found: dict[str, Receipt] = {}
-    bodies: dict[int, Receipt | None] = {}  # parallel calls share a receipt: parse it once
-    for start in range(0, len(wanted), CALLS_PER_QUERY):
-        rows = conn.execute(
-            sa.select(c.call_id, r.seq, r.body)
-            .join_from(ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq))
-            .where(c.chain == tenant, c.call_id.in_(wanted[start : start + CALLS_PER_QUERY]))
-        )
-        for call_id, seq, body in rows:
-            if seq not in bodies:
-                receipt = receipt_from_body(body)
-                bodies[seq] = receipt if _stored_as(receipt, tenant, seq) else None
-            receipt = bodies[seq]
-            if receipt is not None and _issued(receipt, call_id):
-                found[call_id] = receipt  # else only a forged receipt_calls row names one
+def issuers(conn: sa.Connection, tenant: str, call_ids: Collection[str]) -> dict[str, str]:
+    """The id of the receipt that issued each of ``call_ids`` (an id none issued is absent),
+    checked against the signed bodies as find_call checks them. An agent's request carries
+    every tool result of its loop so far: a transaction per id cost three round trips each
+    on Postgres, so these are read CALLS_PER_QUERY at a time, and of each body only its id
+    and the calls it issued are kept."""
+    found: dict[str, str] = {}
+    issued_by: dict[int, tuple[str, frozenset[str]] | None] = {}  # parallel calls: one body
+    for chunk in _chunks(list(dict.fromkeys(call_ids)), CALLS_PER_QUERY):
+        for row in conn.execute(_issuing(tenant).where(CallRow.call_id.in_(chunk))):
+            if row.seq not in issued_by:
+                receipt = receipt_from_body(row.body)
+                issued_by[row.seq] = (
+                    (receipt.id, frozenset(c["id"] for c in receipt.tool_calls))
+                    if _stored_as(receipt, tenant, row.seq)
+                    else None
+                )
+            if (issuer := issued_by[row.seq]) is not None and row.call_id in issuer[1]:
+                found[row.call_id] = issuer[0]  # else only a forged receipt_calls row names one
     return found
+
+
+def _issuing(tenant: str) -> sa.Select[Any]:
+    """The tenant's receipt_calls rows joined to the receipts they name: call_id, seq, body."""
+    r, c = ReceiptRow.__table__.c, CallRow.__table__.c
+    return (
+        sa.select(c.call_id, r.seq, r.body)
+        .join_from(ReceiptRow, CallRow, sa.and_(c.chain == r.chain, c.seq == r.seq))
+        .where(c.chain == tenant)
+    )
 
 
 def answers_to(

@@ -137,32 +137,30 @@ def test_query_filters_and_cursor_pagination(db_url: str) -> None:
 def test_a_requests_tool_results_find_their_issuers_in_one_query_per_chunk(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The gateway linked each tool result with a lookup of its own (three round trips, 1.7
-    ms on Postgres), and an agent resends every result of its loop: now one query per
-    CALLS_PER_QUERY distinct ids, each answer still checked against the signed body."""
+    """The gateway linked each tool result with a transaction of its own, and an agent
+    resends every result of its loop: now one query per CALLS_PER_QUERY distinct ids, each
+    answer still checked against the signed body (test_tamper_db: a forged row)."""
     migrated(db_url)
     with ledger(db_url) as led:
         parallel = draft()
-        parallel.output["tool_calls"].append(
-            {"id": call_id(), "name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}
-        )
+        second = {"id": call_id(), "name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}
+        parallel.output["tool_calls"].append(second)
         issued = [led.append(draft()) for _ in range(3)] + [led.append(parallel)]
         elsewhere = led.append(draft("globex")).tool_calls[0]["id"]
-        ids = [r.tool_calls[0]["id"] for r in issued] + [parallel.output["tool_calls"][1]["id"]]
-        unknown = "call_" + "0" * 24
+        ids = [r.tool_calls[0]["id"] for r in issued] + [second["id"]]
         selects: list[str] = []
         sa.event.listen(
             led._reader, "before_cursor_execute", lambda _c, _u, sql, *_: selects.append(sql)
         )
         monkeypatch.setattr(queries, "CALLS_PER_QUERY", 2)
+        unknown = "call_" + "0" * 24
         asked = [ids[3], unknown, ids[0], elsewhere, ids[3], ids[4], ids[1], ids[2]]
-        found = led.issuers("acme", asked)
-        assert found == {
-            ids[0]: issued[0],
-            ids[1]: issued[1],
-            ids[2]: issued[2],
-            ids[3]: issued[3],
-            ids[4]: issued[3],  # both calls of the parallel receipt
+        assert led.issuers("acme", asked) == {
+            ids[0]: issued[0].id,
+            ids[1]: issued[1].id,
+            ids[2]: issued[2].id,
+            ids[3]: issued[3].id,
+            ids[4]: issued[3].id,  # both calls of the parallel receipt
         }
         assert len([q for q in selects if "receipt_calls" in q]) == 4  # 7 distinct ids, 2 each
         assert led.issuers("acme", []) == {}

@@ -215,6 +215,19 @@ FORGE_CALL = "INSERT INTO receipt_calls (chain, call_id, seq, tool_name) VALUES 
 FORGE_LINK = "INSERT INTO receipt_links (chain, seq, position, tool_call_id, receipt_id) VALUES ('{T}', {s}, 0, '{c}', NULL)"
 
 
+def test_a_forged_call_row_on_a_real_receipt_links_only_its_real_calls(chain: Any) -> None:
+    """Linking a request's tool results reads each issuing receipt once for all its rows:
+    the real call of seq 3 links, the call a forged row gives seq 3 does not."""
+    url, _, _ = chain
+    with attacker(url) as conn:
+        conn.execute(sa.text(FORGE_CALL.format(T=T, c=FORGED_CALL, s=3)))
+    with Ledger(url, None) as led:
+        receipts = led.query(ReceiptQuery(tenant=T, limit=N)).items
+        issued = {c["id"]: r.id for r in receipts for c in r.tool_calls}
+        assert len(issued) == N and FORGED_CALL not in issued
+        assert led.issuers(T, [FORGED_CALL, *issued, FORGED_CALL]) == issued
+
+
 @pytest.mark.parametrize(
     ("statement", "seq", "says"),
     [
