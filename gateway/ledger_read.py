@@ -88,12 +88,16 @@ class LedgerRead:
         def write(should_stop: Callable[[], bool]) -> None:
             try:
                 fn(pipe, should_stop=should_stop)
+                pipe.finish()  # its last chunk can find the reader stalled: Stopped
             except Exception as exc:  # noqa: BLE001 - the reader raises it, on the loop
                 pipe.fail(exc)
-            else:
-                pipe.finish()
+
+        def dropped(job: Future[None]) -> None:
+            if job.cancelled():  # never ran: `close` dropped the queued work at shutdown
+                pipe.fail(LedgerUnavailable("the gateway is shutting down; retry the export"))
 
         future, stop = self._start(tenant, write)
+        future.add_done_callback(dropped)
         ended = asyncio.wrap_future(future)
 
         async def read() -> bytes | None:

@@ -4,6 +4,7 @@ given back its turn, so the client's next one is not a 429."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -11,10 +12,11 @@ from typing import Any
 
 import pytest
 
+import gateway.ledger_read
 from gateway.errors import APIError
 from gateway.ledger_read import LedgerRead
 from gateway.pipe import ThreadPipe
-from receipts.errors import BundleTooLarge
+from receipts.errors import BundleTooLarge, LedgerUnavailable, Stopped
 
 
 async def _stays(_: Any = None) -> dict[str, Any]:
@@ -100,6 +102,62 @@ def test_a_second_export_while_one_runs_is_a_429(monkeypatch: pytest.MonkeyPatch
             let_end.set()
             assert b"".join([chunk async for chunk in first]) == b"x"
         finally:
+            read.close()
+
+    asyncio.run(main())
+
+
+def test_a_last_chunk_the_client_never_takes_ends_the_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer's finish gave up on a stalled client (Stopped) outside the try that passes
+    errors on: the reader waited for an end that never came."""
+    monkeypatch.setattr(gateway.ledger_read, "ThreadPipe", functools.partial(ThreadPipe, 4, 1, 0.3))
+
+    def three_chunks(out: Any, should_stop: Callable[[], bool]) -> None:
+        for piece in (b"aaaa", b"cccc", b"bb"):  # "bb" is finish's, once "cccc" is taken
+            out.write(piece)
+
+    async def main() -> list[bytes]:
+        read = LedgerRead(timeout_s=5)
+        got: list[bytes] = []
+        try:
+            stream = await read.streamed("acme", _stays, three_chunks)
+            await asyncio.sleep(1)  # the client takes nothing for longer than stall_s
+            with pytest.raises(Stopped, match="took nothing of this stream"):
+                async with asyncio.timeout(10):
+                    async for chunk in stream:
+                        got.append(chunk)
+            return got
+        finally:
+            read.close()
+
+    assert asyncio.run(main()) == [b"aaaa", b"cccc"]
+
+
+def test_an_export_queued_at_shutdown_is_a_503_not_a_wait_forever() -> None:
+    """`close` drops queued whole-chain work: an export that never ran waited on its pipe."""
+    running, release = threading.Event(), threading.Event()
+
+    def held(out: Any, should_stop: Callable[[], bool]) -> None:
+        out.write(b"x" * (1 << 16))  # a whole chunk: its stream has begun
+        running.set()
+        release.wait(10)
+
+    async def main() -> None:
+        read = LedgerRead(timeout_s=5, chain_workers=1)
+        try:
+            first = await read.streamed("acme", _stays, held)
+            queued = asyncio.ensure_future(read.streamed("globex", _stays, _export(b"y")))
+            await asyncio.sleep(0.2)
+            assert running.is_set() and not queued.done()
+            read.close()
+            with pytest.raises(LedgerUnavailable, match="shutting down"):
+                async with asyncio.timeout(10):
+                    await queued
+            await first.aclose()
+        finally:
+            release.set()
             read.close()
 
     asyncio.run(main())
