@@ -5,10 +5,11 @@
 An agent's request carries every tool result of its loop so far, and the gateway records
 which receipt issued each answered call before it seals the request's receipt
 (gateway/completion.py). This appends N realistic receipts to one chain (bench.ledger's
-drafts), then resolves K answered call ids of that chain at a time, alternating, in the
-same run: `Ledger.issuers` (what the gateway does, one query per 500 ids) against one
-`Ledger.find_call` per id (what it did before, three round trips each on Postgres). With no
---db, a throwaway Postgres cluster is started and migrated.
+drafts), then resolves K answered call ids of that chain at a time, alternating which goes
+first, in the same run: `Ledger.issuers` (what the gateway does, 32 ids per query) against one
+`Ledger.find_call` per id (what it did before: a transaction each, three round trips on
+Postgres; the same SQL as before 2026-11-24, on one id). With no --db, a throwaway Postgres
+cluster is started and migrated.
 
 The last line of output is one JSON object of the figures.
 """
@@ -62,12 +63,17 @@ def main(argv: list[str] | None = None) -> int:
             rng = random.Random(11)
             for k in sizes:
                 batched, one_each = [], []
-                for _ in range(args.rounds):
+                for n in range(args.rounds):
                     ids = rng.sample(issued, k)
-                    batched.append(_timed(lambda ids=ids: ledger.issuers(tenant, ids)))
-                    one_each.append(
-                        _timed(lambda ids=ids: [ledger.find_call(tenant, i) for i in ids])
-                    )
+                    if n == 0:  # both ways find every issuer
+                        found = ledger.issuers(tenant, ids)
+                        assert found == {i: ledger.find_call(tenant, i).id for i in ids}
+                    ways = [
+                        (batched, lambda ids=ids: ledger.issuers(tenant, ids)),
+                        (one_each, lambda ids=ids: [ledger.find_call(tenant, i) for i in ids]),
+                    ]
+                    for times, way in ways if n % 2 else reversed(ways):  # each goes first
+                        times.append(_timed(way))
                 new, old = percentile(batched, 50), percentile(one_each, 50)
                 print(
                     f"{k} answered calls: p50 {new:.3f} ms in one read,"
