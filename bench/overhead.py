@@ -1,7 +1,7 @@
 """The gateway's own cost per request: latency through the gateway minus latency of calling the
 upstream directly, in the same run, at concurrency 1 and 32, p50 and p99.
 
-    python -m bench.overhead [--requests 400] [--rounds 5] [--warmup 50]
+    python -m bench.overhead [--requests 400] [--rounds 5] [--warmup 50] [--answered 0]
 
 Setup (all on 127.0.0.1, all real): a throwaway Postgres cluster holds the ledger; an
 OpenAI-compatible upstream that answers at once (a tiny ASGI app in this file, serving a fixed
@@ -9,7 +9,10 @@ tool call, run by uvicorn in its own process) stands in for vLLM; `callproof ser
 vllm` runs in its own process in front of it, with an agent key made by `callproof keys`.
 Each request through the gateway is authenticated, validated, planned (tool union schema),
 forwarded, parsed, validated again, and its signed receipt committed to Postgres before the
-response leaves. The client sends the same OpenAI request body to both.
+response leaves. The client sends the same OpenAI request body to both. With `--answered K`
+that body is an agent's K-th turn: it carries K earlier calls (issued through the gateway
+before the clock starts) and their tool results, which the gateway links to the receipts
+that issued them.
 
 This 2-core VM's speed drifts by up to 2x within minutes, so each concurrency runs `rounds`
 neighbouring pairs of phases (direct, then gateway, `requests` each): the overhead is the
@@ -108,16 +111,35 @@ async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
 # --------------------------------------------------------------------------- measuring
 
 
+def answering(call_ids: list[str]) -> dict[str, Any]:
+    """REQUEST as an agent sends it after its calls ``call_ids`` have run: each call and its
+    tool result in the conversation, then the question again."""
+    turns: list[dict[str, Any]] = []
+    for call_id in call_ids:
+        function = {"name": "get_weather", "arguments": '{"city":"Paris"}'}
+        call = {"id": call_id, "type": "function", "function": function}
+        turns.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        turns.append({"role": "tool", "tool_call_id": call_id, "content": "Sunny, 21 C."})
+    question = REQUEST["messages"]
+    return {**REQUEST, "messages": [*question, *turns, *question]}
+
+
+def issue_calls(url: str, key: str, count: int) -> list[str]:
+    """The ids of ``count`` tool calls issued through the gateway (each with its receipt)."""
+    with httpx.Client(headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        answers = [client.post(url, json=REQUEST) for _ in range(count)]
+    return [a.json()["choices"][0]["message"]["tool_calls"][0]["id"] for a in answers]
+
+
 async def measure(
-    url: str, headers: dict[str, str], requests: int, concurrency: int
+    url: str, headers: dict[str, str], body: bytes, requests: int, concurrency: int
 ) -> list[float]:
-    """Latencies (ms) of `requests` POSTs of REQUEST over `concurrency` keep-alive connections.
+    """Latencies (ms) of `requests` POSTs of ``body`` over `concurrency` keep-alive connections.
 
     A raw HTTP/1.1 client (pre-built request bytes, Content-Length framed responses) keeps the
     load generator's own CPU per request in the tens of microseconds: on 2 cores a full HTTP
     client library would be the bottleneck at concurrency 32 and blur both sides alike."""
     parsed = httpx.URL(url)
-    body = json.dumps(REQUEST).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     message = (
         f"POST {parsed.raw_path.decode()} HTTP/1.1\r\nHost: {parsed.host}\r\n{head}"
@@ -169,6 +191,7 @@ async def compare(
     gateway: str,
     metrics: str,
     key: str,
+    body: bytes,
     *,
     requests: int,
     rounds: int,
@@ -182,15 +205,15 @@ async def compare(
     figures: dict[str, float] = {}
     auth = {"Authorization": f"Bearer {key}"}
     for concurrency in (1, 32):
-        await measure(direct, {}, warmup, concurrency)
-        await measure(gateway, auth, warmup, concurrency)
+        await measure(direct, {}, body, warmup, concurrency)
+        await measure(gateway, auth, body, warmup, concurrency)
         pairs: list[tuple[list[float], list[float]]] = []
         cpu = loop_cpu = 0.0
         sum0, count0 = await append_seconds(metrics)
         for _ in range(rounds):
-            base = await measure(direct, {}, requests, concurrency)
+            base = await measure(direct, {}, body, requests, concurrency)
             cpu0, loop0 = cpu_seconds(pid), cpu_seconds(pid, thread=pid)
-            through = await measure(gateway, auth, requests, concurrency)
+            through = await measure(gateway, auth, body, requests, concurrency)
             cpu += cpu_seconds(pid) - cpu0
             loop_cpu += cpu_seconds(pid, thread=pid) - loop0
             pairs.append((base, through))
@@ -216,7 +239,7 @@ async def compare(
     return figures
 
 
-def run(requests: int, rounds: int, warmup: int) -> dict[str, Any]:
+def run(requests: int, rounds: int, warmup: int, answered: int = 0) -> dict[str, Any]:
     up_port = free_port()
     with throwaway_postgres() as db, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -233,12 +256,17 @@ def run(requests: int, rounds: int, warmup: int) -> dict[str, Any]:
         try:
             wait_ready(up_url + "/v1/models", stand_in, 60, workdir / "upstream.log")
             with running_gateway(up_url, MODEL, db, workdir) as gateway:
+                chat = gateway.url + "/v1/chat/completions"
+                calls = issue_calls(chat, gateway.agent_key, answered)
+                if calls:
+                    _analyze(db)
                 figures = asyncio.run(
                     compare(
                         up_url + "/v1/chat/completions",
-                        gateway.url + "/v1/chat/completions",
+                        chat,
                         gateway.url + "/metrics",
                         gateway.agent_key,
+                        json.dumps(answering(calls) if calls else REQUEST).encode(),
                         requests=requests,
                         rounds=rounds,
                         warmup=warmup,
@@ -253,10 +281,25 @@ def run(requests: int, rounds: int, warmup: int) -> dict[str, Any]:
     return {
         "requests_per_phase": requests,
         "rounds": rounds,
+        "answered_calls": answered,
         "receipts_committed": receipts,
         "load_average_1m": round(os.getloadavg()[0], 2),
         **figures,
     }
+
+
+def _analyze(url: str) -> None:
+    """Gather the planner's statistics, as autovacuum does within its first minute: on
+    tables never analyzed, Postgres took the (chain, tool_name, seq) index for a lookup by
+    call id and scanned every call of the chain (measured: 5 to 60 ms over 400 requests)."""
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("ANALYZE")
+    finally:
+        engine.dispose()
 
 
 def _count_receipts(url: str) -> int:
@@ -275,8 +318,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400, help="per phase")
     parser.add_argument("--rounds", type=int, default=5, help="direct+gateway phase pairs")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument(
+        "--answered", type=int, default=0, help="earlier tool calls each request answers"
+    )
     args = parser.parse_args()
-    figures = run(args.requests, args.rounds, args.warmup)
+    figures = run(args.requests, args.rounds, args.warmup, args.answered)
     for name, value in figures.items():
         print(f"{name:>28}: {value}")
     print(json.dumps(figures, sort_keys=True))
