@@ -7,9 +7,9 @@ which receipt issued each answered call before it seals the request's receipt
 (gateway/completion.py). This appends N realistic receipts to one chain (bench.ledger's
 drafts), then resolves K answered call ids of that chain at a time, alternating which goes
 first, in the same run: `Ledger.issuers` (what the gateway does, 32 ids per query) against one
-`Ledger.find_call` per id (what it did before: a transaction each, three round trips on
-Postgres; the same SQL as before 2026-11-24, on one id). With no --db, a throwaway Postgres
-cluster is started and migrated.
+`Ledger.find_call` per id (what it did before, the same SQL: a transaction each, four round
+trips on Postgres: pool pre-ping, BEGIN, the query, COMMIT). With no --db, a throwaway
+Postgres cluster is started and migrated.
 
 The last line of output is one JSON object of the figures.
 """

@@ -273,7 +273,7 @@ def find_call(conn: sa.Connection, tenant: str, call_id: str) -> Receipt | None:
 def issuers(conn: sa.Connection, tenant: str, call_ids: Collection[str]) -> dict[str, str]:
     """The id of the receipt that issued each of ``call_ids`` (an id none issued is absent),
     checked against the signed bodies as find_call checks them. An agent's request carries
-    every tool result of its loop so far: a transaction per id cost three round trips each
+    every tool result of its loop so far: a transaction per id cost four round trips each
     on Postgres, so these are read CALLS_PER_QUERY at a time, and of each body only its id
     and the calls it issued are kept."""
     found: dict[str, str] = {}
