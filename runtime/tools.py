@@ -444,18 +444,22 @@ def union_schema(
         rf = parse_response_format(dict(rf))
     defs: dict[str, Any] = {}
     branches: list[dict[str, Any]] = []
-    allowed = [t for t in tools if choice.allows(t.name)] if choice.allows_calls else []
+    allowed = (  # each with its index in tools, which errors name
+        [(i, t) for i, t in enumerate(tools) if choice.allows(t.name)]
+        if choice.allows_calls
+        else []
+    )
     if allowed and parallel_tool_calls:
-        for tool in allowed:
-            defs[f"call-{tool.name}"] = _call_branch(tool, tools.index(tool), defs)
-        refs = [{"$ref": f"#/$defs/call-{t.name}"} for t in allowed]
+        for i, tool in allowed:
+            defs[f"call-{tool.name}"] = _call_branch(tool, i, defs)
+        refs = [{"$ref": f"#/$defs/call-{t.name}"} for _, t in allowed]
         items = refs[0] if len(refs) == 1 else {"anyOf": refs}
         branches.extend(refs)
         branches.append(
             _closed_object({"tool_calls": {"type": "array", "items": items, "minItems": 1}})
         )
     else:
-        branches.extend(_call_branch(t, tools.index(t), defs) for t in allowed)
+        branches.extend(_call_branch(t, i, defs) for i, t in allowed)
     if choice.allows_answer:
         answer: dict[str, Any] = {"type": "string"}
         if rf is not None and rf.schema is not None:
