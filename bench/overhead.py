@@ -292,23 +292,22 @@ def _analyze(url: str) -> None:
     """Gather the planner's statistics, as autovacuum does within its first minute: on
     tables never analyzed, Postgres took the (chain, tool_name, seq) index for a lookup by
     call id and scanned every call of the chain (measured: 5 to 60 ms over 400 requests)."""
+    _sql(url, "ANALYZE")
+
+
+def _count_receipts(url: str) -> int:
+    return int(_sql(url, "SELECT count(*) FROM receipts"))
+
+
+def _sql(url: str, statement: str) -> Any:
+    """One statement on its own connection, in autocommit; its first value, if it has rows."""
     import sqlalchemy as sa
 
     engine = sa.create_engine(url, isolation_level="AUTOCOMMIT")
     try:
         with engine.connect() as conn:
-            conn.exec_driver_sql("ANALYZE")
-    finally:
-        engine.dispose()
-
-
-def _count_receipts(url: str) -> int:
-    import sqlalchemy as sa
-
-    engine = sa.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            return int(conn.execute(sa.text("SELECT count(*) FROM receipts")).scalar_one())
+            result = conn.exec_driver_sql(statement)
+            return result.scalar() if result.returns_rows else None
     finally:
         engine.dispose()
 
