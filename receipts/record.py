@@ -12,7 +12,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from functools import cache
 from typing import Any
 
@@ -64,9 +64,9 @@ def is_timestamp(value: object) -> bool:
     """Whether `value` is a timestamp of this format naming a real moment."""
     if not isinstance(value, str) or not TIMESTAMP.fullmatch(value):
         return False
-    try:
-        datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ")
-    except ValueError:  # a day its month lacks
+    try:  # the pattern bounds every field but the day (and year 0): the date alone is left
+        date.fromisoformat(value[:10])  # (strptime of the whole: 35x the time, every parse)
+    except ValueError:  # a day its month lacks, or year 0
         return False
     return True
 

@@ -490,6 +490,8 @@ def test_the_manifest_memo_keeps_digests_and_forgets_the_least_recently_used() -
         "2026-99-99T99:99:99.000000Z",  # every field out of range
         "\u0662\u0660\u0662\u0666-11-21T23:15:00.123456Z",  # Arabic-Indic digits match \d
         "2026-02-30T00:00:00.000000Z",  # a day February lacks
+        "2025-02-29T00:00:00.000000Z",  # nor in a common year
+        "0000-01-01T00:00:00.000000Z",  # no year 0
     ],
 )
 def test_a_timestamp_is_ascii_digits_naming_a_real_moment(chain, stamp: str) -> None:
