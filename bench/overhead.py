@@ -2,6 +2,7 @@
 upstream directly, in the same run, at concurrency 1 and 32, p50 and p99.
 
     python -m bench.overhead [--requests 400] [--rounds 5] [--warmup 50] [--answered 0]
+                             [--upstream-ms 0]
 
 Setup (all on 127.0.0.1, all real): a throwaway Postgres cluster holds the ledger; an
 OpenAI-compatible upstream that answers at once (a tiny ASGI app in this file, serving a fixed
@@ -12,7 +13,9 @@ forwarded, parsed, validated again, and its signed receipt committed to Postgres
 response leaves. The client sends the same OpenAI request body to both. With `--answered K`
 that body is an agent's K-th turn: it carries K earlier calls (issued through the gateway
 before the clock starts) and their tool results, which the gateway links to the receipts
-that issued them.
+that issued them. With `--upstream-ms N` the upstream answers after N ms, as a model
+takes time to generate, for both paths alike: the gateway's work done while it waits (the
+tool results' links are read meanwhile) drops out of the overhead.
 
 This 2-core VM's speed drifts by up to 2x within minutes, so each concurrency runs `rounds`
 neighbouring pairs of phases (direct, then gateway, `requests` each): the overhead is the
@@ -88,12 +91,19 @@ _COMPLETION = json.dumps(
 _MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
 
 
+_DELAY_ENV = "CALLPROOF_BENCH_UPSTREAM_MS"
+_DELAY_S = float(os.environ.get(_DELAY_ENV, "0")) / 1000  # read in the upstream's process
+
+
 async def upstream(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """An OpenAI-compatible server that answers every chat completion at once."""
+    """An OpenAI-compatible server that answers every chat completion at once, or after
+    the milliseconds its environment's CALLPROOF_BENCH_UPSTREAM_MS says."""
     if scope["type"] != "http":
         return
     while (await receive()).get("more_body"):
         pass
+    if _DELAY_S and scope["path"] != "/v1/models":
+        await asyncio.sleep(_DELAY_S)
     body = _MODELS if scope["path"] == "/v1/models" else _COMPLETION
     await send(
         {
@@ -239,7 +249,9 @@ async def compare(
     return figures
 
 
-def run(requests: int, rounds: int, warmup: int, answered: int = 0) -> dict[str, Any]:
+def run(
+    requests: int, rounds: int, warmup: int, answered: int = 0, upstream_ms: float = 0
+) -> dict[str, Any]:
     up_port = free_port()
     with throwaway_postgres() as db, tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -251,6 +263,7 @@ def run(requests: int, rounds: int, warmup: int, answered: int = 0) -> dict[str,
             ],
             stdout=upstream_log,
             stderr=subprocess.STDOUT,
+            env={**os.environ, _DELAY_ENV: str(upstream_ms)},
         )
         up_url = f"http://127.0.0.1:{up_port}"
         try:
@@ -282,6 +295,7 @@ def run(requests: int, rounds: int, warmup: int, answered: int = 0) -> dict[str,
         "requests_per_phase": requests,
         "rounds": rounds,
         "answered_calls": answered,
+        "upstream_ms": upstream_ms,
         "receipts_committed": receipts,
         "load_average_1m": round(os.getloadavg()[0], 2),
         **figures,
@@ -320,8 +334,11 @@ def main() -> None:
     parser.add_argument(
         "--answered", type=int, default=0, help="earlier tool calls each request answers"
     )
+    parser.add_argument(
+        "--upstream-ms", type=float, default=0, help="how long the upstream takes to answer"
+    )
     args = parser.parse_args()
-    figures = run(args.requests, args.rounds, args.warmup, args.answered)
+    figures = run(args.requests, args.rounds, args.warmup, args.answered, args.upstream_ms)
     for name, value in figures.items():
         print(f"{name:>28}: {value}")
     print(json.dumps(figures, sort_keys=True))

@@ -43,6 +43,7 @@ from runtime.streaming import parse_output
 
 log = logging.getLogger("callproof.gateway")
 _SEED_BOUND = 2**31  # a seed every engine accepts
+Link = dict[str, str | None]  # a tool message's call id and the receipt that issued it
 # OpenAI parameters the gateway does not implement, accepted at the value that means "off"
 _NEUTRAL: dict[str, Any] = {
     "frequency_penalty": 0,
@@ -205,11 +206,19 @@ class Completions:
     async def answer(
         self, prepared: PreparedChat, caller: ApiKey
     ) -> tuple[Generation, ParsedResponse, Receipt]:
-        """Generate, then record: one awaitable, so that a client who leaves while either is
-        under way cancels both (gateway.disconnect), the receipt's wait for the database's
-        lock included."""
-        generation, parsed = await self.generate(prepared)
-        return generation, parsed, await self.record(prepared, caller, generation, parsed)
+        """Generate, then record (the links read under way meanwhile): one awaitable, so that
+        a client who leaves while either is under way cancels both (gateway.disconnect), the
+        receipt's wait for the database's lock included."""
+        links = self.read_links(caller.tenant, prepared)
+        try:
+            generation, parsed = await self.generate(prepared)
+            return (
+                generation,
+                parsed,
+                await self.record(prepared, caller, generation, parsed, links),
+            )
+        finally:
+            let_go(links)
 
     async def open_stream(self, prepared: PreparedChat) -> AsyncIterator[StreamEvent]:
         """The engine's event stream, started: engine faults raise here, before any byte."""
@@ -221,20 +230,30 @@ class Completions:
         return _prepend(first, events)
 
     async def record(
-        self, prepared: PreparedChat, caller: ApiKey, generation: Generation, parsed: ParsedResponse
+        self,
+        prepared: PreparedChat,
+        caller: ApiKey,
+        generation: Generation,
+        parsed: ParsedResponse,
+        links: asyncio.Future[list[Link]],
     ) -> Receipt:
-        """Append the receipt to the caller's tenant chain; returns once it is durable (raises
-        LedgerUnavailable if not, or if the database does not answer within db_timeout_s: a
-        hung server fails closed)."""
+        """Append the receipt to the caller's tenant chain, with the ``links`` read_links
+        started; returns once it is durable (raises LedgerUnavailable if not, or if the
+        database does not answer within db_timeout_s: a hung server fails closed)."""
         return await within_db_timeout(
-            self._record(prepared, caller, generation, parsed),
+            self._record(prepared, caller, generation, parsed, links),
             self.settings.db_timeout_s,
             LedgerUnavailable,
             "the ledger database (the receipt's commit)",
         )
 
     async def _record(
-        self, prepared: PreparedChat, caller: ApiKey, generation: Generation, parsed: ParsedResponse
+        self,
+        prepared: PreparedChat,
+        caller: ApiKey,
+        generation: Generation,
+        parsed: ParsedResponse,
+        links: asyncio.Future[list[Link]],
     ) -> Receipt:
         plan = prepared.plan
         draft = draft_for(
@@ -246,7 +265,7 @@ class Completions:
             request=with_caller(prepared.request_record, caller.id, request_id.get()),
             generation=generation,
             parsed=parsed,
-            links=await self._links(caller.tenant, plan.tool_call_ids_answered),
+            links=await links,
         )
         started = time.perf_counter()
         future = self.ledger.submit(draft)
@@ -289,16 +308,29 @@ class Completions:
         self.metrics.tokens.labels("prompt").inc(generation.prompt_tokens)
         self.metrics.tokens.labels("completion").inc(generation.completion_tokens)
 
-    async def _links(self, tenant: str, call_ids: tuple[str, ...]) -> list[dict[str, str | None]]:
-        """Which receipts issued the calls these tool messages answer (unknown ids: null)."""
+    def read_links(self, tenant: str, prepared: PreparedChat) -> asyncio.Future[list[Link]]:
+        """Start reading which receipts issued the calls the request's tool messages answer
+        (unknown ids: null), for `record`. Started with the generation, so that the read
+        (a transaction, 32 ids per query) runs while the engine works instead of after it;
+        whoever starts it `let_go`es it once the answer is recorded or has failed."""
+        call_ids = prepared.plan.tool_call_ids_answered
         if not call_ids:
-            return []
+            done: asyncio.Future[list[Link]] = asyncio.get_running_loop().create_future()
+            done.set_result([])
+            return done
 
-        def lookup() -> list[dict[str, str | None]]:
+        def lookup() -> list[Link]:
             issued = self.ledger.issuers(tenant, call_ids)
             return [{"tool_call_id": c, "receipt_id": issued.get(c)} for c in call_ids]
 
-        return await asyncio.to_thread(lookup)
+        return asyncio.ensure_future(asyncio.to_thread(lookup))
+
+
+def let_go(links: asyncio.Future[list[Link]]) -> None:
+    """Done with a read_links read: cancelled if still under way (the answer failed first),
+    its error marked as seen if it failed unawaited (asyncio would log it as lost)."""
+    if not links.cancel() and not links.cancelled():
+        links.exception()
 
 
 def cut_off(generation: Generation) -> bool:

@@ -20,6 +20,7 @@ from gateway.completion import (
     PreparedChat,
     cut_off,
     cut_short,
+    let_go,
     receipt_ref,
     usage_of,
 )
@@ -86,6 +87,7 @@ async def stream_completion(
     writer: ChunkWriter,
 ) -> AsyncIterator[bytes]:
     """The SSE body; `events` is the engine's stream (its first event already checked)."""
+    links = completions.read_links(caller.tenant, prepared)
     try:
         # OpenAI's role chunk says content "" before text and null before tool calls. Under
         # tools either may follow, so it says neither: the SDK then ends with the text, or
@@ -110,7 +112,7 @@ async def stream_completion(
             raise cut_short(exc, generation, prepared) from None
         for chunk in _live(writer, rest, held):
             yield chunk
-        receipt = await completions.record(prepared, caller, generation, parsed)
+        receipt = await completions.record(prepared, caller, generation, parsed, links)
         for call_event in held:
             yield writer.delta(Delta(tool_calls=[_tool_delta(call_event)]))
         ref = receipt_ref(receipt)
@@ -127,6 +129,7 @@ async def stream_completion(
         completions.metrics.stream_errors.labels(str(body["error"]["code"])).inc()
         yield event(body)
     finally:
+        let_go(links)
         await events.aclose()
 
 

@@ -6,9 +6,12 @@ tokens; everything the model emits is still constrained and checked here against
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import re
+import threading
 from typing import Any, Literal
 
 import jsonschema
@@ -16,6 +19,8 @@ import openai
 import pytest
 import regex
 from pydantic import BaseModel
+
+from runtime.engines.base import Generation
 
 pytestmark = pytest.mark.model
 
@@ -426,6 +431,62 @@ def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
     )
     stored = recorded(gateway, receipt_of(completion)["id"])
     assert stored.links == [{"tool_call_id": ghost, "receipt_id": None}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_tool_results_are_linked_while_the_engine_generates(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch, stream: bool
+) -> None:
+    """The receipts that issued the answered calls are read while the engine works, not
+    after it (a database read off the answer's path). The engine here does not finish before
+    that read has begun: a gateway reading links only after generating would fail this."""
+    first = create(gateway, **ONE_CALL)
+    call = first.choices[0].message.tool_calls[0]
+    reading = threading.Event()
+    issuers, generate, engine_stream = (
+        gateway.ledger.issuers,
+        gateway.engine.generate,
+        gateway.engine.stream,
+    )
+
+    def issuers_noted(tenant: str, call_ids: Any) -> dict[str, str]:
+        reading.set()
+        return issuers(tenant, call_ids)
+
+    async def links_under_way() -> None:
+        began = await asyncio.to_thread(reading.wait, 30)
+        assert began, "the engine finished before the links were read"
+
+    async def generate_after_links(*args: Any, **kwargs: Any) -> Any:
+        await links_under_way()
+        return await generate(*args, **kwargs)
+
+    async def stream_after_links(*args: Any, **kwargs: Any) -> Any:
+        async with contextlib.aclosing(engine_stream(*args, **kwargs)) as events:
+            async for item in events:
+                if isinstance(item, Generation):  # the last event: the engine is done
+                    await links_under_way()
+                yield item
+
+    monkeypatch.setattr(gateway.ledger, "issuers", issuers_noted)
+    monkeypatch.setattr(gateway.engine, "generate", generate_after_links)
+    monkeypatch.setattr(gateway.engine, "stream", stream_after_links)
+    second = create(
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=8,
+        stream=stream,
+        messages=[
+            *ASK_WEATHER,
+            first.choices[0].message.model_dump(),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
+        ],
+    )
+    ref = list(second)[-1].model_extra["receipt"] if stream else receipt_of(second)
+    assert recorded(gateway, ref["id"]).links == [
+        {"tool_call_id": call.id, "receipt_id": receipt_of(first)["id"]}
+    ]
 
 
 def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
