@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         listener = listening_socket(settings)  # a port in use must create nothing
         check_model_files(settings)
         signer = named_signer(settings)  # before anything is created: it needs no database
+        say_ledger(settings.db_url)  # before it is touched: a failure below names it too
         prepare_database(settings)
         if signer is None:
             signer = default_signer(settings)  # before the engine: seconds to load a model
@@ -121,7 +122,6 @@ def run(args: argparse.Namespace) -> int:
         if listener is not None:
             listener.close()
         return _cannot_start(exc, 2)
-    say_ledger(settings.db_url)
     print(f"callproof: signing receipts with {signer.key_id}", file=sys.stderr, flush=True)
     try:
         _announce(resources, signer)

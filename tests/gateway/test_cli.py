@@ -435,6 +435,8 @@ def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CALLPROOF_BACKENDS names unknown grammar backend(s) ['nosuch']" in done.stderr
+    # the ledger it had already made is named, as every command names the one it used
+    assert f"callproof: ledger at sqlite:///{tmp_path / 'data' / 'ledger.db'}" in done.stderr
 
 
 def test_serve_on_a_port_in_use_creates_nothing_and_says_so(tmp_path: Path) -> None:
