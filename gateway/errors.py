@@ -26,7 +26,6 @@ from runtime.errors import (
     RuntimeInputError,
     StructuredOutputInvalid,
 )
-from runtime.model_store import ModelNotFetched
 
 log = logging.getLogger("callproof.gateway")
 
@@ -193,9 +192,9 @@ def _framework_error(exc: Exception) -> tuple[int, dict[str, Any]] | None:
 
 
 RETRY_AFTER_S = "1"  # a 503 is a passing outage; the OpenAI SDK honours Retry-After
-# 503s no retry can heal (a chain an operator must look at, a model never fetched): the
-# OpenAI SDK obeys `x-should-retry: false` instead of sending the request twice more.
-_LASTING = (ChainBehind, ModelNotFetched)
+# A 503 no retry can heal (a chain an operator must look at): the OpenAI SDK obeys
+# `x-should-retry: false` instead of sending the request twice more.
+_LASTING = (ChainBehind,)
 
 
 def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
