@@ -4,20 +4,24 @@
   parameter), so their schemas say `additionalProperties: false`; otherwise the document
   promises that such requests are accepted.
 * Litestar drops a field's numeric and length bounds when the field is optional
-  (`Annotated[float, Meta(ge=0)] | None`), and any bound of 0; they are copied here from
-  msgspec's own view of the Struct, so the document refuses what the server refuses.
+  (`Annotated[float, Meta(ge=0)] | None`), and any bound of 0, and a Meta's
+  `extra_json_schema` (`const`); they are copied here from msgspec's own view of the Struct
+  onto the member of the field's `oneOf` they bound, so the document refuses what the server
+  refuses.
 * The chat endpoint answers `text/event-stream` when `stream` is true.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugin
 from litestar.openapi.spec import (
     OpenAPIFormat,
+    OpenAPIHeader,
     OpenAPIMediaType,
     OpenAPIResponse,
     OpenAPIType,
@@ -53,27 +57,62 @@ class StrictStructSchemaPlugin(StructSchemaPlugin):
         return schema
 
 
+_MEMBER_TYPES: dict[type, OpenAPIType] = {
+    msgspec.inspect.IntType: OpenAPIType.INTEGER,
+    msgspec.inspect.FloatType: OpenAPIType.NUMBER,
+    msgspec.inspect.BoolType: OpenAPIType.BOOLEAN,
+    msgspec.inspect.StrType: OpenAPIType.STRING,
+    msgspec.inspect.ListType: OpenAPIType.ARRAY,
+    msgspec.inspect.DictType: OpenAPIType.OBJECT,
+}
+_SCHEMA_KEYWORDS = {f.metadata.get("alias", f.name): f.name for f in dataclasses.fields(Schema)}
+
+
 def _copy_bounds(field_type: msgspec.inspect.Type, prop: Schema) -> None:
     """Put msgspec's bounds of each member of the field's type where the document says it."""
     members = field_type.types if isinstance(field_type, msgspec.inspect.UnionType) else ()
     for member in members or (field_type,):
+        extra: dict[str, Any] = {}
+        if isinstance(member, msgspec.inspect.Metadata):
+            extra = dict(member.extra_json_schema or {})
+            extra.pop("description", None)  # Litestar places that one itself
+            member = member.type
+        openapi_type = _MEMBER_TYPES.get(type(member))
+        if openapi_type is None:
+            continue
+        target = _member_schema(prop, openapi_type)
+        for keyword, value in extra.items():
+            setattr(target, _SCHEMA_KEYWORDS[keyword], value)
         if isinstance(member, msgspec.inspect.IntType | msgspec.inspect.FloatType):
             for bound, keyword in _NUMBER_BOUNDS.items():
                 if getattr(member, bound) is not None:
                     setattr(prop, keyword, getattr(member, bound))
+        elif isinstance(member, msgspec.inspect.StrType):
+            _copy_lengths(member, target)
         elif isinstance(member, msgspec.inspect.ListType):
-            target = next(
-                (
-                    s
-                    for s in prop.one_of or ()
-                    if isinstance(s, Schema) and s.type == OpenAPIType.ARRAY
-                ),
-                prop,
-            )
             if member.min_length is not None:
                 target.min_items = member.min_length
             if member.max_length is not None:
                 target.max_items = member.max_length
+            if isinstance(member.item_type, msgspec.inspect.StrType) and isinstance(
+                target.items, Schema
+            ):
+                _copy_lengths(member.item_type, target.items)
+
+
+def _member_schema(prop: Schema, openapi_type: OpenAPIType) -> Schema:
+    """The schema of ``prop``'s `oneOf` member of that type (``prop`` itself if none)."""
+    return next(
+        (s for s in prop.one_of or () if isinstance(s, Schema) and s.type == openapi_type),
+        prop,
+    )
+
+
+def _copy_lengths(string: msgspec.inspect.StrType, target: Schema) -> None:
+    if string.min_length is not None:
+        target.min_length = string.min_length
+    if string.max_length is not None:
+        target.max_length = string.max_length
 
 
 @dataclass
@@ -83,6 +122,14 @@ class ChatOperation(Operation):
     def __post_init__(self) -> None:
         ok = (self.responses or {}).get("200")
         if isinstance(ok, OpenAPIResponse):
+            ok.headers = {
+                **(ok.headers or {}),
+                "X-Callproof-Receipt": OpenAPIHeader(
+                    schema=Schema(type=OpenAPIType.STRING, pattern="^rcpt_[0-9a-f]{24}$"),
+                    description="the id of the answer's receipt, committed before the answer"
+                    " left (JSON answers; a stream's last chunk carries `receipt` instead)",
+                ),
+            }
             ok.content = {
                 **(ok.content or {}),
                 "text/event-stream": OpenAPIMediaType(

@@ -132,6 +132,20 @@ StopString = Annotated[str, Meta(max_length=256)]
 # An OpenAI parameter the gateway does not implement, accepted as null (what an SDK wrapper
 # sends for an unset argument); gateway.bodies words any other value as unsupported
 NullOnly = Annotated[None, Meta(description="not supported: only null is accepted")]
+# OpenAI parameters the gateway does not implement, accepted (and null) only at the value
+# that means "off", since OpenAI clients send them by default; any other value is a 400
+# naming the parameter (gateway.completion). The document says so (`const`, gateway.openapi).
+_UNSUPPORTED = "not supported: only {} (or null) is accepted"
+ZeroOnly = Annotated[
+    float, Meta(description=_UNSUPPORTED.format(0), extra_json_schema={"const": 0})
+]
+ZeroIntOnly = Annotated[
+    int, Meta(description=_UNSUPPORTED.format(0), extra_json_schema={"const": 0})
+]
+FalseOnly = Annotated[
+    bool, Meta(description=_UNSUPPORTED.format("false"), extra_json_schema={"const": False})
+]
+EmptyOnly = Meta(description=_UNSUPPORTED.format("{}"), extra_json_schema={"maxProperties": 0})
 
 
 class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -160,15 +174,13 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     user: str | None = None
     safety_identifier: str | None = None  # who the end user is, as `user`: accepted, not used
     prompt_cache_key: str | None = None  # a cache hint: accepted, not used
-    # Accepted only at their neutral value (OpenAI clients such as LangChain send them by
-    # default); any other value is a 400, since the gateway does not implement them.
-    frequency_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    presence_penalty: Annotated[float, Meta(ge=-2, le=2)] | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
-    logit_bias: dict[str, int] | None = None
-    store: bool | None = None
-    metadata: dict[str, str] | None = None
+    frequency_penalty: ZeroOnly | None = None
+    presence_penalty: ZeroOnly | None = None
+    logprobs: FalseOnly | None = None
+    top_logprobs: ZeroIntOnly | None = None
+    logit_bias: Annotated[dict[str, int], EmptyOnly] | None = None
+    store: FalseOnly | None = None
+    metadata: Annotated[dict[str, str], EmptyOnly] | None = None
     service_tier: NullOnly = None
     reasoning_effort: NullOnly = None
     verbosity: NullOnly = None
