@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from gateway.apikeys import ApiKey
-from gateway.deadline import within_db_timeout
+from gateway.deadline import db_deadline
 from gateway.errors import model_not_served
 from gateway.logs import request_id
 from gateway.metrics import Metrics
@@ -240,40 +240,30 @@ class Completions:
         """Append the receipt to the caller's tenant chain, with the ``links`` read_links
         started; returns once it is durable (raises LedgerUnavailable if not, or if the
         database does not answer within db_timeout_s: a hung server fails closed)."""
-        return await within_db_timeout(
-            self._record(prepared, caller, generation, parsed, links),
+        plan = prepared.plan
+        async with db_deadline(
             self.settings.db_timeout_s,
             LedgerUnavailable,
             "the ledger database (the receipt's commit)",
-        )
-
-    async def _record(
-        self,
-        prepared: PreparedChat,
-        caller: ApiKey,
-        generation: Generation,
-        parsed: ParsedResponse,
-        links: asyncio.Future[list[Link]],
-    ) -> Receipt:
-        plan = prepared.plan
-        draft = draft_for(
-            tenant=caller.tenant,
-            plan=plan,
-            manifest=manifest_for(
-                plan, self.engine.identity, prepared.sampling, generation.backend
-            ),
-            request=with_caller(prepared.request_record, caller.id, request_id.get()),
-            generation=generation,
-            parsed=parsed,
-            links=await links,
-        )
-        started = time.perf_counter()
-        future = self.ledger.submit(draft)
-        try:
-            receipt = await asyncio.wrap_future(future)
-        except asyncio.CancelledError:  # the deadline passed, or the client went away
-            future.add_done_callback(self._committed_late(request_id.get()))
-            raise
+        ):
+            draft = draft_for(
+                tenant=caller.tenant,
+                plan=plan,
+                manifest=manifest_for(
+                    plan, self.engine.identity, prepared.sampling, generation.backend
+                ),
+                request=with_caller(prepared.request_record, caller.id, request_id.get()),
+                generation=generation,
+                parsed=parsed,
+                links=await links,
+            )
+            started = time.perf_counter()
+            future = self.ledger.submit(draft)
+            try:
+                receipt = await asyncio.wrap_future(future)
+            except asyncio.CancelledError:  # the deadline passed, or the client went away
+                future.add_done_callback(self._committed_late(request_id.get()))
+                raise
         self.metrics.append_latency.observe(time.perf_counter() - started)
         self.metrics.receipts.inc()
         return receipt
