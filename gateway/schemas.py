@@ -3,7 +3,7 @@
 The OpenAPI schema Litestar serves is generated from these, so they are the single written
 form of the wire format. The chat request forbids unknown fields: a parameter the gateway does
 not implement is a 400 naming it, never silently ignored. The exceptions are said where they
-are: `user`, `safety_identifier` and `prompt_cache_key` are accepted and not used, and a
+are: `user`, `safety_identifier` and the prompt cache hints are accepted and not used, and a
 message's members beyond those listed are ignored (clients send back whole response messages).
 Wire shapes follow OpenAI's API.
 """
@@ -125,6 +125,13 @@ class StreamOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
     ] = None
 
 
+class PromptCacheOptions(Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """OpenAI's prompt caching hints (the SDK's `prompt_cache_options`): accepted, not used."""
+
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: str | None = None
+
+
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
@@ -173,7 +180,9 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     stream_options: StreamOptions | None = None
     user: str | None = None
     safety_identifier: str | None = None  # who the end user is, as `user`: accepted, not used
-    prompt_cache_key: str | None = None  # a cache hint: accepted, not used
+    prompt_cache_key: str | None = None  # cache hints: accepted, not used
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     frequency_penalty: ZeroOnly | None = None
     presence_penalty: ZeroOnly | None = None
     logprobs: FalseOnly | None = None
@@ -190,6 +199,7 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     web_search_options: NullOnly = None
     functions: NullOnly = None
     function_call: NullOnly = None
+    moderation: NullOnly = None
 
 
 # --- chat completion response -------------------------------------------------------------

@@ -607,6 +607,7 @@ NULL_ONLY = (
     "web_search_options",
     "functions",
     "function_call",
+    "moderation",
 )
 
 
@@ -625,7 +626,10 @@ def test_unimplemented_parameters_pass_only_at_their_neutral_value(gateway: Any)
         store=False,
         metadata={},
         stream_options=None,
-        extra_body=dict.fromkeys(NULL_ONLY) | {"safety_identifier": "u1", "prompt_cache_key": "k"},
+        prompt_cache_key="k",  # cache hints, as the SDK names them: accepted, not used
+        prompt_cache_retention="in_memory",
+        prompt_cache_options={"mode": "implicit", "ttl": "30m"},
+        extra_body=dict.fromkeys(NULL_ONLY) | {"safety_identifier": "u1"},
     )
     assert completion.model_extra["receipt"]["seq"] >= 1
     streamed = gateway.openai().chat.completions.create(
