@@ -6,10 +6,15 @@ chunk when asked for, and `data: [DONE]`. Tool calls are what an agent acts on, 
 leave before their receipt (fail closed); answer text is informational and streams live. A
 fault after the first byte (ledger down, invalid output) ends the stream with an OpenAI error
 event instead of [DONE], which the OpenAI SDK raises as an APIError.
+
+While tool calls are held back, nothing else may be sent for as long as they take to decode:
+a comment line (`: keep-alive`, which SSE clients skip) goes out every KEEPALIVE_S meanwhile,
+so that a client's read timeout or a proxy's idle timeout does not cut the stream.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -48,6 +53,8 @@ from runtime.streaming import (
 )
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
+KEEPALIVE_S = 5.0
 
 
 def event(payload: object) -> bytes:
@@ -97,10 +104,15 @@ async def stream_completion(
         decoder = EnvelopeStreamDecoder(prepared.plan)
         held: list[ToolCallStart | ToolArgumentsDelta] = []  # released after the commit
         generation: Generation | None = None
+        sent_at = time.monotonic()
         async for item in events:
             if isinstance(item, TextDelta):
-                for chunk in _live(writer, decoder.feed(item.text), held):
+                chunks = _live(writer, decoder.feed(item.text), held)
+                if not chunks and time.monotonic() - sent_at >= KEEPALIVE_S:
+                    chunks = [KEEPALIVE]
+                for chunk in chunks:
                     yield chunk
+                    sent_at = time.monotonic()
             else:
                 generation = item
         if generation is None:

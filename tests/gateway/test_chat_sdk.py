@@ -20,6 +20,7 @@ import pytest
 import regex
 from pydantic import BaseModel
 
+from gateway import sse
 from runtime.engines.base import Generation
 
 pytestmark = pytest.mark.model
@@ -242,6 +243,28 @@ def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
         receipt["entry_hash"],
         receipt["manifest_hash"],
     )
+
+
+def test_a_held_tool_call_keeps_the_stream_alive(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tool calls are held until their receipt commits, and nothing else is sent meanwhile:
+    comment lines keep a client's read timeout or a proxy's idle timeout from cutting the
+    stream. At an interval of 0 each held token sends one; the SDK skips them."""
+    monkeypatch.setattr(sse, "KEEPALIVE_S", 0.0)
+    body = {"model": gateway.model, "stream": True, **ONE_CALL}
+    with (
+        gateway.http("agent") as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        lines = [line for line in response.iter_lines() if line]
+    comments = [i for i, line in enumerate(lines) if line.startswith(":")]
+    first_call = next(i for i, line in enumerate(lines) if '"tool_calls"' in line)
+    assert comments and max(comments) < first_call, lines
+    assert {lines[i] for i in comments} == {": keep-alive"}
+    with gateway.openai().chat.completions.stream(model=gateway.model, **ONE_CALL) as stream:
+        final = stream.get_final_completion()
+    check_calls(final.choices[0].message.tool_calls)
 
 
 def test_streamed_answer_with_usage_chunk(gateway: Any) -> None:
