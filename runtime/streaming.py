@@ -155,13 +155,19 @@ class EnvelopeStreamDecoder:
         return events, result
 
     def _cut_text(self, text: str) -> ParsedResponse | None:
-        """What a cut-off output says so far, unless it began a tool call (or is opaque)."""
+        """What a cut-off output says so far, unless it began a tool call (or is opaque). Cut
+        inside the envelope before anything began (`{"answer":`), it says nothing yet: an
+        empty answer where the tool choice allows one, as OpenAI returns a text cut off at
+        once; where calls are required, there is no answer to give."""
         if not self._envelope:
             reasoning, body = split_thinking(text)
             return ParsedResponse("text", content=body, reasoning=reasoning, complete=False)
-        if self._opaque or self._calls_begun or self._answer is None:
+        if self._opaque or self._calls_begun:
             return None
-        answer = "".join(self._answer)
+        choice = self._plan.tool_choice
+        if self._answer is None and (choice is None or not choice.allows_answer):
+            return None
+        answer = "".join(self._answer or ())
         if self._plan.answer_schema is None:
             return ParsedResponse("answer", answer=answer, content=answer, complete=False)
         return ParsedResponse("text", content=answer, complete=False)  # structured, unfinished

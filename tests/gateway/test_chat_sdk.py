@@ -595,6 +595,26 @@ def test_a_cut_off_answer_comes_back_as_far_as_it_got(gateway: Any) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
 
 
+def test_an_answer_cut_off_before_its_text_began_is_empty_not_an_error(gateway: Any) -> None:
+    """A token limit that ends the output inside the tool envelope's syntax (`{"answer":`)
+    leaves nothing said: 200 with finish_reason "length", as OpenAI answers a tiny
+    max_tokens, and no tool call. Where calls are required there is no answer to give: 422."""
+    params: dict[str, Any] = {
+        "tools": TOOLS,
+        "max_tokens": 1,
+        "messages": [{"role": "user", "content": "Hi! How are you?"}],
+    }
+    choice = create(gateway, tool_choice="auto", **params).choices[0]
+    assert (choice.finish_reason, choice.message.content) == ("length", "")
+    assert not choice.message.tool_calls
+    chunks = list(create(gateway, tool_choice="auto", stream=True, **params))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
+    assert not any(c.choices[0].delta.tool_calls or c.choices[0].delta.content for c in chunks)
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        create(gateway, tool_choice="required", **params)
+    assert refused.value.body["param"] == "max_tokens"
+
+
 def test_a_stop_string_ends_an_answer_like_openai(gateway: Any) -> None:
     """The answer up to the stop string, finish_reason "stop", not an error."""
     completion = create(

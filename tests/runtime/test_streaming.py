@@ -221,12 +221,24 @@ def test_a_cut_off_answer_is_returned_as_far_as_it_streamed(text: str, answer: s
         '{"tool": "get_weather", "arguments": {"city": "Par',
         '{"tool": "get_wea',
         '{"tool_calls": [{"tool": "get_weather", "arguments": {}}, {"tool": "li',
-        '{"answ',  # neither an answer nor a call yet: nothing to return
-        '{"',
     ],
 )
 def test_a_cut_off_tool_call_never_leaves(text: str) -> None:
     decoder = EnvelopeStreamDecoder(TOOLS_PLAN)
+    decoder.feed(text)
+    with pytest.raises(StructuredOutputInvalid):
+        decoder.finish(cut=True)
+
+
+@pytest.mark.parametrize("text", ['{"', '{"answ', '{"answer":', '{"tool_c'])
+def test_cut_off_before_anything_began_says_nothing_where_an_answer_may_come(text: str) -> None:
+    """Neither an answer nor a call yet: under tool_choice auto an empty answer, cut off (as
+    OpenAI answers a tiny max_tokens); where calls are required, nothing to return."""
+    streamed, result = _cut(TOOLS_PLAN, text)
+    assert (streamed, result.kind, result.content, result.complete) == ("", "answer", "", False)
+    assert not result.tool_calls
+    required = plan_chat(ChatInput(USER, tools=TOOLS, tool_choice="required"))
+    decoder = EnvelopeStreamDecoder(required)
     decoder.feed(text)
     with pytest.raises(StructuredOutputInvalid):
         decoder.finish(cut=True)
