@@ -46,6 +46,7 @@ _SEED_BOUND = 2**31  # a seed every engine accepts
 Link = dict[str, str | None]  # a tool message's call id and the receipt that issued it
 # OpenAI parameters the gateway does not implement, accepted at the value that means "off"
 _NEUTRAL: dict[str, Any] = {
+    "n": 1,
     "frequency_penalty": 0,
     "presence_penalty": 0,
     "logprobs": False,

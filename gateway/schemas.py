@@ -92,9 +92,19 @@ class NamedFunction(Struct):
     name: str
 
 
-class NamedToolChoice(Struct):
+class NamedToolChoice(Struct, tag_field="type", tag="function"):
     function: NamedFunction
-    type: Literal["function"] = "function"
+
+
+class AllowedTools(Struct, forbid_unknown_fields=True):
+    """The only tools the model may call; `mode` as tool_choice's "auto" or "required"."""
+
+    mode: Literal["auto", "required"]
+    tools: Annotated[list[NamedToolChoice], Meta(min_length=1)]
+
+
+class AllowedToolsChoice(Struct, tag_field="type", tag="allowed_tools"):
+    allowed_tools: AllowedTools
 
 
 class TextFormat(Struct, tag_field="type", tag="text"):
@@ -149,6 +159,7 @@ ZeroOnly = Annotated[
 ZeroIntOnly = Annotated[
     int, Meta(description=_UNSUPPORTED.format(0), extra_json_schema={"const": 0})
 ]
+OneOnly = Annotated[int, Meta(description=_UNSUPPORTED.format(1), extra_json_schema={"const": 1})]
 FalseOnly = Annotated[
     bool, Meta(description=_UNSUPPORTED.format("false"), extra_json_schema={"const": False})
 ]
@@ -161,7 +172,9 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     model: str
     messages: Annotated[list[Message], Meta(min_length=1)]
     tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: (
+        Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice | None
+    ) = None
     parallel_tool_calls: bool | None = None
     response_format: TextFormat | JsonObjectFormat | JsonSchemaFormat | None = None
     regex: str | None = None
@@ -175,7 +188,7 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     # Stop strings are recorded verbatim in the receipt's manifest (replay needs them): each
     # is bounded, so a request cannot make an append-only receipt of megabytes.
     stop: StopString | Annotated[list[StopString], Meta(max_length=4)] | None = None
-    n: Annotated[int, Meta(ge=1, le=1, description="only 1 is supported")] | None = None
+    n: OneOnly | None = None
     stream: bool | None = None  # null as the SDK sends it: not streamed, as OpenAI takes it
     stream_options: StreamOptions | None = None
     user: str | None = None

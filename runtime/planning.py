@@ -217,7 +217,8 @@ def plan_chat(
             )
             if enforcement is not None and enforcement.mode == "triggered":
                 # Only the inside of a tool-call tag is constrained; answers are the free text.
-                schema = union_schema(tools, "required", None, parallel)
+                required = ToolChoice("required", allowed=choice.allowed)
+                schema = union_schema(tools, required, None, parallel)
             else:
                 schema = union_schema(tools, choice, answer_rf, parallel)
             prompt = ToolPrompt(tools, choice, parallel, answer_rf.schema if answer_rf else None)

@@ -369,12 +369,16 @@ def parse_response_format(value: Any, limits: Limits = DEFAULT_LIMITS) -> Respon
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """tool_choice normalised: ``name`` is set only for mode "named"."""
+    """tool_choice normalised: ``name`` is set only for mode "named"; ``allowed`` (OpenAI's
+    allowed_tools) names the only tools "auto" or "required" may call (None: any of them)."""
 
     mode: Literal["none", "auto", "required", "named"]
     name: str | None = None
+    allowed: tuple[str, ...] | None = None
 
     def allows(self, tool: str) -> bool:
+        if self.allowed is not None and tool not in self.allowed:
+            return False
         return self.mode == "auto" or self.mode == "required" or self.name == tool
 
     @property
@@ -387,7 +391,8 @@ class ToolChoice:
 
 
 def parse_tool_choice(value: Any, tools: Sequence[ToolSpec]) -> ToolChoice:
-    """OpenAI's forms: "none" | "auto" | "required" | {"type":"function","function":{"name"}}."""
+    """OpenAI's forms: "none" | "auto" | "required" | {"type":"function","function":{"name"}}
+    | {"type":"allowed_tools","allowed_tools":{"mode":"auto"|"required","tools":[...]}}."""
     if value is None:
         return ToolChoice("auto")
     if isinstance(value, ToolChoice):
@@ -395,26 +400,50 @@ def parse_tool_choice(value: Any, tools: Sequence[ToolSpec]) -> ToolChoice:
     elif value in ("none", "auto", "required"):
         choice = ToolChoice(value)
     elif isinstance(value, dict) and value.get("type") == "function":
-        fn = value.get("function")
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str):
-            raise InvalidTools(
-                "'tool_choice.function.name' must be a string", param="tool_choice.function.name"
-            )
-        choice = ToolChoice("named", name)
+        choice = ToolChoice("named", _function_name(value, "tool_choice"))
+    elif isinstance(value, dict) and value.get("type") == "allowed_tools":
+        choice = _allowed_tools(value.get("allowed_tools"))
     else:
         raise InvalidTools(
-            "'tool_choice' must be 'none', 'auto', 'required' or "
-            '{"type": "function", "function": {"name": ...}}',
+            "'tool_choice' must be 'none', 'auto', 'required', "
+            '{"type": "function", "function": {"name": ...}} or '
+            '{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}',
             param="tool_choice",
         )
-    if choice.mode == "named" and choice.name not in {t.name for t in tools}:
-        available = ", ".join(t.name for t in tools) or "(none)"
-        raise UnknownTool(
-            f"tool_choice names {choice.name!r}, which is not in 'tools' (available: {available})",
-            param="tool_choice",
-        )
+    named = [choice.name] if choice.mode == "named" else list(choice.allowed or ())
+    known = {t.name for t in tools}
+    for name in named:
+        if name not in known:
+            available = ", ".join(t.name for t in tools) or "(none)"
+            raise UnknownTool(
+                f"tool_choice names {name!r}, which is not in 'tools' (available: {available})",
+                param="tool_choice",
+            )
     return choice
+
+
+def _function_name(entry: Any, param: str) -> str:
+    """The name in ``{"type": "function", "function": {"name": ...}}``."""
+    fn = entry.get("function") if isinstance(entry, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise InvalidTools(
+            f"'{param}.function.name' must be a string", param=f"{param}.function.name"
+        )
+    return name
+
+
+def _allowed_tools(spec: Any) -> ToolChoice:
+    """OpenAI's allowed_tools: the tools "auto" or "required" may call, named as a named
+    tool_choice names one."""
+    param = "tool_choice.allowed_tools"
+    if not isinstance(spec, dict) or spec.get("mode") not in ("auto", "required"):
+        raise InvalidTools(f"'{param}.mode' must be 'auto' or 'required'", param=f"{param}.mode")
+    listed = spec.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise InvalidTools(f"'{param}.tools' must list at least one tool", param=f"{param}.tools")
+    names = [_function_name(entry, f"{param}.tools[{i}]") for i, entry in enumerate(listed)]
+    return ToolChoice(spec["mode"], allowed=tuple(dict.fromkeys(names)))
 
 
 # --------------------------------------------------------------------------- union schema

@@ -46,13 +46,18 @@ def dumps(value: Any) -> str:
 
 
 def choice_hint(prompt: ToolPrompt) -> str:
-    """One sentence telling the model what tool_choice demands ("" for auto)."""
+    """One sentence telling the model what tool_choice demands ("" for auto on every tool)."""
     if prompt.choice.mode == "none":
         return "Do not call any function now; answer the user directly."
+    allowed = prompt.choice.allowed
     if prompt.choice.mode == "required":
+        if allowed is not None:
+            return f"You must call at least one of these functions: {', '.join(allowed)}."
         return "You must call at least one of the functions."
     if prompt.choice.mode == "named":
         return f"You must call the function {prompt.choice.name}."
+    if allowed is not None:
+        return f"You may call only these functions: {', '.join(allowed)}."
     return ""
 
 

@@ -218,6 +218,25 @@ def test_parallel_tool_calls(gateway: Any, parallel: bool) -> None:
     assert validator.is_valid(TWO_CALLS["tool_calls"][0])
 
 
+def test_allowed_tools_hold_the_calls_to_those_tools(gateway: Any) -> None:
+    """OpenAI's allowed_tools: asked about the weather with only get_time allowed, the model
+    calls get_time (the decoder cannot write another), and the receipt binds that schema."""
+    allowed = {
+        "mode": "required",
+        "tools": [{"type": "function", "function": {"name": "get_time"}}],
+    }
+    completion = create(
+        gateway,
+        **{**ONE_CALL, "tool_choice": {"type": "allowed_tools", "allowed_tools": allowed}},
+    )
+    calls = completion.choices[0].message.tool_calls
+    check_calls(calls)
+    assert {c.function.name for c in calls} == {"get_time"}
+    stored = recorded(gateway, receipt_of(completion)["id"])
+    bound = json.dumps(gateway.ledger.schema(stored.manifest["schema_hash"]))
+    assert "get_time" in bound and "get_weather" not in bound
+
+
 def test_streamed_tool_call_is_reassembled_by_the_sdk(gateway: Any) -> None:
     client = gateway.openai()
     with client.chat.completions.stream(

@@ -54,7 +54,8 @@ def sdk_error(gateway: Any, **params: Any) -> openai.APIStatusError:
 def test_n_other_than_one_is_refused(gateway: Any) -> None:
     err = sdk_error(gateway, n=2)
     assert isinstance(err, openai.BadRequestError)
-    assert err.body["param"] == "n"
+    assert (err.body["param"], err.body["code"]) == ("n", "unsupported_parameter")
+    assert err.body["message"] == "n=2 is not supported here; leave it out or send 1"
 
 
 def test_unsupported_parameter_is_named(gateway: Any) -> None:

@@ -266,12 +266,12 @@ def test_openapi_document_is_served(gateway: Any) -> None:
     assert {"messages", "tools", "tool_choice", "regex", "grammar"} <= set(request["properties"])
     fields = request["properties"]  # bounds of optional fields (Litestar alone drops them)
     assert (fields["temperature"]["minimum"], fields["temperature"]["maximum"]) == (0, 2)
-    assert fields["top_p"]["exclusiveMinimum"] == 0 and fields["n"]["maximum"] == 1
+    assert fields["top_p"]["exclusiveMinimum"] == 0
     stop_string = {"type": "string", "maxLength": 256}
     assert stop_string in fields["stop"]["oneOf"]
     assert {"type": "array", "items": stop_string, "maxItems": 4} in fields["stop"]["oneOf"]
     # parameters accepted only at "off" say so, and still admit null
-    for name, off in (("frequency_penalty", 0), ("top_logprobs", 0), ("logprobs", False)):
+    for name, off in (("n", 1), ("frequency_penalty", 0), ("top_logprobs", 0), ("logprobs", False)):
         assert {"type": "null"} in fields[name]["oneOf"], name
         assert [m["const"] for m in fields[name]["oneOf"] if "const" in m] == [off], name
     assert {"type": "object", "maxProperties": 0} in [

@@ -242,6 +242,57 @@ def test_malformed_tool_choice(choice: Any) -> None:
         union_schema(SPECS, choice)
 
 
+def _allowed(mode: str, *names: str) -> dict[str, Any]:
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    return {"type": "allowed_tools", "allowed_tools": {"mode": mode, "tools": tools}}
+
+
+def test_allowed_tools_admit_only_those_tools() -> None:
+    """OpenAI's allowed_tools: every tool stays in the request (and the prompt), the decoder
+    may call only the listed ones; "auto" may still answer, "required" may not."""
+    auto = union_schema(SPECS, _allowed("auto", "book_room"), parallel_tool_calls=True)
+    assert accepts(auto, BOOK_CALL) and accepts(auto, ANSWER)
+    assert accepts(auto, {"tool_calls": [BOOK_CALL, BOOK_CALL]})
+    assert not accepts(auto, WEATHER_CALL)
+    assert not accepts(auto, {"tool_calls": [BOOK_CALL, WEATHER_CALL]})
+    required = union_schema(SPECS, _allowed("required", "book_room", "get_weather"))
+    assert accepts(required, BOOK_CALL) and accepts(required, WEATHER_CALL)
+    assert not accepts(required, ANSWER)
+    assert not accepts(required, {"tool": "list_rooms", "arguments": {}})
+
+
+def test_allowed_tools_are_named_in_the_prompt() -> None:
+    user = [{"role": "user", "content": "Book me a room."}]
+    plan = plan_chat(ChatInput(user, tools=TOOLS, tool_choice=_allowed("required", "book_room")))
+    assert "You must call at least one of these functions: book_room." in plan.messages[0].content
+    assert "get_weather" in plan.messages[0].content  # still listed, as OpenAI keeps them
+
+
+@pytest.mark.parametrize(
+    ("choice", "param"),
+    [
+        (_allowed("none", "book_room"), "tool_choice.allowed_tools.mode"),
+        (_allowed("auto"), "tool_choice.allowed_tools.tools"),
+        (
+            {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [{}]}},
+            "tool_choice.allowed_tools.tools[0].function.name",
+        ),
+        ({"type": "allowed_tools"}, "tool_choice.allowed_tools.mode"),
+    ],
+)
+def test_malformed_allowed_tools_name_the_part(choice: Any, param: str) -> None:
+    with pytest.raises(InvalidTools) as err:
+        union_schema(SPECS, choice)
+    assert err.value.param == param
+
+
+def test_allowed_tools_naming_an_unknown_tool() -> None:
+    with pytest.raises(UnknownTool) as err:
+        union_schema(SPECS, _allowed("auto", "book_room", "get_wether"))
+    assert err.value.param == "tool_choice"
+    assert "'get_wether'" in err.value.message and "get_weather, book_room" in err.value.message
+
+
 def test_parallel_admits_a_list_of_calls_and_a_single_call() -> None:
     schema = union_schema(SPECS, "auto", parallel_tool_calls=True)
     assert accepts(schema, {"tool_calls": [WEATHER_CALL, BOOK_CALL, WEATHER_CALL]})
