@@ -256,7 +256,7 @@ class Completions:
                 request=with_caller(prepared.request_record, caller.id, request_id.get()),
                 generation=generation,
                 parsed=parsed,
-                links=await links,
+                links=await self._links_read(links, caller.tenant, prepared),
             )
             started = time.perf_counter()
             future = self.ledger.submit(draft)
@@ -301,20 +301,31 @@ class Completions:
 
     def read_links(self, tenant: str, prepared: PreparedChat) -> asyncio.Future[list[Link]]:
         """Start reading which receipts issued the calls the request's tool messages answer
-        (unknown ids: null), for `record`. Started with the generation, so that the read
-        (a transaction, 32 ids per query) runs while the engine works instead of after it;
-        whoever starts it `let_go`es it once the answer is recorded or has failed."""
+        (unknown ids: null), for `record`. Started with the generation (a stream's once its
+        first token is out), so that the read (a transaction, 32 ids per query) runs while
+        the engine works instead of after it; whoever starts it `let_go`es it once the
+        answer is recorded or has failed."""
         call_ids = prepared.plan.tool_call_ids_answered
         if not call_ids:
             done: asyncio.Future[list[Link]] = asyncio.get_running_loop().create_future()
             done.set_result([])
             return done
+        return asyncio.ensure_future(asyncio.to_thread(self._links, tenant, call_ids))
 
-        def lookup() -> list[Link]:
-            issued = self.ledger.issuers(tenant, call_ids)
-            return [{"tool_call_id": c, "receipt_id": issued.get(c)} for c in call_ids]
+    def _links(self, tenant: str, call_ids: tuple[str, ...]) -> list[Link]:
+        issued = self.ledger.issuers(tenant, call_ids)
+        return [{"tool_call_id": c, "receipt_id": issued.get(c)} for c in call_ids]
 
-        return asyncio.ensure_future(asyncio.to_thread(lookup))
+    async def _links_read(
+        self, links: asyncio.Future[list[Link]], tenant: str, prepared: PreparedChat
+    ) -> list[Link]:
+        """`links`' result; read again if it failed for want of the database, which may
+        have come back while the engine generated (the read is only a read)."""
+        try:
+            return await links
+        except LedgerUnavailable:
+            call_ids = prepared.plan.tool_call_ids_answered
+            return await asyncio.to_thread(self._links, tenant, call_ids)
 
 
 def let_go(links: asyncio.Future[list[Link]]) -> None:

@@ -21,6 +21,7 @@ import regex
 from pydantic import BaseModel
 
 from gateway import sse
+from receipts.errors import LedgerUnavailable
 from runtime.engines.base import Generation
 
 pytestmark = pytest.mark.model
@@ -531,6 +532,39 @@ def test_tool_results_are_linked_while_the_engine_generates(
     ]
 
 
+def test_links_are_read_again_if_the_database_was_down_when_generation_began(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The links are read as the engine starts; a database down then (a failover) and back
+    by the time the receipt is sealed costs a second read, not a 503 for the whole answer."""
+    first = create(gateway, **ONE_CALL)
+    call = first.choices[0].message.tool_calls[0]
+    issuers, reads = gateway.ledger.issuers, []
+
+    def down_at_first(tenant: str, call_ids: Any) -> dict[str, str]:
+        reads.append(tuple(call_ids))
+        if len(reads) == 1:
+            raise LedgerUnavailable("the ledger database is unavailable: failing over")
+        return issuers(tenant, call_ids)
+
+    monkeypatch.setattr(gateway.ledger, "issuers", down_at_first)
+    second = create(
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=8,
+        messages=[
+            *ASK_WEATHER,
+            first.choices[0].message.model_dump(),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
+        ],
+    )
+    assert reads == [(call.id,), (call.id,)]
+    assert recorded(gateway, receipt_of(second)["id"]).links == [
+        {"tool_call_id": call.id, "receipt_id": receipt_of(first)["id"]}
+    ]
+
+
 def test_regex_and_grammar_extensions_through_extra_body(gateway: Any) -> None:
     by_regex = create(
         gateway,
@@ -628,7 +662,10 @@ def test_an_answer_cut_off_before_its_text_began_is_empty_not_an_error(gateway: 
     assert not choice.message.tool_calls
     chunks = list(create(gateway, tool_choice="auto", stream=True, **params))
     assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
-    assert not any(c.choices[0].delta.tool_calls or c.choices[0].delta.content for c in chunks)
+    assert not any(c.choices[0].delta.tool_calls for c in chunks)
+    assert [
+        c.choices[0].delta.content for c in chunks if c.choices[0].delta.content is not None
+    ] == [""]  # the answer's "", as a whole answer says it (the role chunk's content is null)
     with pytest.raises(openai.UnprocessableEntityError) as refused:
         create(gateway, tool_choice="required", **params)
     assert refused.value.body["param"] == "max_tokens"
