@@ -8,8 +8,9 @@ fault after the first byte (ledger down, invalid output) ends the stream with an
 event instead of [DONE], which the OpenAI SDK raises as an APIError.
 
 While tool calls are held back, nothing else may be sent for as long as they take to decode:
-a comment line (`: keep-alive`, which SSE clients skip) goes out every KEEPALIVE_S meanwhile,
-so that a client's read timeout or a proxy's idle timeout does not cut the stream.
+a comment line (`: keep-alive`, which SSE clients skip) goes out with the first token that
+comes KEEPALIVE_S or more after the last byte, so that a client's read timeout or a proxy's
+idle timeout does not cut the stream while the engine writes.
 """
 
 from __future__ import annotations
@@ -105,9 +106,11 @@ async def stream_completion(
         held: list[ToolCallStart | ToolArgumentsDelta] = []  # released after the commit
         generation: Generation | None = None
         sent_at = time.monotonic()
+        said = False  # any content delta sent
         async for item in events:
             if isinstance(item, TextDelta):
                 chunks = _live(writer, decoder.feed(item.text), held)
+                said = said or bool(chunks)
                 if not chunks and time.monotonic() - sent_at >= KEEPALIVE_S:
                     chunks = [KEEPALIVE]
                 for chunk in chunks:
@@ -122,7 +125,11 @@ async def stream_completion(
             rest, parsed = decoder.finish(cut=cut_off(generation))
         except StructuredOutputInvalid as exc:
             raise cut_short(exc, generation, prepared) from None
-        for chunk in _live(writer, rest, held):
+        chunks = _live(writer, rest, held)
+        if tools and not said and not chunks and not parsed.tool_calls:
+            # an empty answer: "" as the whole answer's content, not the role chunk's null
+            chunks = [writer.delta(Delta(content=""))]
+        for chunk in chunks:
             yield chunk
         receipt = await completions.record(prepared, caller, generation, parsed, links)
         for call_event in held:

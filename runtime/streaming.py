@@ -155,14 +155,15 @@ class EnvelopeStreamDecoder:
         return events, result
 
     def _cut_text(self, text: str) -> ParsedResponse | None:
-        """What a cut-off output says so far, unless it began a tool call (or is opaque). Cut
-        inside the envelope before anything began (`{"answer":`), it says nothing yet: an
-        empty answer where the tool choice allows one, as OpenAI returns a text cut off at
-        once; where calls are required, there is no answer to give."""
+        """What a cut-off output says so far, unless it began a tool call, even by its first
+        key alone (or is opaque). Cut inside the envelope before anything began (`{"`,
+        `{"answer":`), it says nothing yet: an empty answer where the tool choice allows one,
+        as OpenAI returns a text cut off at once; where calls are required, there is no
+        answer to give."""
         if not self._envelope:
             reasoning, body = split_thinking(text)
             return ParsedResponse("text", content=body, reasoning=reasoning, complete=False)
-        if self._opaque or self._calls_begun:
+        if self._opaque or self._calls_begun or self._chose_calls():
             return None
         choice = self._plan.tool_choice
         if self._answer is None and (choice is None or not choice.allows_answer):
@@ -171,6 +172,20 @@ class EnvelopeStreamDecoder:
         if self._plan.answer_schema is None:
             return ParsedResponse("answer", answer=answer, content=answer, complete=False)
         return ParsedResponse("text", content=answer, complete=False)  # structured, unfinished
+
+    def _chose_calls(self) -> bool:
+        """Whether the envelope's first key is, or can only become, "tool" or "tool_calls"
+        (an answer's is "answer"): the model chose to call before it named a tool."""
+        if not self._stack:
+            return False
+        top = self._stack[0]
+        if isinstance(top.key, str):
+            key = top.key
+        elif self._key is not None and len(self._stack) == 1:
+            key = "".join(self._key)
+        else:
+            key = ""
+        return key.startswith("t")
 
     # ----------------------------------------------------------------- scanning
 

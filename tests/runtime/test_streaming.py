@@ -221,6 +221,10 @@ def test_a_cut_off_answer_is_returned_as_far_as_it_streamed(text: str, answer: s
         '{"tool": "get_weather", "arguments": {"city": "Par',
         '{"tool": "get_wea',
         '{"tool_calls": [{"tool": "get_weather", "arguments": {}}, {"tool": "li',
+        '{"t',  # the first key can only be "tool" or "tool_calls": a call has begun
+        '{"tool_c',
+        '{"tool": ',
+        '{"tool_calls": [{"tool": ',
     ],
 )
 def test_a_cut_off_tool_call_never_leaves(text: str) -> None:
@@ -230,7 +234,7 @@ def test_a_cut_off_tool_call_never_leaves(text: str) -> None:
         decoder.finish(cut=True)
 
 
-@pytest.mark.parametrize("text", ['{"', '{"answ', '{"answer":', '{"tool_c'])
+@pytest.mark.parametrize("text", ['{"', '{"answ', '{"answer":', '{"answer": '])
 def test_cut_off_before_anything_began_says_nothing_where_an_answer_may_come(text: str) -> None:
     """Neither an answer nor a call yet: under tool_choice auto an empty answer, cut off (as
     OpenAI answers a tiny max_tokens); where calls are required, nothing to return."""
