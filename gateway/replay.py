@@ -62,7 +62,15 @@ def recorded_request(receipt: Receipt, served_model: str) -> ChatCompletionReque
     body = {**values["params"], "messages": values["messages"]}
     body.update(model=served_model, stream=False)
     body.pop("stream_options", None)
-    return msgspec.convert(body, ChatCompletionRequest)
+    try:
+        return msgspec.convert(body, ChatCompletionRequest)
+    except msgspec.ValidationError as exc:  # recorded by a release that read requests so
+        raise APIError(
+            409,
+            f"receipt {receipt.id}'s recorded request is not one this gateway accepts ({exc}),"
+            " so it cannot be run again here; its receipt still verifies",
+            code="request_not_replayable",
+        ) from None
 
 
 def recorded_sampling(manifest: dict[str, Any]) -> Sampling:

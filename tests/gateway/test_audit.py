@@ -538,6 +538,26 @@ def test_replay_needs_the_retained_payload(gateway: Any, audited: dict[str, Any]
     assert refused.json()["error"]["code"] == "payload_not_retained"
 
 
+def test_replay_of_a_request_this_gateway_no_longer_accepts_is_a_409(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """A request recorded by a release that read requests more loosely (here a named
+    tool_choice without its "type", which OpenAI requires) is refused as such, not a 500."""
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    payload = original.request["payload_json"]
+    params = {**json.loads(payload["params"]), "tool_choice": {"function": {"name": "x"}}}
+    request = {
+        **original.request,
+        "params_sha256": hash_json(params),
+        "payload_json": {**payload, "params": json.dumps(params)},
+    }
+    receipt_id = _recorded_elsewhere(gateway, original.id, request=request)
+    with gateway.http("auditor") as client:
+        error = error_of(client.post(f"/audit/replay/{receipt_id}", json={}), 409)
+    assert error["code"] == "request_not_replayable"
+    assert "tool_choice" in error["message"], error
+
+
 def test_the_receipt_digests_the_request_exactly_as_sent(gateway: Any) -> None:
     """What an auditor holding the agent's transcript can recompute: members the gateway does
     not read (the SDK's `parsed`), explicit nulls and the client's member order included."""
