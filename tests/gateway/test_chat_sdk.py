@@ -476,6 +476,23 @@ def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
     assert stored.links == [{"tool_call_id": ghost, "receipt_id": None}]
 
 
+def the_answer_turn(gateway: Any, first: Any, **params: Any) -> Any:
+    """An agent's next turn after ``first`` (one call): the call, its result, no more calls."""
+    call = first.choices[0].message.tool_calls[0]
+    return create(
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=8,
+        messages=[
+            *ASK_WEATHER,
+            first.choices[0].message.model_dump(),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
+        ],
+        **params,
+    )
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_tool_results_are_linked_while_the_engine_generates(
     gateway: Any, monkeypatch: pytest.MonkeyPatch, stream: bool
@@ -514,18 +531,7 @@ def test_tool_results_are_linked_while_the_engine_generates(
     monkeypatch.setattr(gateway.ledger, "issuers", issuers_noted)
     monkeypatch.setattr(gateway.engine, "generate", generate_after_links)
     monkeypatch.setattr(gateway.engine, "stream", stream_after_links)
-    second = create(
-        gateway,
-        tools=TOOLS,
-        tool_choice="none",
-        max_tokens=8,
-        stream=stream,
-        messages=[
-            *ASK_WEATHER,
-            first.choices[0].message.model_dump(),
-            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
-        ],
-    )
+    second = the_answer_turn(gateway, first, stream=stream)
     ref = list(second)[-1].model_extra["receipt"] if stream else receipt_of(second)
     assert recorded(gateway, ref["id"]).links == [
         {"tool_call_id": call.id, "receipt_id": receipt_of(first)["id"]}
@@ -548,17 +554,7 @@ def test_links_are_read_again_if_the_database_was_down_when_generation_began(
         return issuers(tenant, call_ids)
 
     monkeypatch.setattr(gateway.ledger, "issuers", down_at_first)
-    second = create(
-        gateway,
-        tools=TOOLS,
-        tool_choice="none",
-        max_tokens=8,
-        messages=[
-            *ASK_WEATHER,
-            first.choices[0].message.model_dump(),
-            {"role": "tool", "tool_call_id": call.id, "content": '{"celsius": 21}'},
-        ],
-    )
+    second = the_answer_turn(gateway, first)
     assert reads == [(call.id,), (call.id,)]
     assert recorded(gateway, receipt_of(second)["id"]).links == [
         {"tool_call_id": call.id, "receipt_id": receipt_of(first)["id"]}
