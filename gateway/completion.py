@@ -29,7 +29,7 @@ from gateway.errors import model_not_served
 from gateway.logs import request_id
 from gateway.metrics import Metrics
 from gateway.recording import draft_for, manifest_for, request_record, with_caller
-from gateway.schemas import ChatCompletionRequest, ReceiptRef, Usage, to_plain
+from gateway.schemas import OFF_VALUES, ChatCompletionRequest, ReceiptRef, Usage, to_plain
 from gateway.settings import Settings
 from receipts.errors import CanonicalizationError, LedgerUnavailable
 from receipts.ledger import Ledger
@@ -44,17 +44,6 @@ from runtime.streaming import parse_output
 log = logging.getLogger("callproof.gateway")
 _SEED_BOUND = 2**31  # a seed every engine accepts
 Link = dict[str, str | None]  # a tool message's call id and the receipt that issued it
-# OpenAI parameters the gateway does not implement, accepted at the value that means "off"
-_NEUTRAL: dict[str, Any] = {
-    "n": 1,
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
-    "logprobs": False,
-    "top_logprobs": 0,
-    "logit_bias": {},
-    "store": False,
-    "metadata": {},
-}
 
 
 @dataclass(frozen=True)
@@ -73,7 +62,7 @@ class PreparedChat:
 def _refuse_unsupported(request: ChatCompletionRequest) -> None:
     """A parameter set to what the gateway cannot honour: a 400 naming it, never silently
     dropped."""
-    for name, neutral in _NEUTRAL.items():
+    for name, neutral in OFF_VALUES.items():
         value = getattr(request, name)
         if value is not None and value != neutral:
             raise UnsupportedParameter(
@@ -256,7 +245,7 @@ class Completions:
                 request=with_caller(prepared.request_record, caller.id, request_id.get()),
                 generation=generation,
                 parsed=parsed,
-                links=await self._links_read(links, caller.tenant, prepared),
+                links=await self._links_read(links, caller.tenant, plan.tool_call_ids_answered),
             )
             started = time.perf_counter()
             future = self.ledger.submit(draft)
@@ -317,14 +306,13 @@ class Completions:
         return [{"tool_call_id": c, "receipt_id": issued.get(c)} for c in call_ids]
 
     async def _links_read(
-        self, links: asyncio.Future[list[Link]], tenant: str, prepared: PreparedChat
+        self, links: asyncio.Future[list[Link]], tenant: str, call_ids: tuple[str, ...]
     ) -> list[Link]:
         """`links`' result; read again if it failed for want of the database, which may
         have come back while the engine generated (the read is only a read)."""
         try:
             return await links
         except LedgerUnavailable:
-            call_ids = prepared.plan.tool_call_ids_answered
             return await asyncio.to_thread(self._links, tenant, call_ids)
 
 

@@ -151,7 +151,7 @@ StopString = Annotated[str, Meta(max_length=256)]
 NullOnly = Annotated[None, Meta(description="not supported: only null is accepted")]
 # OpenAI parameters the gateway does not implement, accepted (and null) only at the value
 # that means "off", since OpenAI clients send them by default; any other value is a 400
-# naming the parameter (gateway.completion). The document says so (`const`, gateway.openapi).
+# naming the parameter (OFF_VALUES, below). The document says so (`const`, gateway.openapi).
 _UNSUPPORTED = "not supported: only {} (or null) is accepted"
 ZeroOnly = Annotated[
     float, Meta(description=_UNSUPPORTED.format(0), extra_json_schema={"const": 0})
@@ -213,6 +213,26 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     functions: NullOnly = None
     function_call: NullOnly = None
     moderation: NullOnly = None
+
+
+def _off_values(model: type[Struct]) -> dict[str, Any]:
+    """Each parameter accepted only at "off", with that value, read from its annotation (a
+    `const`, or `maxProperties: 0` for an empty object): the one place that says it."""
+    values: dict[str, Any] = {}
+    for field in msgspec.inspect.type_info(model).fields:
+        members = getattr(field.type, "types", (field.type,))
+        for member in members:
+            extra = getattr(member, "extra_json_schema", None) or {}
+            if "const" in extra:
+                values[field.name] = extra["const"]
+            elif extra.get("maxProperties") == 0:
+                values[field.name] = {}
+    return values
+
+
+OFF_VALUES = _off_values(ChatCompletionRequest)
+"""OpenAI parameters the gateway does not implement, accepted at the value that means "off"
+(gateway.completion refuses any other, naming it)."""
 
 
 # --- chat completion response -------------------------------------------------------------
