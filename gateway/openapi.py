@@ -5,9 +5,10 @@
   promises that such requests are accepted.
 * Litestar drops a field's numeric and length bounds when the field is optional
   (`Annotated[float, Meta(ge=0)] | None`), and any bound of 0, and a Meta's
-  `extra_json_schema` (`const`); they are copied here from msgspec's own view of the Struct
-  onto the member of the field's `oneOf` they bound, so the document refuses what the server
-  refuses.
+  `extra_json_schema` (`const`); they are copied here from msgspec's own view of the Struct,
+  so the document refuses what the server refuses: lengths and `extra_json_schema` onto the
+  member of the field's `oneOf` they bound, numeric bounds onto the field's schema (they
+  apply to numbers only).
 * The chat endpoint answers `text/event-stream` when `stream` is true.
 """
 
