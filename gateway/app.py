@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Litestar
+from litestar import Litestar, Router
 from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
@@ -23,7 +23,7 @@ from gateway.auth import Authenticator, KeyCall, current_principal
 from gateway.body_deadline import body_deadline
 from gateway.chat import ChatController
 from gateway.completion import Completions
-from gateway.errors import handle_exception
+from gateway.errors import handle_exception, json_not_found
 from gateway.health import HealthController
 from gateway.ledger_read import LedgerRead, tenant_chain
 from gateway.metrics import Metrics
@@ -76,6 +76,9 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
                 "for every tool call, and the audit API over those receipts."
             ),
             path="/schema",
+            openapi_router=Router(
+                "/schema", route_handlers=[], include_in_schema=False, after_request=json_not_found
+            ),
             # The document only: Litestar's HTML viewers load their scripts from public CDNs,
             # code on the gateway's origin where an operator types API keys (and a blank page
             # on a network without internet access). Any OpenAPI viewer reads the document.

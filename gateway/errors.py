@@ -12,7 +12,7 @@ from http import HTTPStatus
 from typing import Any
 
 from litestar import MediaType, Request, Response
-from litestar.exceptions import HTTPException, ValidationException
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 from litestar.openapi.datastructures import ResponseSpec
 
 from gateway.apikeys import KeyStoreUnavailable
@@ -198,6 +198,16 @@ _LASTING = (ChainBehind,)
 
 
 def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:
+    return error_response(exc)
+
+
+def json_not_found(response: Response[Any]) -> Response[Any]:
+    """Turn Litestar's HTML page for an unknown /schema/* path into the API's JSON 404."""
+    return error_response(NotFoundException()) if response.status_code == 404 else response
+
+
+def error_response(exc: Exception) -> Response[dict[str, Any]]:
+    """The OpenAI-shaped error response for ``exc``, with the headers its status calls for."""
     status, body = error_for(exc)
     # Litestar's own headers go along, such as a 405's Allow (RFC 9110 section 15.5.6)
     headers = dict(exc.headers or {}) if isinstance(exc, HTTPException) else {}
