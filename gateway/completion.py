@@ -184,9 +184,12 @@ class Completions:
 
     async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
         plan = prepared.plan
-        generation = await self.engine.generate(
-            plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
-        )
+        try:
+            generation = await self.engine.generate(
+                plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
+            )
+        except StructuredOutputInvalid as exc:  # the fallback path failed
+            raise withheld(exc, prepared) from None
         self.count_tokens(generation)
         try:
             return generation, parse_output(plan, generation.text, cut=cut_off(generation))
@@ -216,7 +219,10 @@ class Completions:
         events = self.engine.stream(
             plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
         )
-        first = await anext(events)
+        try:
+            first = await anext(events)
+        except StructuredOutputInvalid as exc:  # the fallback path failed
+            raise withheld(exc, prepared) from None
         return _prepend(first, events)
 
     async def record(
@@ -343,13 +349,31 @@ def cut_short(
         why = f"the stop string {generation.matched_stop!r} ended the output before it was"
         fix = "use stop strings the output cannot contain"
     else:
+        return withheld(error, prepared)
+    return withheld(
+        StructuredOutputInvalid(
+            f"{why} complete; {fix} ({error.message})",
+            schema=error.schema,
+            raw_output=error.raw_output,
+            pointer=error.pointer,
+            param=param,
+        ),
+        prepared,
+    )
+
+
+def withheld(error: StructuredOutputInvalid, prepared: PreparedChat) -> StructuredOutputInvalid:
+    """The 422 as it may leave the gateway: under tools without the raw output, whose calls
+    (whole ones, before the one that failed) no receipt records, and a tool call leaves only
+    with its receipt. The message and the pointer still say where and why it failed."""
+    if prepared.plan.mode != "tools" or error.raw_output is None:
         return error
     return StructuredOutputInvalid(
-        f"{why} complete; {fix} ({error.message})",
+        f"{error.message}; raw_output withheld: tool calls leave only with their receipt",
         schema=error.schema,
-        raw_output=error.raw_output,
+        raw_output=None,
         pointer=error.pointer,
-        param=param,
+        param=error.param,
     )
 
 

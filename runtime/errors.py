@@ -87,7 +87,7 @@ class StructuredOutputInvalid(RuntimeInputError):
         message: str,
         *,
         schema: Any,
-        raw_output: str,
+        raw_output: str | None,
         pointer: str,
         param: str,
     ):

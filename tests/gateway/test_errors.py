@@ -726,15 +726,20 @@ def test_unknown_route_and_wrong_method_in_the_error_shape(gateway: Any) -> None
 @pytest.mark.model
 def test_truncated_constrained_output_is_422_and_not_receipted(gateway: Any) -> None:
     """Three tokens cannot finish a tool call: the output is refused with where it broke,
-    never returned as a call and never receipted."""
+    never returned as a call and never receipted. Under tools the raw output is withheld:
+    it holds the calls before the one cut off, whole and with no receipt (an agent could
+    run them with no trace in the ledger)."""
     before = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, limit=1000)).items
     err = sdk_error(gateway, tools=[TOOL], tool_choice="required", max_tokens=3, temperature=0)
     assert isinstance(err, openai.UnprocessableEntityError)
     error = err.body
     assert error["code"] == "structured_output_invalid"
-    assert error["raw_output"] and "pointer" in error and error["schema"]["$defs"]
+    assert error["raw_output"] is None and "pointer" in error and error["schema"]["$defs"]
     assert error["param"] == "max_tokens"
     assert error["message"].startswith("max_tokens=3 ran out before the constrained output")
+    assert error["message"].endswith(
+        "raw_output withheld: tool calls leave only with their receipt"
+    )
     with pytest.raises(openai.APIError) as streamed:  # the stream's error event says the same
         for _ in gateway.openai().chat.completions.create(
             model=gateway.model,
@@ -747,6 +752,7 @@ def test_truncated_constrained_output_is_422_and_not_receipted(gateway: Any) -> 
         ):
             pass
     assert streamed.value.body["param"] == "max_completion_tokens"
+    assert streamed.value.body["raw_output"] is None
     after = gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, limit=1000)).items
     assert [r.id for r in after] == [r.id for r in before]
 
