@@ -253,4 +253,5 @@ def open_resources(settings: Settings, engine: Engine, signer: Signer) -> Resour
         checkpoint_interval_s=settings.checkpoint_interval_s,
         retain_payloads=settings.retain_payloads,
     )
+    ledger.start()
     return Resources(engine=engine, ledger=ledger, keys=KeyStore.open(settings.db_url))

@@ -58,7 +58,7 @@ class HealthController(Controller):
             engine_ready = False
         try:
             async with asyncio.timeout(PROBE_TIMEOUT_S):
-                await asyncio.to_thread(completions.ledger.ping)
+                await asyncio.to_thread(completions.ledger.ping, completions.settings.db_timeout_s)
             database = True
         except (LedgerUnavailable, TimeoutError):
             database = False

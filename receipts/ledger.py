@@ -81,6 +81,12 @@ class Ledger:
             )
         )
 
+    def start(self) -> None:
+        """Start the writer now (else the first append does): a gateway's ledger signs the
+        checkpoints due on chains a crash left unsigned without waiting for traffic."""
+        if self._writer is not None:
+            self._writer.start()
+
     def close(self) -> None:
         """Commit what is queued, stop the writer thread and release the connections."""
         try:
@@ -95,13 +101,22 @@ class Ledger:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def ping(self) -> None:
+    def ping(self, stalled_after_s: float | None = None) -> None:
         """Raise LedgerUnavailable unless the database answers (a SQLite file still where it
         was opened) and, for a ledger that signs, would take appends: a Postgres standby, or
         a database whose sessions start read-only, answers every read while refusing every
-        receipt, so it is not a ledger that is up."""
+        receipt, so it is not a ledger that is up; nor is one whose writer has been inside
+        one transaction for more than ``stalled_after_s`` (a commit waiting for a
+        synchronous standby that is gone answers no receipt, while reads go on)."""
         if self._writer is not None:
             self._writer.check_running()
+            stalled = self._writer.stalled_for()
+            if stalled_after_s is not None and stalled > stalled_after_s:
+                raise LedgerUnavailable(
+                    f"the ledger's writer has waited {stalled:.1f} s for one transaction: the"
+                    " database answers reads but does not finish commits (a synchronous"
+                    " standby gone, a full disk, a lock held)"
+                )
         with self._reading() as conn:
             if self.signer is None or conn.dialect.name != "postgresql":
                 conn.execute(sa.text("SELECT 1"))

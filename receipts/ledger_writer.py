@@ -31,7 +31,11 @@ Write path (why it looks like this):
   replaces it after a failure, so the ledger recovers by itself when the database returns.
   A restart while appends are flowing fails the batch in flight (503 to its callers, which
   the OpenAI SDK retries); the batch is never redone by itself, since its COMMIT may have
-  landed and a redo would append it twice.
+  landed and a redo would append it twice. When the connection broke after COMMIT went
+  out, the writer asks the database which of the batch's receipts landed (at once, then
+  every tick until it answers) and resolves each append accordingly.
+- On start, chains whose head this key sealed and no checkpoint covers (a writer killed
+  before signing them) are scheduled for their timer checkpoint.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ import queue
 import select
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,11 +124,16 @@ class _BatchWrite:
     outcomes: list[tuple[_Pending, Receipt | Exception]] = field(default_factory=list)
     heads: list[ChainHead] = field(default_factory=list)
     schemas: set[str] = field(default_factory=set)  # the schema rows it adds
+    committing: bool = False  # its COMMIT is on its way: a lost reply leaves it in doubt
+
+    def sealed(self) -> list[tuple[_Pending, Receipt]]:
+        return [(p, r) for p, r in self.outcomes if isinstance(r, Receipt)]
 
 
 class LedgerWriter:
     """The one thread that appends to a database's chains for this process (Ledger's write
-    half). Started by the first ``submit``; ``close`` commits what is queued and stops it."""
+    half). Started by ``start`` or the first ``submit``; ``close`` commits what is queued
+    and stops it."""
 
     def __init__(
         self,
@@ -157,9 +166,26 @@ class LedgerWriter:
         self._known_schemas: set[str] = set()
         self._key_registered = False
         self._uncheckpointed: dict[str, float] = {}  # chain -> when its checkpoint is due
+        self._found_unsigned = False  # chains left with unsigned receipts were scheduled
+        # receipts whose batch sent COMMIT and lost the reply, with the error they get if
+        # it did not land: resolved once the database says which
+        self._doubts: list[tuple[_Pending, Receipt, LedgerUnavailable]] = []
+        self._busy_since: float | None = None  # when the transaction under way began
         self._closed = False
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the writer thread now rather than at the first append, so that chains a
+        stopped writer left with unsigned receipts (a crash) get their timer checkpoint
+        without waiting for the next receipt."""
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+            self._thread.start()
 
     def submit(self, draft: ReceiptDraft) -> Future[Receipt]:
         """Queue ``draft`` for the next group commit; the future resolves after the commit."""
@@ -168,9 +194,7 @@ class LedgerWriter:
             if self._closed:
                 raise LedgerUnavailable("the ledger is closed: the gateway is shutting down")
             self.check_running()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
-                self._thread.start()
+            self._start()
             self._queue.put(_Pending(draft, future))
         return future
 
@@ -182,6 +206,12 @@ class LedgerWriter:
                 "the ledger's writer thread has stopped (its error is in the log): restart the"
                 " gateway"
             )
+
+    def stalled_for(self) -> float:
+        """Seconds the transaction under way has run (0 when idle): a commit that never
+        ends (a synchronous standby gone, a full disk) shows here, not in a ping."""
+        since = self._busy_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def queued(self) -> int:
         """Receipts in the queue, not counting the batch being committed (approximate, as
@@ -224,43 +254,60 @@ class LedgerWriter:
                     item = None
             if batch:
                 try:
-                    self._commit(batch)
+                    with self._busy():
+                        self._commit(batch)
                 except Exception as exc:  # a bug of its own: fail closed, keep the thread
                     log.exception("ledger writer failed a batch")
                     self._fail(batch, LedgerUnavailable(f"the ledger writer failed: {exc!r}"))
             if item is _STOP:
+                self._settle_doubts(last_try=True)
                 return
             if time.monotonic() >= next_tick:  # not only when idle: other chains may be busy
-                self._checkpoint_quiet_chains()
+                with self._busy():
+                    self._settle_doubts()
+                    self._find_unsigned_chains()
+                    self._checkpoint_quiet_chains()
                 next_tick = time.monotonic() + tick
+
+    @contextmanager
+    def _busy(self) -> Iterator[None]:
+        self._busy_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._busy_since = None
 
     def _commit(self, batch: list[_Pending]) -> None:
         chains = {pending.draft.tenant for pending in batch}
+        conn: sa.Connection | None = None
+        write = _BatchWrite()
         try:
             conn = self._connection()  # first: a replaced connection drops the kept heads
             kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
             try:
                 with conn.begin():
-                    write = self._append_batch(conn, batch, kept=kept)
+                    self._append_batch(conn, batch, write, kept=kept)
             except (IntegrityError, self._sql.integrity_errors):
                 # A kept head's compare-and-set failed (another writer extended the chain, or
                 # it went back), or a call id the chain already holds (rare: ids are random,
                 # so that check is skipped on the first try). Redo under the lock, refusing
                 # those drafts alone.
+                write = _BatchWrite()
                 with conn.begin():
-                    write = self._append_batch(conn, batch, check_calls=True)
+                    self._append_batch(conn, batch, write, check_calls=True)
         except LedgerUnavailable as exc:  # the SQLite file is gone: say so, no traceback
             log.error("%s: %d appends refused", exc, len(batch))
             self._fail(batch, exc)
             return
         except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
-            log.warning(
-                "ledger commit failed, %d appends refused: %s", len(batch), short_error(exc)
-            )
-            self._fail(
-                batch,
-                LedgerUnavailable(f"the ledger database could not commit: {short_error(exc)}"),
-            )
+            error = LedgerUnavailable(f"the ledger database could not commit: {short_error(exc)}")
+            if write.committing and _link_broke(conn):
+                self._doubt(batch, write, error, exc)
+            else:
+                log.warning(
+                    "ledger commit failed, %d appends refused: %s", len(batch), short_error(exc)
+                )
+                self._fail(batch, error)
             return
         except Exception as exc:  # whatever broke: fail closed and go on
             log.exception("ledger batch failed")
@@ -306,6 +353,93 @@ class LedgerWriter:
         if seen is not None and (seq < seen[0] or (seq == seen[0] and entry_hash != seen[1])):
             raise _moved_back(chain, seq, seen[0])
         self._raise_high_water(chain, seq, entry_hash)
+
+    def _doubt(
+        self,
+        batch: list[_Pending],
+        write: _BatchWrite,
+        error: LedgerUnavailable,
+        exc: BaseException,
+    ) -> None:
+        """The connection broke after COMMIT went out: the batch may have landed. Its
+        sealed receipts wait (their callers until their deadline) while the database is
+        asked which landed; the drafts it refused, and any it never sealed, fail now."""
+        sealed = write.sealed()
+        log.warning(
+            "ledger connection lost during COMMIT (%s): whether %d receipts landed is asked"
+            " of the database",
+            short_error(exc),
+            len(sealed),
+        )
+        self._doubts.extend((pending, receipt, error) for pending, receipt in sealed)
+        in_doubt = {pending for pending, _ in sealed}
+        for pending, outcome in write.outcomes:
+            if isinstance(outcome, Exception):
+                pending.future.set_exception(outcome)
+        self._fail([p for p in batch if p not in in_doubt and not p.future.done()], error)
+        self._settle_doubts()
+
+    def _settle_doubts(self, *, last_try: bool = False) -> None:
+        """Resolve the receipts in doubt from what the database holds: one stored at its seq
+        with its entry hash landed (its future gets it; a caller that gave up meanwhile
+        reports it as committed late), any other did not and fails. While the database does
+        not answer they stay in doubt, for the next batch or tick; on ``last_try`` (the
+        writer stops) they fail as unknown, each logged."""
+        if not self._doubts:
+            return
+        try:
+            conn = self._connection()
+            with conn.begin():
+                stored = [
+                    queries.entry_hash(conn, receipt.chain, receipt.seq)
+                    for _, receipt, _ in self._doubts
+                ]
+        except (SQLAlchemyError, self._sql.dbapi_errors, LedgerUnavailable) as exc:
+            self._drop_connection()
+            if not last_try:
+                return
+            for pending, receipt, error in self._doubts:
+                log.error(
+                    "receipt %s (chain %r, seq %d) may or may not have committed: the ledger"
+                    " closed before the database answered (%s); callproof ledger verify shows",
+                    receipt.id,
+                    receipt.chain,
+                    receipt.seq,
+                    short_error(exc),
+                )
+                pending.future.set_exception(error)
+            self._doubts.clear()
+            return
+        landed = 0
+        for (pending, receipt, error), found in zip(self._doubts, stored, strict=True):
+            if found == receipt.entry_hash:
+                landed += 1
+                self._raise_high_water(receipt.chain, receipt.seq, receipt.entry_hash)
+                self._uncheckpointed.setdefault(receipt.chain, time.time())
+                pending.future.set_result(receipt)
+            else:
+                pending.future.set_exception(error)
+        log.warning("%d of %d receipts whose COMMIT lost its reply had landed", landed, len(stored))
+        self._doubts.clear()
+
+    def _find_unsigned_chains(self) -> None:
+        """Once: schedule the timer checkpoint of chains whose last receipts this key sealed
+        and no checkpoint covers (a writer of this key stopped without signing them)."""
+        if self._found_unsigned:
+            return
+        try:
+            conn = self._connection()
+            with conn.begin():
+                found = queries.unsigned_chains(conn, self.signer.key_id)
+        except (SQLAlchemyError, self._sql.dbapi_errors, LedgerUnavailable) as exc:
+            # appends say what is wrong with the database; the next tick asks again
+            log.debug("chains left unsigned could not be looked up: %s", short_error(exc))
+            self._drop_connection()
+            return
+        for chain, checkpoint_at in found.items():
+            due = checkpoint_at / 1000 + self.checkpoint_interval_s
+            self._uncheckpointed.setdefault(chain, due)
+        self._found_unsigned = True
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the
@@ -353,18 +487,18 @@ class LedgerWriter:
         self,
         conn: sa.Connection,
         batch: list[_Pending],
+        write: _BatchWrite,
         *,
         kept: bool = False,
         check_calls: bool = False,
-    ) -> _BatchWrite:
+    ) -> None:
         """Inside one transaction: seal each chain's drafts onto its head, write every row
-        and commit."""
+        and commit, filling ``write``."""
         by_chain: dict[str, list[_Pending]] = {}
         for pending in batch:
             by_chain.setdefault(pending.draft.tenant, []).append(pending)
         if not self._key_registered:
             self._register_key(conn)
-        write = _BatchWrite()
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
             if all(pending.future.cancelled() for pending in by_chain[chain]):
                 continue  # nobody waits: not even a new chain's head row is made for them
@@ -381,8 +515,8 @@ class LedgerWriter:
             self._seal_onto(head, live, refused, write)
         tables = {table.__table__: values for table, values in write.rows.items()}
         with closing(_cursor(conn)) as cursor:  # nothing may follow: this commits
+            write.committing = True
             self._sql.write_and_commit(cursor, tables, [head.row() for head in write.heads])
-        return write
 
     def _locked_head(self, conn: sa.Connection, chain: str) -> ChainHead:
         """The chain's head, read under its lock; a head that moved since this writer last
@@ -648,6 +782,18 @@ def _server_spoke(dbapi_connection: Any, dbapi_errors: type[Exception]) -> bool:
         poller.register(fileno(), select.POLLIN)
         return bool(poller.poll(0))
     except (OSError, ValueError, dbapi_errors):  # closed or unusable: the ping that follows tells
+        return True
+
+
+def _link_broke(conn: sa.Connection | None) -> bool:
+    """Whether the connection to the server broke (psycopg's ``broken``), so that a COMMIT
+    sent on it may have landed unseen; a server that answered with an error rolled back.
+    SQLite commits in-process: its errors are answers."""
+    if conn is None:
+        return False
+    try:
+        return conn.invalidated or bool(getattr(conn.connection.dbapi_connection, "broken", 0))
+    except SQLAlchemyError:  # closed under it
         return True
 
 

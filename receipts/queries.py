@@ -583,6 +583,16 @@ def last_seq(conn: sa.Connection, tenant: str) -> int:
     return conn.scalar(sa.select(sa.func.max(r.seq)).where(r.chain == tenant)) or 0
 
 
+def unsigned_chains(conn: sa.Connection, key_id: str) -> dict[str, int]:
+    """Chain -> its latest checkpoint's time (ms), for the chains whose head ``key_id``
+    signed and whose last receipts no checkpoint covers yet (a writer stopped first)."""
+    c = ChainRow.__table__.c
+    query = sa.select(c.chain, c.checkpoint_at).where(
+        c.key_id == key_id, c.head_seq > c.checkpoint_size
+    )
+    return {chain: at for chain, at in conn.execute(query)}
+
+
 def entry_hash(conn: sa.Connection, tenant: str, seq: int) -> str | None:
     r = ReceiptRow.__table__.c
     return conn.scalar(sa.select(r.entry_hash).where(r.chain == tenant, r.seq == seq))

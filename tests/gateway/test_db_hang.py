@@ -5,7 +5,6 @@ forever, and service again when it answers, with no restart."""
 from __future__ import annotations
 
 import logging
-import selectors
 import socket
 import threading
 import time
@@ -15,7 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from conftest import chat_requests, fresh_gateway, gateway_settings
+from pg_proxy import PostgresProxy
 
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
@@ -40,55 +41,13 @@ TOOL = {
 }
 
 
-class FreezableProxy:
-    """A TCP proxy to Postgres that, while frozen, keeps every connection open and moves no
-    byte either way: what a client sees of a stopped server or a partitioned network."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.frozen = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-
-    def _pump(self, a: socket.socket, b: socket.socket) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(a, selectors.EVENT_READ, b)
-        selector.register(b, selectors.EVENT_READ, a)
-        with a, b:
-            while not self._closed:
-                if self.frozen.is_set():
-                    time.sleep(0.01)
-                    continue
-                for key, _ in selector.select(timeout=0.05):
-                    data = key.fileobj.recv(65536)  # type: ignore[union-attr]
-                    if not data:
-                        return
-                    key.data.sendall(data)
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-
-
 @pytest.fixture
 def hung_db_gateway(
     fresh_postgres_url: str, gateway_engine: Any, server_loop: Any, tmp_path: Path
-) -> Iterator[tuple[str, dict[str, str], FreezableProxy]]:
+) -> Iterator[tuple[str, dict[str, str], PostgresProxy]]:
     upgrade(fresh_postgres_url)
-    host_port = fresh_postgres_url.split("@", 1)[1].split("/", 1)[0]
-    proxy = FreezableProxy(int(host_port.rsplit(":", 1)[1]))
-    url = fresh_postgres_url.replace(host_port, f"127.0.0.1:{proxy.port}")
+    proxy = PostgresProxy(sa.make_url(fresh_postgres_url).port)
+    url = proxy.url(fresh_postgres_url)
     # db_timeout_s 2 s: the first commit (a new connection through the proxy, a forked
     # backend, an fsync) must land within it on a loaded machine
     settings = gateway_settings(tmp_path, url, db_timeout_s=2.0, key_cache_ttl_s=1.0)
@@ -123,7 +82,7 @@ def client_as(base: str, secret: str) -> httpx.Client:
 
 
 def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
-    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy], gateway_engine: Any
+    hung_db_gateway: tuple[str, dict[str, str], PostgresProxy], gateway_engine: Any
 ) -> None:
     base, secrets, proxy = hung_db_gateway
     client = client_as(base, secrets["agent"])
@@ -165,7 +124,7 @@ def test_a_hung_database_is_503_in_bounded_time_and_service_returns(
 
 
 def test_a_receipt_that_lands_after_its_503_is_logged_and_counted(
-    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy],
+    hung_db_gateway: tuple[str, dict[str, str], PostgresProxy],
     gateway_engine: Any,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -196,8 +155,47 @@ def test_a_receipt_that_lands_after_its_503_is_logged_and_counted(
     assert "callproof_receipts_committed_late_total 1.0" in metrics
 
 
+def test_a_commit_that_never_ends_makes_the_gateway_not_ready(
+    hung_db_gateway: tuple[str, dict[str, str], PostgresProxy],
+    gateway_engine: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer stays inside one transaction past db_timeout_s (a commit waiting for a
+    synchronous standby that is gone): every request is a 503, and /readyz says so too,
+    instead of 200 while the database still answered its reads."""
+    base, secrets, _ = hung_db_gateway
+    client = client_as(base, secrets["agent"])
+    sealing, release = threading.Event(), threading.Event()
+    seal = ledger_writer.seal
+
+    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
+        sealing.set()
+        release.wait(60)
+        return seal(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+    request = threading.Thread(
+        target=client.post, args=("/v1/chat/completions",), kwargs={"json": ping(gateway_engine)}
+    )
+    request.start()
+    try:
+        assert sealing.wait(60), "the receipt never reached the writer"
+        deadline = time.monotonic() + 15
+        while (ready := client.get("/readyz")).status_code == 200:
+            assert time.monotonic() < deadline, "still ready with the writer stuck"
+            time.sleep(0.2)
+        assert ready.status_code == 503 and ready.json()["database"] is False
+    finally:
+        release.set()
+        request.join(60)
+    deadline = time.monotonic() + 15
+    while client.get("/readyz").status_code != 200:
+        assert time.monotonic() < deadline, "not ready again once the commit ended"
+        time.sleep(0.2)
+
+
 def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(
-    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy],
+    hung_db_gateway: tuple[str, dict[str, str], PostgresProxy],
 ) -> None:
     base, secrets, proxy = hung_db_gateway
     auditor = client_as(base, secrets["auditor"])
@@ -216,7 +214,7 @@ def test_an_audit_read_on_a_hung_database_is_503_in_bounded_time(
 
 
 def test_key_management_on_a_hung_database_is_503_in_bounded_time(
-    hung_db_gateway: tuple[str, dict[str, str], FreezableProxy],
+    hung_db_gateway: tuple[str, dict[str, str], PostgresProxy],
 ) -> None:
     """The admin routes wait for the key store within db_timeout_s, as key lookups do."""
     base, secrets, proxy = hung_db_gateway

@@ -1,14 +1,22 @@
-"""A writer killed with SIGKILL in the middle of its batches leaves a chain that verifies and
-holds every receipt whose append returned; the next writer carries the chain on."""
+"""A writer stopped in the middle of its work: killed with SIGKILL inside a batch, or cut off
+from the database around a COMMIT. The chain verifies and holds every receipt whose append
+returned, an append learns whether its COMMIT landed, and the next writer carries the chain
+on and signs what the killed one left unsigned."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
 import signal
+import time
+from collections.abc import Iterator
 
-from ledger_kit import append_worker, draft, ledger, migrated
+import pytest
+import sqlalchemy as sa
+from ledger_kit import append_worker, draft, fill, ledger, migrated
+from pg_proxy import PostgresProxy
 
+from receipts.errors import LedgerUnavailable
 from receipts.signing import Signer
 
 RETURNED_BEFORE_KILL = 300
@@ -39,13 +47,83 @@ def test_sigkill_mid_batch_loses_no_returned_receipt(db_url: str) -> None:
             break
         returned[receipt_id] = seq
 
-    with ledger(url, signer) as led:
+    with ledger(url, signer, checkpoint_interval_s=1) as led:
         report = led.verify("acme")
         assert report.ok, report
         assert report.checked >= len(returned)
         for receipt_id, seq in returned.items():
             stored = led.get("acme", receipt_id)
             assert stored is not None and stored.seq == seq
+        # The killed writer signed no checkpoint over its last receipts; a started ledger of
+        # the same key signs one by its timer, before any append (it used to wait for one).
+        led.start()
+        deadline = time.monotonic() + 30
+        while (led.latest_checkpoint("acme") or {}).get("tree_size") != report.checked:
+            assert time.monotonic() < deadline, led.latest_checkpoint("acme")
+            time.sleep(0.2)
         survivor = led.append(draft())
         assert survivor.seq == report.checked + 1
+        assert led.verify("acme").ok
+
+
+@pytest.fixture
+def proxy(fresh_postgres_url: str) -> Iterator[PostgresProxy]:
+    migrated(fresh_postgres_url)
+    proxy = PostgresProxy(sa.make_url(fresh_postgres_url).port)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def test_a_commit_whose_reply_is_lost_returns_the_receipt_that_landed(
+    proxy: PostgresProxy, fresh_postgres_url: str
+) -> None:
+    """The connection breaks after COMMIT reached the server: the receipt landed, unheard.
+    Its append used to fail (a 503 for a receipt the chain holds, and no late-commit line to
+    reconcile them); the writer now asks the database, and the append returns it."""
+    with ledger(proxy.url(fresh_postgres_url)) as led:
+        fill(led, 1)
+        proxy.cut_at_commit("after")
+        receipt = led.submit(draft()).result(timeout=30)
+        assert proxy.cut.is_set()
+        assert receipt.seq == 2
+        stored = led.get("acme", receipt.id)
+        assert stored is not None and stored.entry_hash == receipt.entry_hash
+        assert led.append(draft()).seq == 3
+        assert led.verify("acme").ok
+
+
+def test_a_commit_lost_on_its_way_fails_its_append(
+    proxy: PostgresProxy, fresh_postgres_url: str
+) -> None:
+    """The connection breaks before COMMIT reached the server: nothing landed, so the append
+    fails, and the next one takes the seq."""
+    with ledger(proxy.url(fresh_postgres_url)) as led:
+        fill(led, 1)
+        proxy.cut_at_commit("before")
+        with pytest.raises(LedgerUnavailable, match="could not commit"):
+            led.submit(draft()).result(timeout=30)
+        assert proxy.cut.is_set()
+        assert led.append(draft()).seq == 2
+        assert led.verify("acme").ok
+
+
+def test_a_commit_in_doubt_waits_for_the_database_to_say(
+    proxy: PostgresProxy, fresh_postgres_url: str
+) -> None:
+    """COMMIT landed unheard and the database is down when the writer asks: the append stays
+    unresolved (its gateway caller gives up at db_timeout_s and logs the receipt as committed
+    late once it resolves) until the database answers again."""
+    with ledger(proxy.url(fresh_postgres_url)) as led:
+        fill(led, 1)
+        proxy.refusing.set()  # the writer's connection stays; a new one is refused
+        proxy.cut_at_commit("after")
+        pending = led.submit(draft())
+        assert proxy.cut.wait(30)
+        time.sleep(2.5)  # two ticks of the writer asking, refused
+        assert not pending.done()
+        proxy.refusing.clear()
+        assert pending.result(timeout=30).seq == 2
+        assert led.append(draft()).seq == 3
         assert led.verify("acme").ok

@@ -901,6 +901,37 @@ def test_a_dead_writer_thread_is_named_not_waited_for(
             led.ping()
 
 
+def test_a_writer_stuck_in_a_commit_is_not_ready(
+    fresh_sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit that never ends (a synchronous standby gone: reads answer, commits wait)
+    passed every ping while no receipt could land; ping now names a writer that has been
+    inside one transaction for longer than it is told to allow."""
+    migrated(fresh_sqlite_url)
+    sealing, release = threading.Event(), threading.Event()
+    seal = ledger_writer.seal
+
+    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
+        sealing.set()
+        release.wait(60)
+        return seal(*args, **kwargs)
+
+    with ledger(fresh_sqlite_url) as led:
+        led.ping(stalled_after_s=0.5)  # idle: ready
+        monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+        pending = led.submit(draft())
+        assert sealing.wait(30)
+        time.sleep(0.6)
+        try:
+            with pytest.raises(LedgerUnavailable, match=r"waited \d+\.\d s for one transaction"):
+                led.ping(stalled_after_s=0.5)
+            led.ping()  # no limit given: the database itself answers
+        finally:
+            release.set()
+        assert pending.result(timeout=30).seq == 1
+        led.ping(stalled_after_s=0.5)
+
+
 def test_appends_from_many_threads(fresh_sqlite_url: str) -> None:
     migrated(fresh_sqlite_url)
     with ledger(fresh_sqlite_url) as led:
