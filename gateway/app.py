@@ -29,6 +29,7 @@ from gateway.ledger_read import LedgerRead, tenant_chain
 from gateway.metrics import Metrics
 from gateway.models import ModelsController
 from gateway.openapi import StrictStructSchemaPlugin
+from gateway.replay import ReplayTurns
 from gateway.settings import Settings
 from receipts.ledger import Ledger
 from runtime.engines.base import Engine
@@ -57,6 +58,7 @@ def create_app(settings: Settings, engine: Engine, ledger: Ledger, keys: KeyStor
             "ledger": _singleton(ledger),
             "read": _singleton(read),
             "keys": _singleton(keys),
+            "replays": _singleton(ReplayTurns()),
             "key_call": _singleton(key_call),
             "metrics": _singleton(metrics),
             "authenticator": _singleton(authenticator),

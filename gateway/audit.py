@@ -23,7 +23,7 @@ from gateway.errors import BODY_ERRORS, APIError, documented
 from gateway.ledger_read import TenantChain
 from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.query import shaped
-from gateway.replay import replay
+from gateway.replay import ReplayTurns, replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
 from gateway.shapes import CALL_ID, PRINTABLE, RECEIPT_ID, SHA256_HEX, TIME
 from receipts import queries
@@ -248,7 +248,7 @@ class AuditController(Controller):
         "/replay/{receipt_id:str}",
         status_code=200,
         summary="Re-run a receipt's request",
-        responses=documented(409, *BODY_ERRORS, 422),
+        responses=documented(409, *BODY_ERRORS, 422, 429),
         operation_class=OptionalBodyOperation,
         dto=StrictBody[ReplayRequest],
         return_dto=None,
@@ -258,6 +258,7 @@ class AuditController(Controller):
         request: Request[Any, Any, Any],
         chain: NamedDependency[TenantChain],
         completions: NamedDependency[Completions],
+        replays: NamedDependency[ReplayTurns],
         receipt_id: Annotated[str, shaped(RECEIPT_ID)],
         data: JSONBody[ReplayRequest | None] = None,
     ) -> ReplayReport:
@@ -270,7 +271,7 @@ class AuditController(Controller):
         force = data.force if data is not None else False
         # engine time, as an agent's request: given up when the auditor leaves
         return await unless_client_leaves(
-            request.receive, replay(receipt, completions, force=force)
+            request.receive, replay(receipt, completions, replays, force=force)
         )
 
     @get(

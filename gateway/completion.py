@@ -126,8 +126,6 @@ class Completions:
         self.ledger = ledger
         self.settings = settings
         self.metrics = metrics
-        # replays take turns, so an auditor cannot queue any number ahead of the agents
-        self.replay_turn = asyncio.Semaphore(1)
 
     def prepare(
         self,

@@ -9,6 +9,9 @@ Tool call ids are minted afresh on every run, so outputs are compared without th
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
@@ -21,6 +24,31 @@ from receipts.manifest import schema_hash
 from receipts.record import Receipt
 from runtime.engines.base import NO_BACKEND, EngineIdentity, Sampling
 from runtime.errors import StructuredOutputInvalid
+
+
+class ReplayTurns:
+    """Replays take the engine from the agents, so they take turns: one runs at a time and
+    the others wait; and a tenant has at most one running or waiting (another is a 429), so
+    one tenant's auditor cannot queue replays in front of every other tenant's."""
+
+    def __init__(self) -> None:
+        self._turn = asyncio.Semaphore(1)
+        self._tenants: set[str] = set()  # with a replay running or waiting (the loop's alone)
+
+    @asynccontextmanager
+    async def take(self, tenant: str) -> AsyncIterator[None]:
+        if tenant in self._tenants:
+            raise APIError(
+                429,
+                "this tenant already has a replay running or waiting; retry when it has finished",
+                code="rate_limit_exceeded",
+            )
+        self._tenants.add(tenant)
+        try:
+            async with self._turn:
+                yield
+        finally:
+            self._tenants.discard(tenant)
 
 
 def manifest_differences(
@@ -92,6 +120,7 @@ def _comparable(output: dict[str, Any], finish: str) -> dict[str, Any]:
 async def replay(
     receipt: Receipt,
     completions: Completions,
+    turns: ReplayTurns,
     *,
     force: bool,
 ) -> ReplayReport:
@@ -110,7 +139,7 @@ async def replay(
         )
     recorded = _comparable(receipt.output, receipt.finish_reason)
     try:
-        async with completions.replay_turn:
+        async with turns.take(receipt.tenant):
             generation, parsed = await completions.generate(prepared)
     except StructuredOutputInvalid as exc:
         # The recorded output was returned to its agent; a replay that returns none is a
