@@ -172,6 +172,7 @@ def _validate_regex(pattern: str) -> None:
 
 def _validate_grammar(grammar: str) -> None:
     from runtime.errors import InvalidGrammar
+    from runtime.grammar_lex import lex_grammar
 
     if not grammar.strip():
         raise InvalidGrammar("the grammar is empty", param="grammar")
@@ -184,6 +185,16 @@ def _validate_grammar(grammar: str) -> None:
     error = llguidance.LLMatcher.validate_grammar(llguidance.LLMatcher.grammar_from_lark(lark))
     if error:
         raise InvalidGrammar(f"invalid grammar: {error.strip()}", param="grammar")
+    specials = lex_grammar(lark).specials
+    if specials:
+        # The model could write it, but the text it yields drops special tokens: the output
+        # returned and recorded would not be one the grammar admits.
+        raise ConstraintUnsatisfiable(
+            f"the grammar asks for the special token {specials[0]}; output text holds no"
+            " special tokens (they are dropped from it), so no output could match the"
+            ' grammar as recorded; write the text as a string literal ("...") instead',
+            param="grammar",
+        )
 
 
 def is_gbnf(grammar: str) -> bool:

@@ -30,12 +30,14 @@ class LexedGrammar:
     bare: str  # the grammar with comments dropped and each literal or schema emptied
     regexes: tuple[str, ...]  # the patterns of its regex literals
     schemas: tuple[bytes, ...]  # the JSON texts of its %json schemas
+    specials: tuple[str, ...] = ()  # its special tokens (<|im_end|>, <[2]>), as written
 
 
 def lex_grammar(lark: str) -> LexedGrammar:
     parts: list[str] = []
     regexes: list[str] = []
     schemas: list[bytes] = []
+    specials: list[str] = []
     at = 0
     while (start := _LARK_START.search(lark, at)) is not None:
         parts.append(lark[at : start.start()])
@@ -45,6 +47,8 @@ def lex_grammar(lark: str) -> LexedGrammar:
         elif token == "<":
             special = _LARK_SPECIAL.match(lark, at)
             parts.append("<>" if special else "<")
+            if special:
+                specials.append(special.group())
             at = special.end() if special else at + 1
         elif token in ('"', "/"):
             literal = (_LARK_STRING if token == '"' else _LARK_REGEX).match(lark, at)
@@ -63,7 +67,7 @@ def lex_grammar(lark: str) -> LexedGrammar:
             at = end
     else:
         parts.append(lark[at:])
-    return LexedGrammar("".join(parts), tuple(regexes), tuple(schemas))
+    return LexedGrammar("".join(parts), tuple(regexes), tuple(schemas), tuple(specials))
 
 
 # item ~ n, item ~ m..n, item{n}, item{m,n}: the upper bound (or the lower, when open)

@@ -337,10 +337,7 @@ def test_inputs_that_were_internal_errors(
         assert response.status_code == 200, response.text
         return
     err = error_of(response, status)
-    if gateway.engine.identity.engine == "vllm" and code == "constraint_unsatisfiable":
-        assert err["code"] == "upstream_rejected", err  # vLLM refuses them itself: a 400 too
-    else:
-        assert (err["code"], err["param"]) == (code, param), err
+    assert (err["code"], err["param"]) == (code, param), err
     assert gateway.ledger.last_seq(gateway.tenant) == before
 
 
@@ -404,8 +401,29 @@ def _answer_schema(schema: dict[str, Any]) -> dict[str, Any]:
             "response_format",
             "admits no value",
         ),
+        # a special token after text: the model wrote it, the returned text dropped it, and
+        # the receipt said the output matched its grammar
+        (
+            {"grammar": 'start: "a" <|im_start|> "system"'},
+            "constraint_unsatisfiable",
+            "grammar",
+            "asks for the special token <|im_start|>",
+        ),
+        (
+            {"grammar": 'start: "a" <[100]>'},
+            "constraint_unsatisfiable",
+            "grammar",
+            "asks for the special token <[100]>",
+        ),
     ],
-    ids=["unknown-rule", "broken-gbnf", "min-over-max", "empty-enum"],
+    ids=[
+        "unknown-rule",
+        "broken-gbnf",
+        "min-over-max",
+        "empty-enum",
+        "special-token-after-text",
+        "token-id",
+    ],
 )
 def test_bad_grammars_and_empty_schemas_are_refused_alike_on_every_engine(
     gateway: Any, fields: dict[str, Any], code: str, param: str, says: str
