@@ -16,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 from conftest import chat_requests, fresh_gateway, gateway_settings
-from pg_proxy import PostgresProxy
+from faults import PostgresProxy, hold_sealing
 
 from gateway.apikeys import KeyStore
 from gateway.app import create_app
@@ -165,15 +165,7 @@ def test_a_commit_that_never_ends_makes_the_gateway_not_ready(
     instead of 200 while the database still answered its reads."""
     base, secrets, _ = hung_db_gateway
     client = client_as(base, secrets["agent"])
-    sealing, release = threading.Event(), threading.Event()
-    seal = ledger_writer.seal
-
-    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
-        sealing.set()
-        release.wait(60)
-        return seal(*args, **kwargs)
-
-    monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+    sealing, release = hold_sealing(monkeypatch)
     request = threading.Thread(
         target=client.post, args=("/v1/chat/completions",), kwargs={"json": ping(gateway_engine)}
     )
@@ -261,15 +253,7 @@ def test_a_client_that_leaves_while_its_receipt_is_sealed_gets_a_499_and_a_logge
     the request is a 499, and the receipt that still lands is logged as committed late with
     the request's id. It used to be recorded as an ordinary 200 nobody read, and with the
     SDK's retry the chain held two receipts for one call with nothing tying them together."""
-    sealing, release = threading.Event(), threading.Event()
-    seal = ledger_writer.seal
-
-    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
-        sealing.set()  # the writer has claimed the draft
-        release.wait(60)
-        return seal(*args, **kwargs)
-
-    monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+    sealing, release = hold_sealing(monkeypatch)
     caplog.set_level(logging.WARNING, logger="callproof.gateway")
     served = fresh_gateway(
         gateway_engine, server_loop, tmp_path, fresh_sqlite_url, db_timeout_s=60.0

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
+from faults import PostgresProxy
 from ledger_kit import append_worker, draft, fill, ledger, migrated
-from pg_proxy import PostgresProxy
 
 from receipts.errors import LedgerUnavailable
 from receipts.signing import Signer

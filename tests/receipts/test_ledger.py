@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from faults import hold_sealing
 from ledger_kit import (
     COUNT_BACKENDS,
     SEARCH_PARAMS,
@@ -908,17 +909,9 @@ def test_a_writer_stuck_in_a_commit_is_not_ready(
     passed every ping while no receipt could land; ping now names a writer that has been
     inside one transaction for longer than it is told to allow."""
     migrated(fresh_sqlite_url)
-    sealing, release = threading.Event(), threading.Event()
-    seal = ledger_writer.seal
-
-    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
-        sealing.set()
-        release.wait(60)
-        return seal(*args, **kwargs)
-
     with ledger(fresh_sqlite_url) as led:
         led.ping(stalled_after_s=0.5)  # idle: ready
-        monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+        sealing, release = hold_sealing(monkeypatch)
         pending = led.submit(draft())
         assert sealing.wait(30)
         time.sleep(0.6)

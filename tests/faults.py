@@ -1,5 +1,6 @@
-"""A TCP proxy in front of the test Postgres that plays the network's faults: a server that
-hangs, one that is down, and a connection that breaks around the ledger writer's COMMIT."""
+"""The faults tests play: a TCP proxy in front of the test Postgres (a server that hangs, one
+that is down, a connection that breaks around the ledger writer's COMMIT), and a ledger
+writer held while it seals a receipt (a slow or stuck commit)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import selectors
 import socket
 import threading
 import time
+from typing import Any
+
+import pytest
+
+from receipts import ledger_writer
 
 # What the ledger's writer sets on each of its connections (receipts/store.py), and so
 # what tells its sessions from the reader's.
@@ -89,3 +95,19 @@ class PostgresProxy:
     def close(self) -> None:
         self._closed = True
         self._listener.close()
+
+
+def hold_sealing(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Hold the ledger's writer inside its transaction, once it has claimed a draft and is
+    about to seal it, until the second event is set (60 s at most); the first is set when it
+    gets there."""
+    sealing, release = threading.Event(), threading.Event()
+    seal = ledger_writer.seal
+
+    def seal_when_released(*args: Any, **kwargs: Any) -> Any:
+        sealing.set()
+        release.wait(60)
+        return seal(*args, **kwargs)
+
+    monkeypatch.setattr(ledger_writer, "seal", seal_when_released)
+    return sealing, release
