@@ -216,7 +216,7 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix
         return
     try:
         error = next(validator.iter_errors(value))
-        path, message = error.instance_path, error.message
+        path, message = error.instance_path, _failure(error)
     except (ValueError, StopIteration):  # nested too deep for jsonschema-rs to report where
         path, message = [], "the value does not match (nested too deep to report where)"
     pointer = prefix + "".join("/" + pointer_token(str(p)) for p in path)
@@ -227,6 +227,23 @@ def validate(value: Any, schema: dict[str, Any], raw: str, *, param: str, prefix
         pointer=pointer,
         param=param,
     )
+
+
+# Failures whose jsonschema-rs message names properties, not the failing value
+_NAMING_PROPERTIES = frozenset({"required", "additionalProperties", "unevaluatedProperties"})
+
+
+def _failure(error: jsonschema_rs.ValidationError) -> str:
+    """jsonschema-rs's words for a failure, which mostly quote the failing value whole: kept
+    for a scalar, or when they name properties only; for another object or array (under
+    tools, whole tool calls that no receipt records, in a 422) the schema keyword it breaks
+    and where the schema has it instead."""
+    if not isinstance(error.instance, dict | list) or error.kind.name in _NAMING_PROPERTIES:
+        return str(error.message)
+    at = "".join("/" + pointer_token(str(p)) for p in error.schema_path)
+    keyword = str(error.schema_path[-1]) if error.schema_path else "schema"
+    what = "object" if isinstance(error.instance, dict) else "array"
+    return f"the {what} breaks the schema's {keyword!r} (at {at!r} in the schema)"
 
 
 __all__ = [

@@ -572,6 +572,26 @@ def test_failing_arguments_name_the_tool_schema() -> None:
     assert "city" in err.value.message
 
 
+def test_a_failing_object_or_array_is_named_not_quoted() -> None:
+    """jsonschema-rs quotes the failing value whole: for a tool_calls array, whole tool calls
+    that no receipt records, in a 422 whose raw output is withheld for that very reason.
+    Such a value is named by the keyword it breaks; a scalar, or a missing property, is
+    still quoted."""
+    schema = {"type": "object", "properties": {"tool_calls": {"type": "array", "maxItems": 1}}}
+    with pytest.raises(StructuredOutputInvalid) as err:
+        validate({"tool_calls": [WEATHER_CALL, WEATHER_CALL]}, schema, "raw", param="tools")
+    assert err.value.message == (
+        "output fails its schema at '/tool_calls': the array breaks the schema's 'maxItems'"
+        " (at '/properties/tool_calls/maxItems' in the schema)"
+    )
+    with pytest.raises(StructuredOutputInvalid) as err:
+        validate({"city": 1}, WEATHER_PARAMS, "raw", param="tools")
+    assert err.value.message == "output fails its schema at '/city': 1 is not of type \"string\""
+    with pytest.raises(StructuredOutputInvalid) as err:
+        validate({}, WEATHER_PARAMS, "raw", param="tools")
+    assert err.value.message.endswith('"city" is a required property')
+
+
 def test_union_violations_are_caught_by_the_bound_schema() -> None:
     with pytest.raises(StructuredOutputInvalid):
         parse_envelope(json.dumps(ANSWER), SPECS, schema=union_schema(SPECS, "required"))
