@@ -133,6 +133,8 @@ class Ledger:
 
         Raises LedgerUnavailable when the database cannot commit (fail closed), and
         ReceiptFormatError for a draft the chain refuses (a call id it already recorded).
+        An append whose COMMIT lost its reply waits until the database says whether it
+        landed, or the ledger closes; a caller with a deadline waits on ``submit``'s future.
         """
         return self.submit(draft).result()
 

@@ -263,19 +263,24 @@ class LedgerWriter:
                 self._settle_doubts(last_try=True)
                 return
             if time.monotonic() >= next_tick:  # not only when idle: other chains may be busy
-                with self._busy():
+                try:
                     self._settle_doubts()
                     self._find_unsigned_chains()
                     self._checkpoint_quiet_chains()
+                except Exception:  # a bug of its own: the next tick tries again
+                    log.exception("ledger writer's tick failed")
                 next_tick = time.monotonic() + tick
 
     @contextmanager
     def _busy(self) -> Iterator[None]:
-        self._busy_since = time.monotonic()
+        """Around each of the writer's transactions: what stalled_for measures (from the
+        outermost, when one runs inside another's failure handling)."""
+        prior = self._busy_since
+        self._busy_since = time.monotonic() if prior is None else prior
         try:
             yield
         finally:
-            self._busy_since = None
+            self._busy_since = prior
 
     def _commit(self, batch: list[_Pending]) -> None:
         chains = {pending.draft.tenant for pending in batch}
@@ -382,14 +387,20 @@ class LedgerWriter:
     def _settle_doubts(self, *, last_try: bool = False) -> None:
         """Resolve the receipts in doubt from what the database holds: one stored at its seq
         with its entry hash landed (its future gets it; a caller that gave up meanwhile
-        reports it as committed late), any other did not and fails. While the database does
-        not answer they stay in doubt, for the next batch or tick; on ``last_try`` (the
-        writer stops) they fail as unknown, each logged."""
+        reports it as committed late), any other did not and fails. It is read under the
+        chains' head locks: a transaction of the broken connection still committing (waiting
+        for a synchronous standby, a slow disk) holds its chain's head, and its receipt is
+        not yet visible. While the database does not answer, or that lock is not had within
+        the writer's lock_timeout, they stay in doubt until the next tick; on ``last_try``
+        (the writer stops) they fail as unknown, each logged."""
         if not self._doubts:
             return
         try:
             conn = self._connection()
-            with conn.begin():
+            with self._busy(), conn.begin():
+                with closing(_cursor(conn)) as cursor:
+                    for chain in sorted({receipt.chain for _, receipt, _ in self._doubts}):
+                        self._sql.lock_head(cursor, chain)
                 stored = [
                     queries.entry_hash(conn, receipt.chain, receipt.seq)
                     for _, receipt, _ in self._doubts
@@ -407,7 +418,7 @@ class LedgerWriter:
                     receipt.seq,
                     short_error(exc),
                 )
-                pending.future.set_exception(error)
+                _resolve(pending, error)
             self._doubts.clear()
             return
         landed = 0
@@ -416,9 +427,9 @@ class LedgerWriter:
                 landed += 1
                 self._raise_high_water(receipt.chain, receipt.seq, receipt.entry_hash)
                 self._uncheckpointed.setdefault(receipt.chain, time.time())
-                pending.future.set_result(receipt)
+                _resolve(pending, receipt)
             else:
-                pending.future.set_exception(error)
+                _resolve(pending, error)
         log.warning("%d of %d receipts whose COMMIT lost its reply had landed", landed, len(stored))
         self._doubts.clear()
 
@@ -429,7 +440,7 @@ class LedgerWriter:
             return
         try:
             conn = self._connection()
-            with conn.begin():
+            with self._busy(), conn.begin():
                 found = queries.unsigned_chains(conn, self.signer.key_id)
         except (SQLAlchemyError, self._sql.dbapi_errors, LedgerUnavailable) as exc:
             # appends say what is wrong with the database; the next tick asks again
@@ -669,7 +680,7 @@ class LedgerWriter:
                 continue
             try:
                 conn = self._connection()
-                with conn.begin():
+                with self._busy(), conn.begin():
                     head = self._lock_head(conn, chain)
                     if head.key_id != self.signer.key_id:
                         # Another replica's key signed the head (a rolling restart): its
@@ -686,6 +697,17 @@ class LedgerWriter:
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, short_error(exc))
                 self._drop_connection()
+
+
+def _resolve(pending: _Pending, outcome: Receipt | Exception) -> None:
+    """Give a doubted append its outcome, unless something already did (a writer bug's
+    catch-all failing the batch): a future resolved twice would kill the writer thread."""
+    if pending.future.done():
+        return
+    if isinstance(outcome, Exception):
+        pending.future.set_exception(outcome)
+    else:
+        pending.future.set_result(outcome)
 
 
 def _add_receipt_rows(receipt: Receipt, rows: dict[type, list[dict[str, Any]]]) -> None:

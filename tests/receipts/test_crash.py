@@ -127,3 +127,33 @@ def test_a_commit_in_doubt_waits_for_the_database_to_say(
         assert pending.result(timeout=30).seq == 2
         assert led.append(draft()).seq == 3
         assert led.verify("acme").ok
+
+
+def test_a_commit_still_running_when_its_reply_is_lost_is_waited_for(
+    proxy: PostgresProxy, fresh_postgres_url: str
+) -> None:
+    """The connection breaks while the server is still committing (a synchronous standby
+    awaited, a slow disk: here a deferred trigger that sleeps): the receipt is not yet
+    visible. The writer's check took it as not landed, and it landed a moment later with no
+    late-commit line; the check now waits for the chain's head, which the committing
+    transaction holds, and finds it."""
+    with ledger(proxy.url(fresh_postgres_url)) as led:
+        fill(led, 1)
+        engine = sa.create_engine(fresh_postgres_url)
+        try:
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql"
+                    " AS $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$"
+                )
+                conn.exec_driver_sql(
+                    "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON receipts"
+                    " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()"
+                )
+        finally:
+            engine.dispose()
+        proxy.cut_at_commit("after")  # cut 0.5 s after COMMIT went out: 1.5 s before it ends
+        receipt = led.submit(draft()).result(timeout=30)
+        assert proxy.cut.is_set()
+        assert receipt.seq == 2
+        assert led.verify("acme").ok
