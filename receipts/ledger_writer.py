@@ -380,7 +380,7 @@ class LedgerWriter:
         in_doubt = {pending for pending, _ in sealed}
         for pending, outcome in write.outcomes:
             if isinstance(outcome, Exception):
-                pending.future.set_exception(outcome)
+                _resolve(pending, outcome)
         self._fail([p for p in batch if p not in in_doubt and not p.future.done()], error)
         self._settle_doubts()
 
@@ -700,8 +700,9 @@ class LedgerWriter:
 
 
 def _resolve(pending: _Pending, outcome: Receipt | Exception) -> None:
-    """Give a doubted append its outcome, unless something already did (a writer bug's
-    catch-all failing the batch): a future resolved twice would kill the writer thread."""
+    """Give an append of a doubted batch its outcome, unless something already did (a
+    writer bug's catch-all failing the batch): a future resolved twice would kill the
+    writer thread."""
     if pending.future.done():
         return
     if isinstance(outcome, Exception):
