@@ -776,6 +776,28 @@ def test_truncated_constrained_output_is_422_and_not_receipted(gateway: Any) -> 
 
 
 @pytest.mark.model
+def test_a_failed_fallback_under_tools_withholds_its_raw_output(gateway: Any) -> None:
+    """No grammar backend enforces a oneOf whose branches overlap, so the embedded engine
+    decodes freely and validates after (retrying twice). Five tokens cannot make a call:
+    the 422 goes out without the raw output, plain and streamed, as a constrained one does."""
+    if gateway.engine.identity.engine != "embedded":
+        pytest.skip("the post-hoc fallback is the embedded engine's")
+    amount = {"oneOf": [{"type": "integer"}, {"type": "number", "minimum": 0}]}
+    tool = function_tool(
+        "pay", {"type": "object", "properties": {"amount": amount}, "required": ["amount"]}
+    )
+    params = {"tools": [tool], "tool_choice": "required", "max_tokens": 5, "temperature": 0}
+    err = sdk_error(gateway, **params)
+    assert isinstance(err, openai.UnprocessableEntityError)
+    assert err.body["raw_output"] is None and err.body["param"] == "tools", err.body
+    assert err.body["message"].endswith(
+        "raw_output withheld: tool calls leave only with their receipt"
+    )
+    streamed = sdk_error(gateway, **params, stream=True)
+    assert streamed.status_code == 422 and streamed.body["raw_output"] is None, streamed.body
+
+
+@pytest.mark.model
 def test_a_stop_string_inside_the_constrained_output_is_named(gateway: Any) -> None:
     """A stop string the JSON itself contains cuts the call short: the 422 names `stop`."""
     err = sdk_error(
