@@ -128,18 +128,24 @@ def test_a_stream_whose_client_leaves_counts_as_499_not_200(gateway: Any) -> Non
     assert not gateway.ledger.query(ReceiptQuery(tenant=gateway.tenant, since=test_started)).items
 
 
+def letters_receipt(gateway: Any, role: str, max_tokens: int) -> str:
+    """The receipt id of a greedy answer of exactly ``max_tokens`` tokens (letters that
+    cannot end early): a replay that takes that long."""
+    completion = gateway.openai(role).chat.completions.create(
+        model=gateway.model,
+        messages=[{"role": "user", "content": "Write letters."}],
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"regex": "[a-z ]{900}"},
+    )
+    return str(completion.model_extra["receipt"]["id"])
+
+
 @pytest.mark.model
 def test_an_auditor_who_leaves_stops_the_replay(gateway: Any) -> None:
     """Replays are engine time like an agent's request: abandoned ones ran to the end, one
     after another, and the agents' requests waited behind them."""
-    long = gateway.openai().chat.completions.create(  # 128 tokens that cannot end early
-        model=gateway.model,
-        messages=[{"role": "user", "content": "Write letters."}],
-        max_tokens=128,
-        temperature=0,
-        extra_body={"regex": "[a-z ]{900}"},
-    )
-    replay = f"/audit/replay/{long.model_extra['receipt']['id']}"
+    replay = f"/audit/replay/{letters_receipt(gateway, 'agent', 128)}"
     headers = {"Authorization": f"Bearer {gateway.secrets['auditor']}"}
     with (
         decode_steps(gateway) as steps,
@@ -164,18 +170,8 @@ def test_a_tenant_has_one_replay_running_or_waiting(gateway: Any) -> None:
     front of the others (four of 15 s each: another tenant's replay waited 75 s). A second
     replay of the same tenant is a 429 while its first runs; another tenant's waits only for
     the one running."""
-
-    def receipt_of(role: str, max_tokens: int) -> str:
-        completion = gateway.openai(role).chat.completions.create(
-            model=gateway.model,
-            messages=[{"role": "user", "content": "Write letters."}],
-            max_tokens=max_tokens,
-            temperature=0,
-            extra_body={"regex": "[a-z ]{900}"},
-        )
-        return str(completion.model_extra["receipt"]["id"])
-
-    long, other = receipt_of("agent", 64), receipt_of("other_agent", 4)
+    long = letters_receipt(gateway, "agent", 64)
+    other = letters_receipt(gateway, "other_agent", 4)
     answers: dict[str, httpx.Response] = {}
 
     def replay(role: str, receipt_id: str) -> None:
