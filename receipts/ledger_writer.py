@@ -381,7 +381,7 @@ class LedgerWriter:
         for pending, outcome in write.outcomes:
             if isinstance(outcome, Exception):
                 _resolve(pending, outcome)
-        self._fail([p for p in batch if p not in in_doubt and not p.future.done()], error)
+        self._fail([p for p in batch if p not in in_doubt], error)  # claim() skips the done
         self._settle_doubts()
 
     def _settle_doubts(self, *, last_try: bool = False) -> None:
