@@ -192,7 +192,7 @@ class Completions:
         try:
             return generation, parse_output(plan, generation.text, cut=cut_off(generation))
         except StructuredOutputInvalid as exc:
-            raise cut_short(exc, generation, prepared) from None
+            raise withheld(cut_short(exc, generation, prepared), prepared) from None
 
     async def answer(
         self, prepared: PreparedChat, caller: ApiKey
@@ -347,16 +347,13 @@ def cut_short(
         why = f"the stop string {generation.matched_stop!r} ended the output before it was"
         fix = "use stop strings the output cannot contain"
     else:
-        return withheld(error, prepared)
-    return withheld(
-        StructuredOutputInvalid(
-            f"{why} complete; {fix} ({error.message})",
-            schema=error.schema,
-            raw_output=error.raw_output,
-            pointer=error.pointer,
-            param=param,
-        ),
-        prepared,
+        return error
+    return StructuredOutputInvalid(
+        f"{why} complete; {fix} ({error.message})",
+        schema=error.schema,
+        raw_output=error.raw_output,
+        pointer=error.pointer,
+        param=param,
     )
 
 

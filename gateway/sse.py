@@ -29,6 +29,7 @@ from gateway.completion import (
     let_go,
     receipt_ref,
     usage_of,
+    withheld,
 )
 from gateway.errors import error_for
 from gateway.recording import finish_reason
@@ -124,7 +125,7 @@ async def stream_completion(
         try:
             rest, parsed = decoder.finish(cut=cut_off(generation))
         except StructuredOutputInvalid as exc:
-            raise cut_short(exc, generation, prepared) from None
+            raise withheld(cut_short(exc, generation, prepared), prepared) from None
         chunks = _live(writer, rest, held)
         if tools and not said and not chunks and not parsed.tool_calls:
             # an empty answer: "" as the whole answer's content, not the role chunk's null
