@@ -145,7 +145,7 @@ class PromptCacheOptions(Struct, forbid_unknown_fields=True, omit_defaults=True)
 PositiveInt = Annotated[int, Meta(ge=1)]
 
 
-StopString = Annotated[str, Meta(max_length=256)]
+StopString = Annotated[str, Meta(min_length=1, max_length=256)]
 # An OpenAI parameter the gateway does not implement, accepted as null (what an SDK wrapper
 # sends for an unset argument); gateway.bodies words any other value as unsupported
 NullOnly = Annotated[None, Meta(description="not supported: only null is accepted")]
@@ -180,7 +180,7 @@ class ChatCompletionRequest(Struct, forbid_unknown_fields=True, omit_defaults=Tr
     regex: str | None = None
     grammar: str | None = None
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None  # 0: the likeliest token alone
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
     # the receipt records the seed, and RFC 8785 JSON holds integers exactly up to 2**53 - 1

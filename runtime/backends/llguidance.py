@@ -3,6 +3,12 @@
 JSON schemas, regexes (Rust ``regex`` syntax) and Lark grammars all become one llguidance
 grammar. ``compile`` builds a template matcher once (that is the expensive step) and each
 request gets a ``deep_copy`` of it.
+
+Its tokenizer reads a special token's text inside ordinary text as that token
+(``tokenize_bytes`` ignores ``parse_special=False``), so text the grammar forces that spells
+one (the literal ``"<|im_start|>"``) is forced as the special token, which its own parser
+then refuses. Such constraints go to the next backend, and the mask never offers a special
+token (callproof refuses grammars that name one; the engine adds EOS itself).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ _RESOURCE_LIMIT = re.compile(r"too many|\blimit\b", re.IGNORECASE)
 
 
 class LLGuidanceMatcher(GrammarMatcher):
-    def __init__(self, matcher: llguidance.LLMatcher):
+    def __init__(self, matcher: llguidance.LLMatcher, specials: _SpecialBits):
         self._m = matcher
+        self._specials = specials
 
     def accept_token(self, token_id: int) -> bool:
         return self._m.consume_token(token_id)
@@ -31,6 +38,7 @@ class LLGuidanceMatcher(GrammarMatcher):
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> None:
         row = bitmask[index]
         self._m.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
+        row[self._specials.words] &= self._specials.keep
 
     def can_stop(self) -> bool:
         return self._m.is_accepting()
@@ -58,8 +66,21 @@ class LLGuidanceBackend(GrammarBackend):
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
         self._lltok = llguidance.hf.from_tokenizer(tokenizer)
+        special = {
+            i: t.content
+            for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if t.special
+        }
+        self._special_texts = tuple(special.values())
+        self._special_bits = _SpecialBits(special)
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
+        spelled = spelled_special_token(constraint.source, self._special_texts)
+        if spelled is not None:
+            raise BackendCannotCompile(
+                f"llguidance: text that spells the special token {spelled} would be forced as"
+                " that token, which its parser refuses"
+            )
         grammar = self._grammar(constraint)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
             grammar, self._lltok
@@ -72,7 +93,9 @@ class LLGuidanceBackend(GrammarBackend):
         if template.is_error():
             raise BackendCannotCompile(f"llguidance: {template.get_error()}")
         return CompiledGrammar(
-            self.name, constraint, lambda: LLGuidanceMatcher(template.deep_copy())
+            self.name,
+            constraint,
+            lambda: LLGuidanceMatcher(template.deep_copy(), self._special_bits),
         )
 
     @staticmethod
@@ -84,3 +107,26 @@ class LLGuidanceBackend(GrammarBackend):
         if constraint.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(constraint.source)
         return llguidance.LLMatcher.grammar_from_lark(to_lark(constraint.source))
+
+
+class _SpecialBits:
+    """The bitmask words holding special tokens, and what keeps each word's other bits."""
+
+    def __init__(self, special: dict[int, str]):
+        keep: dict[int, int] = {}
+        for token in special:
+            word = token // 32
+            keep[word] = keep.get(word, -1) & ~(1 << (token % 32))
+        self.words = torch.tensor(sorted(keep), dtype=torch.long)
+        # int32 words: a mask with the sign bit set is written as the negative number
+        self.keep = torch.tensor(
+            [(keep[w] + 2**31) % 2**32 - 2**31 for w in sorted(keep)], dtype=torch.int32
+        )
+
+
+def spelled_special_token(source: str, special_texts: tuple[str, ...]) -> str | None:
+    """The first special token whose text the constraint's source spells, read without the
+    quotes, escapes and spaces that split a literal ("<|im" "_start|>", ``<\\|im_start\\|>``),
+    or None. Erring towards "spells" costs only a fallback to the next backend."""
+    bare = re.sub(r'[\\"\'\s]', "", source)
+    return next((text for text in special_texts if text and text in bare), None)

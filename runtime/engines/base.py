@@ -39,8 +39,8 @@ class Sampling:
             raise RuntimeInputError(
                 f"temperature must not be negative, not {self.temperature}", param="temperature"
             )
-        if not 0 < self.top_p <= 1:
-            raise RuntimeInputError(f"top_p must be in (0, 1], not {self.top_p}", param="top_p")
+        if not 0 <= self.top_p <= 1:
+            raise RuntimeInputError(f"top_p must be in [0, 1], not {self.top_p}", param="top_p")
 
     def as_manifest(self) -> dict[str, object]:
         return {

@@ -20,6 +20,10 @@ from runtime.tools import union_calls
 # model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.
 TAG_MAX_WHITESPACE = 1
 
+# vLLM refuses a top_p of 0 (its range is (0, 1]), which OpenAI's allows; its nucleus always
+# keeps the likeliest token, so the smallest positive top_p means what 0 does
+_LIKELIEST_ONLY = 5e-324
+
 
 def request_body(
     messages: Sequence[ChatMessage],
@@ -42,7 +46,7 @@ def request_body(
         # it further to the room the prompt leaves (the receipt keeps the value asked for)
         "max_tokens": min(sampling.max_tokens, max_model_len or sampling.max_tokens),
         "temperature": sampling.temperature,
-        "top_p": sampling.top_p,
+        "top_p": sampling.top_p or _LIKELIEST_ONLY,
         "stream": stream,
     }
     if sampling.seed is not None:

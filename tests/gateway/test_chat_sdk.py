@@ -361,6 +361,20 @@ def test_seed_and_top_p_make_a_sampled_answer_repeatable(gateway: Any) -> None:
     assert (sampling["seed"], sampling["temperature"], sampling["top_p"]) == (7, 1.0, 0.95)
 
 
+def test_top_p_zero_samples_the_likeliest_token_alone(gateway: Any) -> None:
+    """OpenAI's range for top_p includes 0 (vLLM's does not): the nucleus is the likeliest
+    token, so every seed gives the greedy answer, and the receipt records the 0 asked for."""
+    params: dict[str, Any] = {
+        "max_tokens": 12,
+        "messages": [{"role": "user", "content": "Tell me about the sea."}],
+    }
+    greedy = create(gateway, **params).choices[0].message.content
+    for seed in (7, 8):
+        sampled = create(gateway, temperature=1.0, top_p=0, seed=seed, **params)
+        assert sampled.choices[0].message.content == greedy
+    assert recorded(gateway, receipt_of(sampled)["id"]).manifest["sampling"]["top_p"] == 0
+
+
 def test_json_object_and_text_response_formats(gateway: Any) -> None:
     as_json = create(
         gateway,

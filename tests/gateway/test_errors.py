@@ -438,6 +438,23 @@ def test_bad_grammars_and_empty_schemas_are_refused_alike_on_every_engine(
     assert gateway.ledger.last_seq(gateway.tenant) == before
 
 
+def test_a_grammar_spelling_a_special_token_writes_it_as_text_on_every_engine(
+    gateway: Any,
+) -> None:
+    """A string literal is text, even one that reads like an end-of-turn marker: the embedded
+    engine's first backend forced it as the special token and then refused it (a 500)."""
+    response = post_chat(gateway, grammar='root ::= "<|im_start|>" "b"', temperature=0)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "<|im_start|>b"
+
+
+@pytest.mark.parametrize(("stop", "param"), [("", "stop"), (["\n", ""], "stop[1]")])
+def test_an_empty_stop_string_is_400_on_every_engine(gateway: Any, stop: Any, param: str) -> None:
+    """vLLM refused it with its own words and no param; the embedded engine took it."""
+    err = error_of(post_chat(gateway, stop=stop), 400)
+    assert (err["code"], err["param"]) == ("invalid_value", param), err
+
+
 def test_unknown_model_is_404(gateway: Any) -> None:
     err = error_of(post_chat(gateway, model="gpt-unknown"), 404)
     assert (err["code"], err["param"]) == ("model_not_found", "model")
@@ -608,7 +625,7 @@ def test_a_missing_field_is_named(gateway: Any) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("temperature", -0.5), ("top_p", 0), ("top_p", 1.5), ("seed", 2**53), ("seed", -(2**53))],
+    [("temperature", -0.5), ("top_p", -0.1), ("top_p", 1.5), ("seed", 2**53), ("seed", -(2**53))],
 )
 def test_out_of_range_sampling_is_400(gateway: Any, field: str, value: float) -> None:
     assert error_of(post_chat(gateway, **{field: value}), 400)["param"] == field

@@ -311,8 +311,8 @@ def test_openapi_document_is_served(gateway: Any) -> None:
     assert {"messages", "tools", "tool_choice", "regex", "grammar"} <= set(request["properties"])
     fields = request["properties"]  # bounds of optional fields (Litestar alone drops them)
     assert (fields["temperature"]["minimum"], fields["temperature"]["maximum"]) == (0, 2)
-    assert fields["top_p"]["exclusiveMinimum"] == 0
-    stop_string = {"type": "string", "maxLength": 256}
+    assert (fields["top_p"]["minimum"], fields["top_p"]["maximum"]) == (0, 1)
+    stop_string = {"type": "string", "minLength": 1, "maxLength": 256}
     assert stop_string in fields["stop"]["oneOf"]
     assert {"type": "array", "items": stop_string, "maxItems": 4} in fields["stop"]["oneOf"]
     # parameters accepted only at "off" say so, and still admit null

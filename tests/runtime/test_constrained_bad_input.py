@@ -347,6 +347,39 @@ def test_a_grammar_over_the_backends_own_limit_while_decoding_is_a_400_not_a_fau
 
 
 @pytest.mark.parametrize(
+    "constraint",
+    [
+        Constraint.ebnf('root ::= "<|im_start|>" "b"'),
+        Constraint.ebnf('start: "<|im" "_start|>"'),
+        Constraint.regex(r"<\|im_end\|>b"),
+        Constraint.json_schema({"const": "<|endoftext|>"}),
+    ],
+    ids=["gbnf-literal", "split-literal", "regex", "json-const"],
+)
+def test_text_spelling_a_special_token_goes_to_a_backend_that_writes_it_as_text(
+    constraint: Constraint,
+) -> None:
+    """llguidance forces such text as the special token itself, then refuses that token (an
+    engine fault, 500, before); xgrammar writes it as ordinary text tokens."""
+    tok = smol_tokenizer()
+    with pytest.raises(BackendCannotCompile, match="spells the special token"):
+        make_backend("llguidance", tok).compile(constraint)
+    assert BackendChain(tok).compile(constraint).backend == "xgrammar"
+
+
+def test_a_special_token_llguidance_would_force_anyway_is_a_400_not_a_fault() -> None:
+    """Spelled across two rules the source check misses it: the mask offers no special
+    token, so the constraint allows nothing next, a 400 naming it."""
+    tok = smol_tokenizer()
+    constraint = Constraint.ebnf('start: a b\na: "<|im"\nb: "_start|>"')
+    compiled = make_backend("llguidance", tok).compile(constraint)
+    processor = ConstrainedLogitsProcessor(compiled.matcher(), tok, param="grammar")
+    with pytest.raises(ConstraintUnsatisfiable) as info:
+        processor(torch.tensor([[5]]), torch.zeros((1, len(tok))))
+    assert info.value.param == "grammar" and "special token" in info.value.message
+
+
+@pytest.mark.parametrize(
     "pattern",
     [r"^\d+(\.\d+)*$", r"^[a-z0-9]+(-[a-z0-9]+)*$", r"^([0-9a-f]{2})+$", r"([^,]+,)*", r"(\d+\.)+"],
 )

@@ -165,7 +165,7 @@ def test_a_constraint_finished_on_the_last_allowed_token_ends_with_stop(
     [
         ({"max_tokens": 0}, "max_tokens"),
         ({"temperature": -1}, "temperature"),
-        ({"top_p": 0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
     ],
 )
 def test_bad_sampling_is_refused_before_any_engine_work(options: dict, param: str) -> None:
