@@ -25,7 +25,7 @@ from gateway.openapi import GzipOperation, OptionalBodyOperation
 from gateway.query import shaped
 from gateway.replay import ReplayTurns, replay
 from gateway.schemas import CallRecord, ReceiptPage, ReplayReport, ReplayRequest, VerifyRequest
-from gateway.shapes import CALL_ID, PRINTABLE, RECEIPT_ID, SHA256_HEX, TIME
+from gateway.shapes import ANSWERED_ID, CALL_ID, PRINTABLE, RECEIPT_ID, SHA256_HEX, TIME
 from receipts import queries
 from receipts.canonical import MAX_SAFE_INT  # seqs stay exact in every JSON reader
 from receipts.chain import VerificationReport
@@ -74,7 +74,7 @@ class AuditController(Controller):
             f" it past {queries.PAGE_BYTES // 2**20} MiB; pass `next_cursor` as `cursor` for the"
             " next page (null: the last)."
             " `call_id`: the receipt that issued that tool call; `answering`: receipts whose"
-            " request carried a tool result for it."
+            " request carried a tool result for it (any tool_call_id, the gateway's or not)."
         ),
         responses=documented(),
     )
@@ -87,7 +87,7 @@ class AuditController(Controller):
         model: Annotated[str | None, shaped(PRINTABLE)] = None,
         schema_hash: Annotated[str | None, shaped(SHA256_HEX)] = None,
         call_id: Annotated[str | None, shaped(CALL_ID)] = None,
-        answering: Annotated[str | None, shaped(CALL_ID)] = None,
+        answering: Annotated[str | None, shaped(ANSWERED_ID)] = None,
         cursor: int | None = Parameter(
             default=None,
             ge=0,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from receipts import queries, record
+from runtime.messages import ANSWERED_CALL_ID
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,12 @@ class Shape:
 
 RECEIPT_ID = Shape(rf"^{record.RECEIPT_ID.pattern}$(?!\n)", "rcpt_ and 24 lowercase hex digits")
 CALL_ID = Shape(rf"^{record.CALL_ID.pattern}$(?!\n)", "call_ and 24 lowercase hex digits")
+# A tool result may answer a call the gateway did not issue (another provider's, in a history
+# an agent carried over): its receipt records that id, unlinked, and an auditor looks it up.
+ANSWERED_ID = Shape(
+    rf"^{ANSWERED_CALL_ID.pattern}$(?!\n)",
+    "1-64 printable ASCII characters, as a tool message's tool_call_id",
+)
 API_KEY_ID = Shape(r"^key_[0-9a-f]{16}$(?!\n)", "key_ and 16 lowercase hex digits")
 SHA256_HEX = Shape(r"^[0-9a-f]{64}$(?!\n)", "a SHA-256 hash: 64 lowercase hex digits")
 # A tenant names a receipt chain, a database value and an export file name: kept plain.
@@ -41,7 +48,7 @@ TIME = Shape(queries.RFC3339_TIME, queries.TIME_WORDS)
 
 _MISMATCH = {
     f"Expected `str` matching regex {shape.pattern!r}": shape
-    for shape in (RECEIPT_ID, CALL_ID, API_KEY_ID, SHA256_HEX, TENANT, PRINTABLE, TIME)
+    for shape in (RECEIPT_ID, CALL_ID, ANSWERED_ID, API_KEY_ID, SHA256_HEX, TENANT, PRINTABLE, TIME)
 }
 
 

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import re
+import secrets
 import threading
 from typing import Any, Literal
 
@@ -464,8 +465,11 @@ def test_an_assistant_refusal_reads_the_same_however_it_is_written(gateway: Any)
     assert len(prompt_tokens) == 1, prompt_tokens
 
 
-def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
-    ghost = "call_" + "0" * 24
+@pytest.mark.parametrize("shape", ["call_", "toolu_"])
+def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any, shape: str) -> None:
+    """A result for a call the gateway never issued (its own id shape, or another provider's
+    in a history carried over) is recorded unlinked, and the auditor finds it by that id."""
+    ghost = shape + secrets.token_hex(12)
     completion = create(
         gateway,
         tools=TOOLS,
@@ -488,6 +492,10 @@ def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any) -> None:
     )
     stored = recorded(gateway, receipt_of(completion)["id"])
     assert stored.links == [{"tool_call_id": ghost, "receipt_id": None}]
+    with gateway.http("auditor") as client:
+        listed = client.get("/audit/receipts", params={"answering": ghost})
+    assert listed.status_code == 200, listed.text
+    assert [r["id"] for r in listed.json()["items"]] == [stored.id]
 
 
 def the_answer_turn(gateway: Any, first: Any, **params: Any) -> Any:
