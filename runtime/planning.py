@@ -221,7 +221,7 @@ def plan_chat(
                 schema = union_schema(tools, required, None, parallel)
             else:
                 schema = union_schema(tools, choice, answer_rf, parallel)
-            prompt = ToolPrompt(tools, choice, parallel, answer_rf.schema if answer_rf else None)
+            prompt = ToolPrompt(tools, choice, parallel, answer_rf)
             return Plan(
                 messages=renderer.render(history, renderer.tool_block(prompt)),
                 mode="tools",
@@ -289,7 +289,8 @@ def _single_constraint(
     """Mode, constraint, bound schema and system note of a request without tools."""
     if response_format is not None and response_format.schema is not None:
         schema = closed_schema(response_format.schema, param=RESPONSE_SCHEMA_PARAM)
-        return "json", Constraint.json_schema(schema), schema, json_answer_note(schema)
+        note = json_answer_note(schema, response_format)
+        return "json", Constraint.json_schema(schema), schema, note
     if chat.regex is not None:
         return "regex", _regex(chat.regex), None, ""
     if chat.grammar is not None:

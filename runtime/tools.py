@@ -316,12 +316,14 @@ def _subschemas(node: dict[str, Any], skip: Container[str] = ()) -> Iterable[Any
 
 @dataclass(frozen=True)
 class ResponseFormat:
-    """The OpenAI ``response_format``: ``schema`` is None only for type "text"."""
+    """The OpenAI ``response_format``: ``schema`` is None only for type "text";
+    ``description`` is the client's word on what the format is for (prompt text)."""
 
     type: Literal["text", "json_object", "json_schema"]
     schema: dict[str, Any] | None = None
     name: str | None = None
     strict: bool = False
+    description: str = ""
 
     @property
     def constrains(self) -> bool:
@@ -359,9 +361,18 @@ def parse_response_format(value: Any, limits: Limits = DEFAULT_LIMITS) -> Respon
             "'response_format.json_schema.name' must match ^[a-zA-Z0-9_-]{1,64}$",
             param="response_format.json_schema.name",
         )
+    description = spec.get("description")
+    description = "" if description is None else description
+    if not isinstance(description, str):
+        raise InvalidSchema(
+            "'response_format.json_schema.description' must be a string",
+            param="response_format.json_schema.description",
+        )
     schema = spec.get("schema")
     check_schema(schema, RESPONSE_SCHEMA_PARAM, limits)
-    return ResponseFormat("json_schema", _json_copy(schema), name, bool(spec.get("strict")))
+    return ResponseFormat(
+        "json_schema", _json_copy(schema), name, bool(spec.get("strict")), description
+    )
 
 
 # --------------------------------------------------------------------------- tool_choice

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from runtime.engines.base import ChatMessage
 from runtime.output_parsing import ToolCall
-from runtime.tools import ToolChoice, ToolSpec
+from runtime.tools import ResponseFormat, ToolChoice, ToolSpec
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class ToolPrompt:
     tools: tuple[ToolSpec, ...]
     choice: ToolChoice
     parallel: bool = False
-    answer_schema: dict[str, Any] | None = None  # response_format schema, if any
+    answer_format: ResponseFormat | None = None  # the response_format an answer follows
 
 
 def dumps(value: Any) -> str:
@@ -67,10 +67,12 @@ class Renderer(ABC):
     name: str
 
     def tool_block(self, prompt: ToolPrompt) -> str:
-        """The system-prompt section announcing the tools, ending with what tool_choice asks."""
-        block = self.announce(prompt)
-        hint = choice_hint(prompt)
-        return f"{block}\n\n{hint}" if hint else block
+        """The system-prompt section announcing the tools, then what the answer's format is
+        for (when an answer is allowed), ending with what tool_choice asks."""
+        purpose = format_purpose(prompt.answer_format) if prompt.choice.allows_answer else ""
+        return "\n\n".join(
+            part for part in (self.announce(prompt), purpose, choice_hint(prompt)) if part
+        )
 
     @abstractmethod
     def announce(self, prompt: ToolPrompt) -> str:
@@ -115,11 +117,26 @@ class Renderer(ABC):
         return tuple(out)
 
 
-def json_answer_note(schema: dict[str, Any]) -> str:
-    """System note for response_format without tools: the model learns what fields mean."""
+def format_purpose(response_format: ResponseFormat | None) -> str:
+    """The client's description of its response format, under the format's name ("" when
+    it gives none): OpenAI's model reads it "to determine how to respond in the format", and
+    pydantic-ai sends the output model's docstring there. Without a description the prompt
+    is unchanged, so earlier receipts replay to the same prompt."""
+    if response_format is None or not response_format.description:
+        return ""
+    name = f' "{response_format.name}"' if response_format.name else ""
+    return f"Response format{name}: {response_format.description}"
+
+
+def json_answer_note(schema: dict[str, Any], response_format: ResponseFormat) -> str:
+    """System note for response_format without tools: the model learns what fields mean
+    (``schema``, as enforced) and what the format is for."""
     if schema == {"type": "object"}:
-        return "Respond with a single JSON object and nothing else."
-    return (
-        "Respond with a single JSON value and nothing else. It must match this JSON schema:\n"
-        + dumps(schema)
-    )
+        note = "Respond with a single JSON object and nothing else."
+    else:
+        note = (
+            "Respond with a single JSON value and nothing else. It must match this JSON schema:\n"
+            + dumps(schema)
+        )
+    purpose = format_purpose(response_format)
+    return f"{note}\n\n{purpose}" if purpose else note

@@ -35,10 +35,9 @@ class GenericRenderer(Renderer):
                     f'{{"tool_calls": [{{"tool": "{tool}", "arguments": {{<arguments>}}}}, ...]}}'
                 )
         if prompt.choice.allows_answer:
+            schema = prompt.answer_format.schema if prompt.answer_format else None
             value = (
-                '"<text>"'
-                if prompt.answer_schema is None
-                else f"<JSON matching this schema: {dumps(prompt.answer_schema)}>"
+                '"<text>"' if schema is None else f"<JSON matching this schema: {dumps(schema)}>"
             )
             lead = "When no tool matches, answer" if prompt.choice.allows_calls else "Answer"
             forms.append(f'{lead} with JSON: {{"answer": {value}}}')

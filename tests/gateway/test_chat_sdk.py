@@ -414,6 +414,29 @@ def test_parse_with_a_pydantic_response_format(gateway: Any) -> None:
     assert stored.output["kind"] == "parsed" and stored.manifest["schema_hash"]
 
 
+def test_the_response_formats_description_reaches_the_model(gateway: Any) -> None:
+    """pydantic-ai's NativeOutput moves the output model's docstring into
+    json_schema.description, which OpenAI's model reads "to determine how to respond in the
+    format": it is in the prompt (more prompt tokens), beside tools too, and the receipt
+    keeps it with the rest of the request."""
+    schema = {"name": "CityFact", "schema": CityFact.model_json_schema(), "strict": True}
+    purpose = "Name the city the user asks about and the country it is in."
+    for tools in ({}, {"tools": TOOLS}):
+        plain, told = (
+            create(
+                gateway,
+                response_format={"type": "json_schema", "json_schema": json_schema},
+                max_tokens=60,
+                messages=[{"role": "user", "content": "Which country is Tokyo in?"}],
+                **tools,
+            )
+            for json_schema in (schema, {**schema, "description": purpose})
+        )
+        assert told.usage.prompt_tokens > plain.usage.prompt_tokens + 10, tools
+        sent = recorded(gateway, receipt_of(told)["id"]).request["payload_json"]["params"]
+        assert json.loads(sent)["response_format"]["json_schema"]["description"] == purpose
+
+
 def test_two_turn_agent_loop_links_the_receipts(gateway: Any) -> None:
     client = gateway.openai()
     first = create(gateway, **ONE_CALL)

@@ -75,6 +75,31 @@ def test_json_schema_mode() -> None:
     assert '"summary"' in p.messages[0].content  # the model is told the schema
 
 
+def test_the_response_formats_description_is_told_to_the_model() -> None:
+    """pydantic-ai's NativeOutput sends the output model's docstring as
+    json_schema.description: it follows the schema in the system note, under the format's
+    name, on the plain path and beside tools; the constraint and bound schema stay the same."""
+    described = {
+        "type": "json_schema",
+        "json_schema": {**RF_SCHEMA["json_schema"], "description": "Summarise the weather."},
+    }
+    plain, with_description = plan(response_format=RF_SCHEMA), plan(response_format=described)
+    assert with_description.messages[0].content == (
+        plain.messages[0].content + '\n\nResponse format "report": Summarise the weather.'
+    )
+    assert (with_description.constraint, with_description.schema) == (
+        plain.constraint,
+        plain.schema,
+    )
+    for model in ("SmolLM2-135M-Instruct", "Qwen/Qwen2.5-7B-Instruct"):
+        beside_tools = plan(tools=TOOLS, response_format=described, model=model)
+        assert (
+            'Response format "report": Summarise the weather.' in beside_tools.messages[0].content
+        )
+    none = plan(tools=TOOLS, tool_choice="none", response_format=described)
+    assert none.messages[0].content == with_description.messages[0].content
+
+
 def test_json_object_mode_binds_object() -> None:
     p = plan(response_format={"type": "json_object"})
     assert (p.mode, p.schema) == ("json", {"type": "object"})
@@ -263,6 +288,11 @@ def test_parallel_flag_must_be_boolean() -> None:
             "response_format.json_schema.name",
         ),
         ({"type": "json_schema"}, InvalidSchema, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"schema": {}, "description": 3}},
+            InvalidSchema,
+            "response_format.json_schema.description",
+        ),
         ({"type": "yaml"}, RuntimeInputError, "response_format.type"),
         ("json", RuntimeInputError, "response_format"),
     ],

@@ -15,7 +15,7 @@ from runtime.renderers import (
     detect_family,
     get_renderer,
 )
-from runtime.tools import ToolChoice, parse_tools_field
+from runtime.tools import ResponseFormat, ToolChoice, parse_tools_field
 
 SPECS = parse_tools_field(TOOLS)
 WEATHER = SPECS[:1]
@@ -186,9 +186,30 @@ def test_generic_instructions_follow_tool_choice() -> None:
     required = generic.tool_block(prompt(ToolChoice("required")))
     assert '"answer"' not in required and "must call at least one" in required
     structured = generic.tool_block(
-        ToolPrompt(WEATHER, ToolChoice("auto"), False, {"type": "integer"})
+        ToolPrompt(WEATHER, ToolChoice("auto"), False, ResponseFormat("json_schema", INTEGER))
     )
     assert '{"answer": <JSON matching this schema: {"type": "integer"}>}' in structured
+
+
+INTEGER = {"type": "integer"}
+
+
+@pytest.mark.parametrize("family", ["generic", "qwen", "llama", "hermes"])
+def test_every_family_tells_the_model_what_the_answer_format_is_for(family: str) -> None:
+    """response_format.json_schema.description (OpenAI: "used by the model to determine how to
+    respond in the format"; pydantic-ai's output docstring) follows the tools, named by the
+    format's name, wherever an answer may be given; none leaves the prompt as it was."""
+    renderer = get_renderer(family)
+    counted = ResponseFormat("json_schema", INTEGER, "Count", description="Rooms free today.")
+    block = renderer.tool_block(ToolPrompt(WEATHER, AUTO, False, counted))
+    assert block == (
+        renderer.tool_block(
+            ToolPrompt(WEATHER, AUTO, False, ResponseFormat("json_schema", INTEGER))
+        )
+        + '\n\nResponse format "Count": Rooms free today.'
+    )
+    required = ToolPrompt(WEATHER, ToolChoice("required"), False, counted)
+    assert "Rooms free today." not in renderer.tool_block(required)  # no answer to describe
 
 
 def test_tool_block_becomes_the_system_prompt_when_there_is_none() -> None:
