@@ -8,8 +8,7 @@ import re
 from typing import Any
 
 from runtime.errors import RuntimeInputError, UnsupportedParameter
-from runtime.output_parsing import ToolCall
-from runtime.renderers import HistoryMessage
+from runtime.renderers import HistoryCall, HistoryMessage
 
 # A call id a tool message may answer: any client's (the receipt links it), within bounds.
 ANSWERED_CALL_ID = re.compile(r"[\x20-\x7e]{1,64}")
@@ -92,12 +91,12 @@ def _content(value: Any, at: str, *, assistant: bool) -> str:
     return "\n".join(texts)
 
 
-def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
+def _history_calls(value: Any, at: str) -> tuple[HistoryCall, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
         raise RuntimeInputError(f"'{at}.tool_calls' must be an array", param=f"{at}.tool_calls")
-    calls: list[ToolCall] = []
+    calls: list[HistoryCall] = []
     for j, call in enumerate(value):
         where = f"{at}.tool_calls[{j}]"
         fn = call.get("function") if isinstance(call, dict) else None
@@ -111,17 +110,23 @@ def _history_calls(value: Any, at: str) -> tuple[ToolCall, ...]:
             raise RuntimeInputError(
                 f"'{where}.function.name' must be a string", param=f"{where}.function.name"
             )
-        try:
-            arguments = json.loads(raw) if isinstance(raw, str) else None
-        except (ValueError, RecursionError):  # RecursionError: nested thousands deep
-            arguments = None
-        if not isinstance(arguments, dict):
+        if not isinstance(raw, str):
             raise RuntimeInputError(
-                f"'{where}.function.arguments' must be a JSON object encoded as a string",
+                f"'{where}.function.arguments' must be a string (JSON text, as the model wrote it)",
                 param=f"{where}.function.arguments",
             )
-        calls.append(ToolCall(call_id, name, arguments))
+        calls.append(HistoryCall(call_id, name, _arguments(raw)))
     return tuple(calls)
+
+
+def _arguments(raw: str) -> dict[str, Any] | str:
+    """The object a past call's arguments string holds, or the string itself: a call cut off
+    or invalid (``{"city": "Par``) is re-sent as it was written, and is only prompt text."""
+    try:
+        arguments = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested thousands deep
+        return raw
+    return arguments if isinstance(arguments, dict) else raw
 
 
 __all__ = ["ANSWERED_CALL_ID", "ROLES", "parse_messages"]

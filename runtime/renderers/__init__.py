@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import re
 
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, json_answer_note
+from runtime.renderers.base import (
+    HistoryCall,
+    HistoryMessage,
+    Renderer,
+    ToolPrompt,
+    json_answer_note,
+)
 from runtime.renderers.generic import GenericRenderer
 from runtime.renderers.hermes import HermesRenderer
 from runtime.renderers.llama import LlamaRenderer
@@ -53,6 +59,7 @@ def get_renderer(family: str) -> Renderer:
 
 __all__ = [
     "RENDERERS",
+    "HistoryCall",
     "HistoryMessage",
     "Renderer",
     "ToolPrompt",

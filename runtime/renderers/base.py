@@ -15,8 +15,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runtime.engines.base import ChatMessage
-from runtime.output_parsing import ToolCall
 from runtime.tools import ResponseFormat, ToolChoice, ToolSpec
+
+
+@dataclass(frozen=True)
+class HistoryCall:
+    """A tool call of an earlier assistant turn, as the client sends it back. ``arguments``
+    is the JSON object its arguments string holds, or that string itself when it holds none
+    (a call cut off or invalid, as LangChain re-sends it, or another provider's): OpenAI
+    takes any string there, and in a history it is only prompt text."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] | str
 
 
 @dataclass(frozen=True)
@@ -25,7 +36,7 @@ class HistoryMessage:
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
-    tool_calls: tuple[ToolCall, ...] = ()
+    tool_calls: tuple[HistoryCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None  # tool messages: the function whose result this is, when known
 
@@ -79,8 +90,10 @@ class Renderer(ABC):
         """The family's own text listing the tools and how to call them."""
 
     @abstractmethod
-    def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
-        """An assistant turn with calls, as the model itself would have written it."""
+    def assistant_calls(self, content: str, calls: Sequence[HistoryCall]) -> str:
+        """An assistant turn with calls, as the model itself would have written it; arguments
+        that are a string (no JSON object) are written as a JSON string, as chat templates'
+        ``tojson`` writes them."""
 
     @abstractmethod
     def tool_results(self, results: Sequence[HistoryMessage]) -> str:

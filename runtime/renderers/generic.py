@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.output_parsing import ToolCall
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
+from runtime.renderers.base import HistoryCall, HistoryMessage, Renderer, ToolPrompt, dumps
 
 
 class GenericRenderer(Renderer):
@@ -43,7 +42,7 @@ class GenericRenderer(Renderer):
             forms.append(f'{lead} with JSON: {{"answer": {value}}}')
         return f"You have access to these tools:\n{listing}\n\n" + "\n".join(forms)
 
-    def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+    def assistant_calls(self, content: str, calls: Sequence[HistoryCall]) -> str:
         envelopes: list[dict[str, Any]] = [
             {"tool": c.name, "arguments": c.arguments} for c in calls
         ]

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.output_parsing import ToolCall
-from runtime.renderers.base import HistoryMessage, ToolPrompt, dumps
+from runtime.renderers.base import HistoryCall, HistoryMessage, ToolPrompt, dumps
 from runtime.renderers.qwen import QwenRenderer
 
 _CALL_SCHEMA = {
@@ -41,7 +40,7 @@ class HermesRenderer(QwenRenderer):
             "</tool_call>"
         )
 
-    def call_object(self, call: ToolCall) -> dict[str, Any]:
+    def call_object(self, call: HistoryCall) -> dict[str, Any]:
         return {"arguments": call.arguments, "name": call.name}
 
     def result_body(self, result: HistoryMessage) -> str:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from runtime.output_parsing import ToolCall
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
+from runtime.renderers.base import HistoryCall, HistoryMessage, Renderer, ToolPrompt, dumps
 
 
 class LlamaRenderer(Renderer):
@@ -46,7 +45,7 @@ class LlamaRenderer(Renderer):
             "- Put the entire function call reply on one line"
         )
 
-    def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+    def assistant_calls(self, content: str, calls: Sequence[HistoryCall]) -> str:
         parts = [content] if content else []
         parts += [f"<function={c.name}>{dumps(c.arguments)}</function>" for c in calls]
         return "\n".join(parts)

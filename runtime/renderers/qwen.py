@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.output_parsing import ToolCall
-from runtime.renderers.base import HistoryMessage, Renderer, ToolPrompt, dumps
+from runtime.renderers.base import HistoryCall, HistoryMessage, Renderer, ToolPrompt, dumps
 
 
 class QwenRenderer(Renderer):
@@ -29,10 +28,10 @@ class QwenRenderer(Renderer):
             "</tool_call>"
         )
 
-    def call_object(self, call: ToolCall) -> dict[str, Any]:
+    def call_object(self, call: HistoryCall) -> dict[str, Any]:
         return {"name": call.name, "arguments": call.arguments}
 
-    def assistant_calls(self, content: str, calls: Sequence[ToolCall]) -> str:
+    def assistant_calls(self, content: str, calls: Sequence[HistoryCall]) -> str:
         parts = [content] if content else []
         parts += [f"<tool_call>\n{dumps(self.call_object(c))}\n</tool_call>" for c in calls]
         return "\n".join(parts)

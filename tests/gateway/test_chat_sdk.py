@@ -521,6 +521,30 @@ def test_unknown_tool_call_id_is_recorded_unlinked(gateway: Any, shape: str) -> 
     assert [r["id"] for r in listed.json()["items"]] == [stored.id]
 
 
+def test_a_call_resent_with_arguments_that_are_no_json_object_is_answered(gateway: Any) -> None:
+    """LangChain re-sends an invalid call's raw arguments, and OpenAI types them as any
+    string: a history holding a call cut off mid-arguments is answered (it was a 400), and
+    its tool result still links to the receipt that issued the call."""
+    first = create(gateway, **ONE_CALL)
+    issued = first.choices[0].message.model_dump()
+    call = issued["tool_calls"][0]
+    call["function"]["arguments"] = call["function"]["arguments"][:-3]  # cut off
+    second = create(
+        gateway,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=8,
+        messages=[
+            *ASK_WEATHER,
+            issued,
+            {"role": "tool", "tool_call_id": call["id"], "content": "error: arguments invalid"},
+        ],
+    )
+    assert second.choices[0].message.content is not None
+    answer = recorded(gateway, receipt_of(second)["id"])
+    assert answer.links == [{"tool_call_id": call["id"], "receipt_id": receipt_of(first)["id"]}]
+
+
 def the_answer_turn(gateway: Any, first: Any, **params: Any) -> Any:
     """An agent's next turn after ``first`` (one call): the call, its result, no more calls."""
     call = first.choices[0].message.tool_calls[0]

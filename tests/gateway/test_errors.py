@@ -296,16 +296,17 @@ def test_a_huge_schema_is_refused_by_size_before_it_is_checked(gateway: Any) -> 
                                 "type": "function",
                                 "function": {
                                     "name": "f",
-                                    "arguments": "[" * 100_000 + "]" * 100_000,
+                                    "arguments": "[" * 1_200 + "]" * 1_200,
                                 },
                             }
                         ],
                     }
-                ]
+                ],
+                "max_tokens": 1,
             },
-            400,
-            "invalid_value",
-            "messages[0].tool_calls[0].function.arguments",
+            200,  # arguments are any string (OpenAI's type): too deep to read, kept as text
+            None,
+            None,
         ),
         (
             {"messages": [*HELLO, {"role": "tool", "tool_call_id": "x" * 65, "content": "ok"}]},

@@ -388,7 +388,7 @@ def test_invalid_regex_and_grammar() -> None:
                         {
                             "id": "c",
                             "type": "function",
-                            "function": {"name": "f", "arguments": "{not json"},
+                            "function": {"name": "f", "arguments": {"a": 1}},
                         }
                     ],
                 }
@@ -580,6 +580,32 @@ def test_an_earlier_call_with_empty_arguments_reads_as_no_arguments() -> None:
     )
     assert planned.tool_call_ids_answered == ("c1",)
     assert any("list_rooms" in m.content for m in planned.messages)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"city": "Par', "[1, 2]", "null", "not json at all", "[" * 100_000 + "]" * 100_000],
+    ids=["cut-off", "array", "null", "text", "deep"],
+)
+def test_an_earlier_call_whose_arguments_hold_no_object_is_prompt_text(arguments: str) -> None:
+    """OpenAI types a past call's arguments as any string, and LangChain re-sends an invalid
+    call's raw arguments: the string is shown to the model as it was written (a JSON string
+    where the template wants an object), and the tool result still answers the call by id."""
+    call = {"id": "call_y1", "type": "function"}
+    call["function"] = {"name": "get_weather", "arguments": arguments}
+    planned = plan(
+        messages=[
+            *USER,
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_y1", "content": "error: invalid arguments"},
+        ],
+        tools=TOOLS,
+        model="SmolLM2",
+    )
+    assert planned.tool_call_ids_answered == ("call_y1",)
+    shown = json.loads(planned.messages[2].content)
+    assert shown == {"tool": "get_weather", "arguments": arguments}
+    assert planned.messages[3].content.startswith("Tool result for call_y1 (get_weather):")
 
 
 def test_message_members_clients_echo_back() -> None:

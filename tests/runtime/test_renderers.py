@@ -8,8 +8,8 @@ import pytest
 from tool_samples import TOOLS, WEATHER_PARAMS
 
 from runtime.engines.base import ChatMessage
-from runtime.output_parsing import ToolCall
 from runtime.renderers import (
+    HistoryCall,
     HistoryMessage,
     ToolPrompt,
     detect_family,
@@ -19,8 +19,8 @@ from runtime.tools import ResponseFormat, ToolChoice, parse_tools_field
 
 SPECS = parse_tools_field(TOOLS)
 WEATHER = SPECS[:1]
-CALL = ToolCall("call_" + "a" * 24, "get_weather", {"city": "Paris"})
-CALL2 = ToolCall("call_" + "b" * 24, "list_rooms", {})
+CALL = HistoryCall("call_" + "a" * 24, "get_weather", {"city": "Paris"})
+CALL2 = HistoryCall("call_" + "b" * 24, "list_rooms", {})
 HISTORY = (
     HistoryMessage("system", "Be brief."),
     HistoryMessage("user", "Weather in Paris? And rooms?"),
@@ -161,6 +161,28 @@ def test_generic_history_shows_the_envelope_and_the_call_ids() -> None:
     )
     single = get_renderer("generic").assistant_calls("", [CALL])
     assert json.loads(single) == {"tool": "get_weather", "arguments": {"city": "Paris"}}
+
+
+@pytest.mark.parametrize(
+    ("family", "turn"),
+    [
+        ("generic", '{"tool": "get_weather", "arguments": "{\\"city\\": \\"Par"}'),
+        (
+            "qwen",
+            '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Par"}\n</tool_call>',
+        ),
+        (
+            "hermes",
+            '<tool_call>\n{"arguments": "{\\"city\\": \\"Par", "name": "get_weather"}\n</tool_call>',
+        ),
+        ("llama", '<function=get_weather>"{\\"city\\": \\"Par"</function>'),
+    ],
+)
+def test_arguments_holding_no_object_are_written_as_a_json_string(family: str, turn: str) -> None:
+    """A past call re-sent with arguments that are no JSON object (cut off, invalid) is written
+    where its object would be as a JSON string, as the chat templates' tojson writes it."""
+    cut = HistoryCall("call_y1", "get_weather", '{"city": "Par')
+    assert get_renderer(family).assistant_calls("", [cut]) == turn
 
 
 def test_generic_instructions_follow_tool_choice() -> None:
