@@ -80,6 +80,9 @@ class VllmServerConfig:
             "--structured-outputs-config",
             json.dumps(structured),
             "--disable-uvicorn-access-log",
+            # A prompt found in the prefix cache came out of other kernels than a new one, and
+            # greedy outputs (and so replays) differed with it (docs/deploy.md)
+            "--no-enable-prefix-caching",
         ]
         if self.api_key:
             cmd += ["--api-key", self.api_key]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import subprocess
 import sys
@@ -334,6 +335,29 @@ def test_replay_of_a_greedy_receipt_matches(gateway: Any, audited: dict[str, Any
     report = response.json()
     assert report["match"] is True, report["diff"]
     assert report["replayed"]["tool_calls"] == report["recorded"]["tool_calls"]
+
+
+def test_replay_of_a_long_prompt_matches_once_the_engine_has_seen_it(gateway: Any) -> None:
+    """A prompt new to the engine, then again and replayed: vLLM's prefix cache (on by
+    default) computed a cached prompt's logits apart from a new one's, and the replay of a
+    greedy receipt differed; the engine now computes each prompt alike (docs/deploy.md)."""
+    prompt = secrets.token_hex(6) + " " + "word " * 1990  # new to the cache; 2,000 tokens
+    client = gateway.openai()
+    answers = [
+        client.chat.completions.create(
+            model=gateway.model,
+            messages=[{"role": "user", "content": prompt}],
+            temperature=0,
+            max_tokens=20,
+            seed=7,
+        )
+        for _ in range(2)
+    ]
+    assert answers[0].choices[0].message.content == answers[1].choices[0].message.content
+    with gateway.http("auditor") as auditor:
+        response = auditor.post(f"/audit/replay/{answers[0].model_extra['receipt']['id']}", json={})
+    assert response.status_code == 200, response.text
+    assert response.json()["match"] is True, response.json()["diff"]
 
 
 def test_exported_bundle_verifies_offline(
