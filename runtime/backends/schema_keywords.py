@@ -68,10 +68,15 @@ def overlapping_one_of(schema: Any) -> str | None:
     different JSON types, distinct ``const``/``enum`` values, or objects told apart by a
     property both require (Pydantic's discriminated unions)."""
     for pointer, node in schema_nodes(schema):
-        branches = node.get("oneOf")
-        if isinstance(branches, list) and not _pairwise_disjoint(schema, branches):
+        if one_of_overlaps(schema, node):
             return f"{pointer}/oneOf"
     return None
+
+
+def one_of_overlaps(root: Any, node: dict[str, Any]) -> bool:
+    """Whether this node of ``root`` has a ``oneOf`` not proven disjoint (overlapping_one_of)."""
+    branches = node.get("oneOf")
+    return isinstance(branches, list) and not _pairwise_disjoint(root, branches)
 
 
 def _pairwise_disjoint(root: Any, branches: list[Any]) -> bool:

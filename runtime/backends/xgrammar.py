@@ -6,7 +6,7 @@ Its JSON-schema converter silently ignores keywords it does not implement (``not
 are refused (``unenforced``, checked by GrammarBackend.compile) so the chain moves on rather
 than enforce less than was asked. What it drops only in some combinations, or reads in
 another regex dialect, it says in a log line on stderr and compiles anyway; `_dropped` finds
-those cases first.
+those cases first (runtime/backends/xgrammar_gaps.py, shared with the vLLM engine).
 """
 
 from __future__ import annotations
@@ -22,21 +22,12 @@ from runtime.backends.base import (
     GrammarBackend,
     MaskReadingMatcher,
 )
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.backends.xgrammar_gaps import UNENFORCED, literal_escape, weakened
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
-from runtime.regex_features import constraint_patterns
 from runtime.schema_walk import schema_nodes
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
-
-# Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
-UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset(
-    {
-        "allOf",
-        "patternProperties",
-    }
-)
 
 
 class XGrammarMatcher(MaskReadingMatcher):
@@ -98,51 +89,17 @@ class XGrammarBackend(GrammarBackend):
         return self._compiler.compile_lark(constraint.source)
 
 
-# Escapes Python's `re` reads as anchors, octal or named characters (and the `regex` module
-# and llguidance \p{..} as a Unicode property) and xgrammar's regex converter as the letter or
-# digit itself ("Escape sequence '\Z' is not recognized. The character itself will be
-# matched"); any other escape pair is skipped whole.
-_ESCAPE = re.compile(r"\\(?:([AZzNpP]|0[0-7]|[1-9])|.)", re.DOTALL)
-
-
 def _dropped(constraint: Constraint) -> str | None:
     """What xgrammar would compile into a weaker constraint than Python's reading of it (its
     warnings, probed with this version), or None."""
-    for pattern in constraint_patterns(constraint):
-        for match in _ESCAPE.finditer(pattern):
-            if match.group(1):
-                return f"reads the escape \\{match.group(1)} in {pattern!r} literally"
+    if constraint.kind == "regex":
+        return literal_escape(constraint.source)
     if not constraint.is_json:
         return None
     for pointer, node in schema_nodes(constraint.schema()):
-        if "multipleOf" in node and not _integer_multiple(node):
-            return (
-                f"ignores multipleOf at {pointer or '/'} (enforced on whole steps of integers"
-                " with no minimum or maximum beside it)"
-            )
-        if {"pattern", "format"} & node.keys() and {"minLength", "maxLength"} & node.keys():
-            return f"ignores minLength/maxLength beside a pattern or format at {pointer or '/'}"
+        for _, why in weakened(node, pointer):
+            return why
     return None
-
-
-_RANGE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
-
-
-def _integer_multiple(node: dict[str, Any]) -> bool:
-    """Whether xgrammar enforces this node's multipleOf: a whole step on an integer with no
-    range beside it ("range + multipleOf combination not yet supported")."""
-    types = node.get("type")
-    step = node["multipleOf"]
-    return (
-        (
-            types == "integer"
-            or (isinstance(types, list) and "integer" in types and "number" not in types)
-        )
-        and isinstance(step, int | float)
-        and not isinstance(step, bool)
-        and float(step).is_integer()
-        and not _RANGE & node.keys()
-    )
 
 
 def _message(exc: Exception) -> str:

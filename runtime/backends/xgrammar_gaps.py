@@ -1,0 +1,79 @@
+"""What xgrammar enforces less strictly than a constraint says, found without importing it.
+
+Two readers: the embedded engine's xgrammar backend refuses such a constraint (the chain moves
+on to another backend), and the vLLM engine, whose server runs the same xgrammar (0.2.8) and
+has no other backend to move on to, sends a relaxed constraint and checks the output after
+(runtime/engines/vllm_gaps.py). Probed with this version: its JSON-schema converter accepts
+and ignores the UNENFORCED keywords, drops others only in some combinations (it says so on
+stderr and compiles anyway), and reads some regex escapes as the letter or digit itself.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+
+# Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
+UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({"allOf", "patternProperties"})
+
+LENGTHS = ("minLength", "maxLength")
+
+# Escapes Python's `re` reads as anchors, octal or named characters (and the `regex` module
+# and llguidance \p{..} as a Unicode property) and xgrammar's regex converter as the letter or
+# digit itself ("Escape sequence '\Z' is not recognized. The character itself will be
+# matched"); any other escape pair is skipped whole.
+_ESCAPE = re.compile(r"\\(?:([AZzNpP]|0[0-7]|[1-9])|.)", re.DOTALL)
+
+_RANGE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+
+
+def literal_escape(pattern: str) -> str | None:
+    """Why xgrammar would match this regex differently from Python (an escape it reads as
+    the character itself), or None."""
+    for match in _ESCAPE.finditer(pattern):
+        if match.group(1):
+            return f"reads the escape \\{match.group(1)} in {pattern!r} literally"
+    return None
+
+
+def weakened(node: dict[str, Any], pointer: str) -> Iterator[tuple[str, str]]:
+    """(keyword, why) for each keyword of this schema node that xgrammar compiles and then
+    enforces less than it says, beyond the UNENFORCED ones it ignores everywhere."""
+    at = pointer or "/"
+    if "multipleOf" in node and not integer_multiple(node):
+        yield (
+            "multipleOf",
+            (
+                f"ignores multipleOf at {at} (enforced on whole steps of integers with no minimum"
+                " or maximum beside it)"
+            ),
+        )
+    if {"pattern", "format"} & node.keys():
+        for keyword in LENGTHS:
+            if keyword in node:
+                yield keyword, f"ignores minLength/maxLength beside a pattern or format at {at}"
+    pattern = node.get("pattern")
+    if isinstance(pattern, str):
+        escape = literal_escape(pattern)
+        if escape is not None:
+            yield "pattern", f"{escape} at {at}"
+
+
+def integer_multiple(node: dict[str, Any]) -> bool:
+    """Whether xgrammar enforces this node's multipleOf: a whole step on an integer with no
+    range beside it ("range + multipleOf combination not yet supported")."""
+    types = node.get("type")
+    step = node["multipleOf"]
+    return (
+        (
+            types == "integer"
+            or (isinstance(types, list) and "integer" in types and "number" not in types)
+        )
+        and isinstance(step, int | float)
+        and not isinstance(step, bool)
+        and float(step).is_integer()
+        and not _RANGE & node.keys()
+    )
