@@ -5,7 +5,9 @@ this engine only translates: the plan's rendered messages, the one constraint an
 parameters become a /v1/chat/completions body (runtime.engines.vllm_request); the answer (or
 its SSE stream) becomes a Generation. Tools are already rendered into the messages, so vLLM's
 own ``tools`` field is not used: the tool union is an ordinary JSON schema here, which holds
-every tool to its schema whether or not the client marked it ``strict``.
+every tool to its schema whether or not the client marked it ``strict``. Schema keywords the
+server's backend would refuse or ignore are left out of what is sent and checked after
+decoding, as the embedded engine's post-hoc path does (runtime.engines.vllm_gaps).
 
 Thinking models and tool_choice "auto" (runtime.thinking.Enforcement): the constraint becomes
 an xgrammar *structural tag*, so only the tool-call region (``<tool_call>…</tool_call>``) is
@@ -56,6 +58,7 @@ from runtime.engines.base import (
     StreamEvent,
     TextDelta,
 )
+from runtime.engines.vllm_gaps import Served, served_constraint
 from runtime.engines.vllm_request import request_body
 from runtime.errors import EngineError, EngineRejected, EngineUnavailable, RuntimeInputError
 from runtime.thinking import Enforcement
@@ -150,8 +153,8 @@ class VllmEngine:
         *,
         enforcement: Enforcement | None = None,
     ) -> Generation:
-        await self._prepare(constraint)
-        body = self._request_body(messages, constraint, sampling, enforcement, stream=False)
+        served = await self._prepare(constraint)
+        body = self._request_body(messages, served, sampling, enforcement, stream=False)
         async with self._call(body, timeout=self._whole_answer_timeout) as response:
             data = _json(await response.read())
         choice = _only_choice(data)
@@ -163,6 +166,7 @@ class VllmEngine:
             finish_reason=_finish_reason(choice.get("finish_reason")),
             backend=self._enforced_by(constraint),
             matched_stop=_matched_stop(choice.get("stop_reason"), sampling),
+            fallback=served.fallback,
         )
 
     async def stream(
@@ -174,8 +178,8 @@ class VllmEngine:
         enforcement: Enforcement | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """TextDelta per SSE chunk as vLLM sends it, then one final Generation."""
-        await self._prepare(constraint)
-        body = self._request_body(messages, constraint, sampling, enforcement, stream=True)
+        served = await self._prepare(constraint)
+        body = self._request_body(messages, served, sampling, enforcement, stream=True)
         parts: list[str] = []
         finish: str | None = None
         stop_reason: Any = None
@@ -201,6 +205,7 @@ class VllmEngine:
             finish_reason=_finish_reason(finish),
             backend=self._enforced_by(constraint),
             matched_stop=_matched_stop(stop_reason, sampling),
+            fallback=served.fallback,
         )
 
     def grammar_stats(self) -> None:
@@ -252,13 +257,19 @@ class VllmEngine:
         self._limits_due = math.inf
         return None
 
-    async def _prepare(self, constraint: Constraint | None) -> None:
+    async def _prepare(self, constraint: Constraint | None) -> Served:
         """Before a request: refuse a bad constraint as the embedded engine does (vLLM's own
-        answers named its compiler's insides, or let an empty schema through to decode), and
-        know the context window."""
+        answers named its compiler's insides, or let an empty schema through to decode), know
+        the context window, and relax what the server's backend cannot enforce
+        (runtime.engines.vllm_gaps)."""
         if constraint is not None:
             await self._checks.check(constraint)
         await self._learn_limits()
+        return (
+            Served(None)
+            if constraint is None
+            else served_constraint(constraint, self.identity.backend)
+        )
 
     async def _learn_limits(self) -> None:
         """The model's context window, once (each readiness check refreshes it): vLLM refuses
@@ -285,7 +296,7 @@ class VllmEngine:
     def _request_body(
         self,
         messages: Sequence[ChatMessage],
-        constraint: Constraint | None,
+        served: Served,
         sampling: Sampling,
         enforcement: Enforcement | None,
         *,
@@ -293,7 +304,7 @@ class VllmEngine:
     ) -> dict[str, Any]:
         return request_body(
             messages,
-            constraint,
+            served.constraint,
             sampling,
             enforcement,
             model=self.identity.model,

@@ -18,7 +18,12 @@ from callproof.devvllm import VllmServer
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.vllm import VllmEngine
-from runtime.errors import EngineRejected, EngineUnavailable
+from runtime.errors import (
+    BackendCannotCompile,
+    EngineRejected,
+    EngineUnavailable,
+    StructuredOutputInvalid,
+)
 from runtime.model_store import model_digests
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.thinking import Enforcement
@@ -284,6 +289,104 @@ def test_a_bad_request_is_rejected_with_vllms_message(vllm_server: VllmServer) -
         run(go())
     assert info.value.status == 400
     assert "seed" in info.value.message  # vLLM's own words
+
+
+# The prober's schemas: vLLM's xgrammar backend refused the first five with a 400 naming
+# neither keyword nor place, and decoded the others with the keyword ignored.
+XGRAMMAR_GAPS = {
+    "multipleOf": {"p": {"type": "integer", "multipleOf": 5}},
+    "uniqueItems": {
+        "a": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 3},
+            "uniqueItems": True,
+            "minItems": 3,
+            "maxItems": 3,
+        }
+    },
+    "contains": {
+        "a": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": 5},
+            "maxItems": 3,
+            "contains": {"const": 4},
+        }
+    },
+    "maxLength": {"w": {"type": "string", "pattern": "^[a-z]+$", "maxLength": 2}},
+    "allOf": {"w": {"allOf": [{"type": "string", "maxLength": 10}, {"minLength": 9}]}},
+    "not": {"w": {"type": "string", "maxLength": 10, "not": {"const": "hello"}}},
+}
+
+
+def gap_schema(keywords: str) -> dict[str, Any]:
+    if keywords == "if,then":
+        return {
+            "type": "object",
+            "properties": {"w": {"type": "string", "maxLength": 10}},
+            "required": ["w"],
+            "if": {"properties": {"w": {"minLength": 1}}},
+            "then": {"required": ["z"]},
+        }
+    if keywords == "dependentRequired":
+        return {
+            "type": "object",
+            "properties": {"w": {"type": "string", "maxLength": 10}, "z": {"type": "integer"}},
+            "required": ["w"],
+            "dependentRequired": {"w": ["z"]},
+        }
+    properties = XGRAMMAR_GAPS[keywords]
+    return {"type": "object", "properties": properties, "required": list(properties)}
+
+
+@pytest.mark.parametrize("keywords", [*XGRAMMAR_GAPS, "if,then", "dependentRequired"])
+def test_what_the_servers_xgrammar_cannot_enforce_is_checked_after_decoding(
+    vllm_server: VllmServer, keywords: str
+) -> None:
+    """As the embedded engine falls back to a post-hoc check when no backend enforces a
+    schema, the keywords the server's backend would refuse or ignore are left out of what is
+    sent and checked after decoding: the output either holds the whole schema or fails closed
+    with the 422's error; the generation (so the receipt) names the path and the keywords."""
+    schema = gap_schema(keywords)
+    plan = plan_chat(
+        ChatInput(
+            messages=[{"role": "user", "content": "Give a JSON object."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
+    )
+
+    async def go() -> Generation:
+        async with engine_for(vllm_server) as engine:
+            return await engine.generate(plan.messages, plan.constraint, SHORT)
+
+    generation = run(go())
+    assert generation.backend == "xgrammar"
+    assert generation.fallback == f"post_hoc_check:{keywords}"
+    try:
+        plan.parse(generation.text)
+    except StructuredOutputInvalid as exc:
+        assert exc.param == "response_format"
+    else:
+        jsonschema.validate(json.loads(generation.text), schema)
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
+def test_a_regex_xgrammar_would_read_otherwise_is_refused_naming_the_escape(
+    vllm_server: VllmServer, streaming: bool
+) -> None:
+    """vLLM answered \\p with a 400 naming no parameter (and matched \\Z as a letter)."""
+
+    async def go(pattern: str) -> None:
+        async with engine_for(vllm_server) as engine:
+            constraint, sampling = Constraint.regex(pattern), Sampling(max_tokens=8)
+            if streaming:
+                [_ async for _ in engine.stream(ask("A word?"), constraint, sampling)]
+            else:
+                await engine.generate(ask("A word?"), constraint, sampling)
+
+    for pattern, escape in ((r"\p{L}{1,8}", "\\p"), (r"[a-z]{1,8}\Z", "\\Z")):
+        with pytest.raises(BackendCannotCompile) as info:
+            run(go(pattern))
+        assert info.value.param == "regex" and escape in info.value.message
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])

@@ -1,0 +1,135 @@
+"""What the vLLM server's structured-output backend cannot enforce, found before the request
+is sent, and the constraint sent in its place.
+
+The embedded engine tries another grammar backend when one cannot enforce a schema, and
+falls back to decoding then validating (post hoc) when none can. A vLLM server has one
+backend, which either answers 400 without saying which keyword at which place (xgrammar:
+"The provided JSON schema contains features not supported by xgrammar."; guidance:
+"Grammar error: ...") or accepts the keyword and ignores it. So for a JSON schema this module
+drops each keyword the server's backend would refuse or ignore, and the engine sends the
+rest: the server enforces all it can, and the output is checked against the whole schema
+after decoding (runtime.planning's validation, as for every output), which fails closed with
+a 422 naming the JSON pointer. The generation records that path (``post_hoc_check:`` and the
+keywords) in the receipt. A regex has no post-hoc path on either engine: one xgrammar would
+read differently is refused here (400 ``constraint_unsupported``), naming the escape.
+
+What vLLM 0.32's xgrammar backend refuses (vllm/v1/structured_output/backend_xgrammar.py:
+``has_xgrammar_unsupported_json_features``): ``multipleOf`` on an integer or number (even the
+whole integer steps xgrammar itself enforces), ``uniqueItems``/``contains``/``minContains``/
+``maxContains`` on an array, a string ``format`` outside XGRAMMAR_FORMATS, ``minLength``/
+``maxLength`` beside a ``pattern`` or ``format``, ``propertyNames`` and ``patternProperties``
+beside other object keywords, an ``allOf`` of two or more parts; \\p escapes in a regex. What
+xgrammar ignores is runtime.backends.xgrammar_gaps's (the same xgrammar version, 0.2.8); a
+``oneOf`` whose branches may overlap it reads as ``anyOf``, so that one is sent as it is and
+only checked after. The guidance backend runs llguidance, which refuses the keywords the
+other libraries ignore (IGNORED_BY_ALL_BUT_LLGUIDANCE) with a 400 that does not say where.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, one_of_overlaps
+from runtime.backends.xgrammar_gaps import UNENFORCED, literal_escape, weakened
+from runtime.bounded_cache import size_bounded
+from runtime.constraint import Constraint
+from runtime.errors import BackendCannotCompile
+from runtime.schema_walk import schema_nodes
+
+# The string formats vLLM's xgrammar backend takes (its STRING_SUPPORTED_FORMATS); it
+# refuses a schema with any other.
+XGRAMMAR_FORMATS = frozenset(
+    {
+        "email",
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "ipv4",
+        "ipv6",
+        "hostname",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One keyword, at one schema node, that the server's backend would not enforce."""
+
+    pointer: str  # of the schema node ("" the root)
+    keyword: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Served:
+    """The constraint to send, and what it leaves to the check after decoding."""
+
+    constraint: Constraint | None
+    gaps: tuple[Gap, ...] = ()
+
+    @property
+    def fallback(self) -> str | None:
+        """What the receipt records as the path taken: None when the server enforces all."""
+        if not self.gaps:
+            return None
+        return "post_hoc_check:" + ",".join(sorted({gap.keyword for gap in self.gaps}))
+
+
+@size_bounded(
+    lambda constraint, backend: len(constraint.source), max_entries=512, max_bytes=16 << 20
+)
+def served_constraint(constraint: Constraint, backend: str) -> Served:
+    """``constraint`` as a server with structured-output ``backend`` ("xgrammar" or
+    "guidance") can enforce it; BackendCannotCompile for a regex it would read differently."""
+    if constraint.kind == "regex" and backend == "xgrammar":
+        why = literal_escape(constraint.source)
+        if why is not None:
+            raise BackendCannotCompile(
+                f"the vLLM server's xgrammar backend {why}: write the escape as a character"
+                " class or an anchor-free pattern (the regex is matched whole), or serve with"
+                " the guidance backend",
+                param=constraint.param,
+            )
+    if not constraint.is_json:
+        return Served(constraint)
+    schema = constraint.schema()  # a fresh copy: the gaps are dropped from it in place
+    gaps = []
+    for pointer, node in schema_nodes(schema):
+        # dropped before the walk descends, so nothing below a dropped keyword is reported
+        for keyword, why in _gaps(schema, node, pointer, backend):
+            gaps.append(Gap(pointer, keyword, why))
+            if keyword != "oneOf":
+                node.pop(keyword, None)
+    if not gaps:
+        return Served(constraint)
+    return Served(Constraint.json_schema(schema, kind=constraint.kind), tuple(gaps))
+
+
+def _gaps(
+    root: dict[str, Any], node: dict[str, Any], pointer: str, backend: str
+) -> Iterator[tuple[str, str]]:
+    if backend != "xgrammar":  # guidance: llguidance refuses these itself
+        for keyword in sorted(node.keys() & IGNORED_BY_ALL_BUT_LLGUIDANCE):
+            yield keyword, "refused by the server's guidance backend"
+        return
+    for keyword in sorted(node.keys() & UNENFORCED):
+        yield keyword, "ignored or refused by the server's xgrammar backend"
+    if "multipleOf" in node:  # vLLM refuses every typed one, xgrammar ignores the others
+        yield "multipleOf", "refused by the server's xgrammar backend"
+    yield from ((k, why) for k, why in weakened(node, pointer) if k != "multipleOf")
+    if "format" in node and node["format"] not in XGRAMMAR_FORMATS:
+        yield "format", "a format the server's xgrammar backend refuses"
+    if one_of_overlaps(root, node):
+        yield (
+            "oneOf",
+            "read as anyOf by the server's xgrammar backend, and its branches may overlap",
+        )
