@@ -410,3 +410,84 @@ def test_vllms_error_message_is_bounded_before_it_reaches_the_agent() -> None:
     ):
         error = _status_error(400, raw.encode())
         assert isinstance(error, EngineRejected) and len(error.message) == 2000
+
+
+def window_server(windows: list[int], replies: list[list[bytes]]) -> Handler:
+    """/v1/models lists model "m" with the next of ``windows`` (the last one stays); each
+    other request gets the next of ``replies``."""
+
+    async def handle(head: bytes) -> list[bytes]:
+        if head.startswith(b"GET /v1/models "):
+            window = windows.pop(0) if len(windows) > 1 else windows[0]
+            return answer({"data": [{"id": "m", "max_model_len": window}]})
+        return replies.pop(0)
+
+    return handle
+
+
+def sent_max_tokens(seen: list[bytes]) -> list[int | str]:
+    """What each request asked: max_tokens for a completion, "models" for /v1/models."""
+    return [
+        "models"
+        if r.startswith(b"GET /v1/models ")
+        else json.loads(r.partition(b"\r\n\r\n")[2])["max_tokens"]
+        for r in seen
+    ]
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
+def test_a_server_restarted_with_a_smaller_window_is_asked_again(streaming: bool) -> None:
+    """vLLM restarted with --max-model-len 1024 (was 2048) between two requests: it refused
+    max_tokens=1500 ("cannot be greater than max_model_len=1024", a 400 that reached the
+    agent) where docs/api.md promises it lowered. The engine learns the window again and
+    sends the request once more; a request that fits costs no extra round trip."""
+    too_many = answer(
+        {
+            "error": {
+                "message": "max_tokens=1500 cannot be greater than max_model_len=1024. Please"
+                " request fewer output tokens. (parameter=max_tokens, value=1500)",
+                "type": "BadRequestError",
+                "param": "max_tokens",
+                "code": 400,
+            }
+        },
+        status="400 Bad Request",
+    )
+    ok = sse(completion()) if streaming else answer(completion())
+    hi = [ChatMessage("user", "hi")]
+
+    async def ask(engine: VllmEngine, max_tokens: int) -> None:
+        sampling = Sampling(max_tokens=max_tokens)
+        if streaming:
+            [_ async for _ in engine.stream(hi, None, sampling)]
+        else:
+            await engine.generate(hi, None, sampling)
+
+    async def go() -> list[bytes]:
+        handler = window_server([2048, 1024], [ok, too_many, ok, ok])
+        async with upstream(handler) as (url, seen), VllmEngine(url, "m") as engine:
+            await ask(engine, 9)
+            await ask(engine, 1500)
+            await ask(engine, 1500)
+            return seen
+
+    assert sent_max_tokens(asyncio.run(go())) == ["models", 9, 1500, "models", 1024, 1024]
+
+
+def test_the_window_is_learned_again_after_the_server_was_unavailable() -> None:
+    """A server that failed a request may come back with another window: the next request
+    asks /v1/models again (once), instead of the window known before."""
+    hi, sampling = [ChatMessage("user", "hi")], Sampling(max_tokens=100)
+    down = answer({"error": {"message": "engine dead"}}, status="503 Service Unavailable")
+
+    async def go() -> list[bytes]:
+        handler = window_server([64, 32], [answer(completion()), down, *[answer(completion())] * 2])
+        async with upstream(handler) as (url, seen), VllmEngine(url, "m") as engine:
+            await engine.generate(hi, None, sampling)
+            with pytest.raises(EngineUnavailable):
+                await engine.generate(hi, None, sampling)
+            await engine.generate(hi, None, sampling)
+            await engine.generate(hi, None, sampling)
+            return seen
+
+    assert sent_max_tokens(asyncio.run(go())) == ["models", 64, 64, "models", 32, 32]
