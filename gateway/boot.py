@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
 from receipts.errors import SigningKeyError
+from receipts.identity import KeyAlreadyListed, first_signing_key
 from receipts.ledger import Ledger
 from receipts.ledger_file import sqlite_file
 from receipts.signing import Signer, load_or_create_signer, signer_from_env
@@ -161,27 +162,25 @@ def named_signer(settings: Settings) -> Signer | None:
 
 def default_signer(settings: Settings) -> Signer:
     """The default key file, <data_dir>/signing-key.pem (after prepare_database), generated
-    on first run only: one gone from a ledger some key already signs (a data directory not
-    mounted, a restore without its key) must stop the gateway, not give it a new identity."""
+    on first run only, as the ledger's first key: one gone from a ledger that lists a key (a
+    data directory not mounted, a restore without its key), or a replica with a data
+    directory of its own beside another that made the ledger's key, must stop the gateway,
+    not give it a second identity."""
     _private_data_dir(settings)
-    if not settings.signing_key_path.exists():
-        _refuse_new_identity(settings)
-    return load_or_create_signer(settings.signing_key_path, create=True)
-
-
-def _refuse_new_identity(settings: Settings) -> None:
-    """Raise SigningKeyError when the ledger has registered a signing key: generating one
-    now would quietly start a second identity beside the one whose key went missing."""
-    with Ledger(settings.db_url, None) as ledger:
-        known = [entry["key_id"] for entry in ledger.public_keys()]
-    if known:
+    path = settings.signing_key_path
+    if path.exists():
+        return load_or_create_signer(path, create=False)
+    try:
+        return first_signing_key(settings.db_url, lambda: load_or_create_signer(path, create=True))
+    except KeyAlreadyListed as exc:
         raise SigningKeyError(
-            f"the signing key file {settings.signing_key_path} is missing, but the ledger at"
-            f" {shown_url(settings.db_url)} holds receipts signed by {', '.join(known)}:"
-            " restore that key file, or name the key to sign with in signing_key_file (to"
-            " rotate to a new key on purpose, make one with `openssl genpkey -algorithm"
-            " ed25519 -out FILE`; docs/deploy.md, key rotation)"
-        )
+            f"no signing key at {path} and none named, but the ledger at"
+            f" {shown_url(settings.db_url)} already lists {', '.join(exc.key_ids)}: restore"
+            " that key file, or name the key the ledger's gateways share in signing_key_file"
+            " or CALLPROOF_SIGNING_KEY (replicas all sign with one key; to rotate to a new key"
+            " on purpose, make one with `openssl genpkey -algorithm ed25519 -out FILE` and"
+            " name it; docs/deploy.md, key rotation)"
+        ) from None
 
 
 def _private_data_dir(settings: Settings) -> Path:

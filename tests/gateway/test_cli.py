@@ -591,11 +591,43 @@ def test_a_default_key_gone_from_a_signed_ledger_is_not_replaced(tmp_path: Path)
     with Ledger(settings.db_url, signer) as ledger:
         ledger.append(answer)
     settings.signing_key_path.rename(tmp_path / "moved.pem")
-    with pytest.raises(SigningKeyError, match=f"signed by {signer.key_id}: restore that key"):
+    with pytest.raises(SigningKeyError, match=f"already lists {signer.key_id}: restore that key"):
         default_signer(settings)
     assert not settings.signing_key_path.exists()
     restored = Settings(data_dir=tmp_path / "data", signing_key_file=tmp_path / "moved.pem")
     assert named_signer(restored).key_id == signer.key_id
+
+
+def test_replicas_of_one_ledger_with_no_key_named_do_not_each_make_one(
+    tmp_path: Path, fresh_postgres_url: str
+) -> None:
+    """Three gateways starting together on one Postgres ledger, each with a data directory
+    of its own and no key named: each made a key, and receipts were signed by turns under
+    three identities. One makes the ledger's key; the others stop, naming it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.boot import default_signer, prepare_database
+    from gateway.settings import Settings
+    from receipts.errors import SigningKeyError
+    from receipts.ledger import Ledger
+
+    replicas = [Settings(data_dir=tmp_path / f"r{n}", db=fresh_postgres_url) for n in range(3)]
+    prepare_database(replicas[0])
+
+    def start(settings: Settings) -> str:
+        try:
+            return default_signer(settings).key_id
+        except SigningKeyError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = list(pool.map(start, replicas))
+    made = [o for o in outcomes if o.startswith("ed25519:")]
+    assert len(made) == 1, outcomes
+    refused = [o for o in outcomes if o not in made]
+    assert all(f"already lists {made[0]}" in o and "signing_key_file" in o for o in refused)
+    with Ledger(fresh_postgres_url, None) as ledger:
+        assert [k["key_id"] for k in ledger.public_keys()] == made
 
 
 @pytest.mark.vllm

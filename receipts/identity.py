@@ -1,0 +1,55 @@
+"""A ledger's first signing key: made once for the whole ledger, not once per gateway.
+
+A gateway with no key named generates one on its first start. Replicas that share a
+Postgres ledger but not a data directory each found no key file and, before any of them had
+signed, nothing in the ledger either: each generated its own, and receipts were signed by
+turns under several identities. So the key is generated under a lock on the database and
+registered in the same transaction, and only while the ledger lists no signing key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import sqlalchemy as sa
+
+from receipts.errors import SigningKeyError
+from receipts.record import utc_now
+from receipts.signing import Signer
+from receipts.store import SigningKeyRow, create_engine, insert_ignore, transaction
+
+# Any constant shared by every callproof process (the migrations' lock is another).
+_FIRST_KEY_LOCK = 0x63616C6C6B657931  # "callkey1"
+
+
+class KeyAlreadyListed(SigningKeyError):
+    """The ledger lists signing keys already: a generated key would be a second identity."""
+
+    def __init__(self, key_ids: list[str]):
+        super().__init__(f"the ledger already lists the signing keys {', '.join(key_ids)}")
+        self.key_ids = key_ids
+
+
+def first_signing_key(url: str, generate: Callable[[], Signer]) -> Signer:
+    """``generate()``'s key, registered as the ledger's first; KeyAlreadyListed when the
+    ledger lists a key (another replica's, or one whose file went missing). Gateways
+    starting together take turns on Postgres (an advisory lock); a SQLite ledger has one
+    gateway."""
+    engine = create_engine(url)
+    try:
+        with transaction(engine, "cannot register a signing key") as conn:
+            if conn.dialect.name == "postgresql":
+                conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_FIRST_KEY_LOCK)))
+            listed = list(conn.execute(sa.select(SigningKeyRow.key_id)).scalars())
+            if listed:
+                raise KeyAlreadyListed(listed)
+            signer = generate()
+            row = {
+                "key_id": signer.key_id,
+                "public_key_pem": signer.public_key_pem(),
+                "created_at": utc_now(),
+            }
+            conn.execute(insert_ignore(SigningKeyRow.__table__, conn.dialect), [row])
+        return signer
+    finally:
+        engine.dispose()
