@@ -166,7 +166,7 @@ class LedgerWriter:
         self._known_schemas: set[str] = set()
         self._key_registered = False
         self._uncheckpointed: dict[str, float] = {}  # chain -> when its checkpoint is due
-        self._found_unsigned = False  # chains left with unsigned receipts were scheduled
+        self._unsigned_scan_at = 0.0  # when to look for chains left unsigned next (monotonic)
         # receipts whose batch sent COMMIT and lost the reply, with the error they get if
         # it did not land: resolved once the database says which
         self._doubts: list[tuple[_Pending, Receipt, LedgerUnavailable]] = []
@@ -434,9 +434,12 @@ class LedgerWriter:
         self._doubts.clear()
 
     def _find_unsigned_chains(self) -> None:
-        """Once: schedule the timer checkpoint of chains whose last receipts this key sealed
-        and no checkpoint covers (a writer of this key stopped without signing them)."""
-        if self._found_unsigned:
+        """At start and every checkpoint_interval_s: schedule the timer checkpoint of chains
+        whose last receipts this key sealed and no checkpoint covers. A writer of this key
+        stopped without signing them: this process before a crash, or another replica that
+        shares the key and was killed while this one runs (which only a scan finds: it
+        extended those chains itself)."""
+        if time.monotonic() < self._unsigned_scan_at:
             return
         try:
             conn = self._connection()
@@ -450,7 +453,7 @@ class LedgerWriter:
         for chain, checkpoint_at in found.items():
             due = checkpoint_at / 1000 + self.checkpoint_interval_s
             self._uncheckpointed.setdefault(chain, due)
-        self._found_unsigned = True
+        self._unsigned_scan_at = time.monotonic() + self.checkpoint_interval_s
 
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the

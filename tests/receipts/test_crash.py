@@ -66,6 +66,33 @@ def test_sigkill_mid_batch_loses_no_returned_receipt(db_url: str) -> None:
         assert led.verify("acme").ok
 
 
+def test_a_replica_of_the_same_key_signs_what_a_killed_one_left_unsigned(db_url: str) -> None:
+    """Two writers share the operator's key; one is killed with receipts no checkpoint
+    covers. The one still running used to look for such chains only when it started, and
+    left them unsigned until it was restarted; it now looks every checkpoint interval."""
+    url = migrated(db_url)
+    signer = Signer.generate()
+    with ledger(url, signer, checkpoint_interval_s=1) as survivor:
+        survivor.start()
+        time.sleep(1.5)  # its first look (at its first tick, 1 s) finds no chain yet
+        ctx = mp.get_context("spawn")
+        receive, send = ctx.Pipe(duplex=False)
+        writer = ctx.Process(
+            target=append_worker, args=(url, signer.private_key_pem(), 100_000, send, "acme", 50)
+        )
+        writer.start()
+        send.close()
+        for _ in range(100):
+            receive.recv()
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join(timeout=30)
+        head = survivor.verify("acme").checked
+        deadline = time.monotonic() + 30
+        while (survivor.latest_checkpoint("acme") or {}).get("tree_size") != head:
+            assert time.monotonic() < deadline, (head, survivor.latest_checkpoint("acme"))
+            time.sleep(0.2)
+
+
 @pytest.fixture
 def proxy(fresh_postgres_url: str) -> Iterator[PostgresProxy]:
     migrated(fresh_postgres_url)
