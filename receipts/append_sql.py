@@ -38,25 +38,12 @@ class Statement:
 
     sql: str
     positional: tuple[str, ...] | None
-    # An INSERT's text before, at and after its one VALUES row: rows bound into that row's
-    # text can share one statement (the server parses it once, not once per row).
-    rows_at: tuple[str, str, str] | None = None
 
     @classmethod
     def compile(cls, stmt: sa.ClauseElement, dialect: sa.Dialect) -> Statement:
         compiled = stmt.compile(dialect=dialect)
         order = tuple(compiled.positiontup) if compiled.positional else None
-        sql = str(compiled)
-        return cls(sql, order, _values_row(sql) if isinstance(stmt, sa.Insert) else None)
-
-    def bound(self, cursor: Any, rows: Sequence[Mapping[str, Any]]) -> bytes:
-        """The statement for ``rows`` with their values in its text (a psycopg
-        ClientCursor's own quoting), one VALUES row each where it is an INSERT."""
-        if self.rows_at is None or len(rows) == 1:
-            return b";\n".join(cursor.mogrify(self.sql, self.params(row)).encode() for row in rows)
-        head, row_sql, tail = self.rows_at
-        values = ",\n".join(cursor.mogrify(row_sql, self.params(row)) for row in rows)
-        return f"{head}{values}{tail}".encode()
+        return cls(str(compiled), order)
 
     def params(self, row: Mapping[str, Any]) -> Mapping[str, Any] | tuple[Any, ...]:
         return row if self.positional is None else tuple(row[k] for k in self.positional)
@@ -159,18 +146,11 @@ def _send_whole(
 
     client = psycopg.ClientCursor(connection)
     try:
-        text = b";\n".join(statement.bound(client, rows) for statement, rows in writes)
+        text = b";\n".join(
+            client.mogrify(statement.sql, statement.params(row)).encode()
+            for statement, rows in writes
+            for row in rows
+        )
         client.execute(text + b";\nCOMMIT")
     finally:
         client.close()
-
-
-def _values_row(sql: str) -> tuple[str, str, str] | None:
-    """``INSERT ... VALUES (row) [ON CONFLICT ...]`` split around its row; None for any
-    other shape (its rows then go one statement each)."""
-    head, found, rest = sql.partition(" VALUES ")
-    end = rest.rfind(")")  # placeholders hold parentheses too: %(name)s
-    row, tail = rest[: end + 1], rest[end + 1 :]
-    if not found or not row.startswith("(") or "(" in tail or row.count("(") != row.count(")"):
-        return None
-    return head + " VALUES ", row, tail
