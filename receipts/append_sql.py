@@ -6,13 +6,7 @@ SQLAlchemy's per-statement execution (cache keys, compiled-statement lookup, res
 about 0.2 ms per statement for the five or six statements of a batch. The SQL text is still
 SQLAlchemy's (compiled from store.py's models, so the models stay the one description of the
 tables); only its execution moves to the DBAPI cursor. On Postgres the writes and the COMMIT
-go as one simple-query message: one round trip for all of them, and the server has the whole
-transaction, COMMIT included, before it runs its first statement. Sent one by one (psycopg's
-pipeline, before), a writer that stalled after its first write (SIGSTOP, a paused VM, a
-network partition) left its session "active" waiting for the rest, holding the chain's row
-lock past idle_in_transaction_session_timeout, which only counts idle sessions: every other
-replica's appends on that chain failed for as long as the stall lasted. Values are bound by
-psycopg's client-side adapters (``ClientCursor.mogrify``), the driver's own quoting.
+are pipelined (psycopg pipeline mode): one round trip for all of them.
 
 Driver errors raised here are the DBAPI's own (``dbapi_errors``), not SQLAlchemy's.
 """
@@ -20,6 +14,7 @@ Driver errors raised here are the DBAPI's own (``dbapi_errors``), not SQLAlchemy
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,35 +117,13 @@ class AppendSQL:
         Heads go first, in the order given: an UPDATE takes the row lock, so a writer that
         did not lock its heads beforehand still takes every lock before any insert, in the
         same order as everyone else (no deadlock against a writer holding those locks)."""
-        writes: list[tuple[Statement, Sequence[Mapping[str, Any]]]] = [
-            (
-                self._save if "checkpoint_size" in head else self._advance,
-                [{**head, "b_chain": head["chain"]}],
-            )
-            for head in heads
-        ]
-        writes += [(self._insert(table), values) for table, values in rows.items() if values]
-        if self.pipelined:
-            _send_whole(cursor.connection, writes)
-            return
-        for statement, values in writes:
-            cursor.executemany(statement.sql, [statement.params(v) for v in values])
-        cursor.connection.commit()
-
-
-def _send_whole(
-    connection: Any, writes: Sequence[tuple[Statement, Sequence[Mapping[str, Any]]]]
-) -> None:
-    """Every write and the COMMIT in one simple-query message (a psycopg connection)."""
-    import psycopg
-
-    client = psycopg.ClientCursor(connection)
-    try:
-        text = b";\n".join(
-            client.mogrify(statement.sql, statement.params(row)).encode()
-            for statement, rows in writes
-            for row in rows
-        )
-        client.execute(text + b";\nCOMMIT")
-    finally:
-        client.close()
+        connection = cursor.connection
+        with connection.pipeline() if self.pipelined else nullcontext():
+            for head in heads:
+                save = self._save if "checkpoint_size" in head else self._advance
+                cursor.execute(save.sql, save.params({**head, "b_chain": head["chain"]}))
+            for table, values in rows.items():
+                if values:
+                    statement = self._insert(table)
+                    cursor.executemany(statement.sql, [statement.params(v) for v in values])
+            connection.commit()

@@ -28,9 +28,6 @@ class PostgresProxy:
     - ``cut_at_commit("after")``: the writer's next COMMIT reaches the server, which commits,
       and its reply is dropped with the connection; ``"before"``: the COMMIT (and the
       writes sent with it) is dropped with the connection, so nothing commits.
-    - ``stall_after_write()``: the writer's next bytes that write a chain head reach the
-      server, and then it sends nothing more until ``released`` is set (a writer stopped
-      mid-transaction: SIGSTOP, a paused VM, a partition).
     """
 
     def __init__(self, target_port: int) -> None:
@@ -38,9 +35,6 @@ class PostgresProxy:
         self.frozen = threading.Event()
         self.refusing = threading.Event()
         self.cut = threading.Event()  # set once an armed cut has happened
-        self.released = threading.Event()
-        self._stall_armed = False
-        self.head_writes: list[bytes] = []  # the writer's bytes that write a chain head
         self._cut_mode: str | None = None
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -57,10 +51,6 @@ class PostgresProxy:
             raise ValueError(f"mode is 'after' or 'before', not {mode!r}")
         self.cut.clear()
         self._cut_mode = mode
-
-    def stall_after_write(self) -> None:
-        self.released.clear()
-        self._stall_armed = True
 
     def _accept(self) -> None:
         while not self._closed:
@@ -93,13 +83,6 @@ class PostgresProxy:
                         if writer and self._cut_mode and b"COMMIT" in data:
                             self._cut(data, upstream)
                             return
-                        if writer and b"UPDATE chains" in data:
-                            self.head_writes.append(data)
-                        if writer and self._stall_armed and b"UPDATE chains" in data:
-                            self._stall_armed = False
-                            upstream.sendall(data)
-                            self.released.wait(60)
-                            continue
                     key.data.sendall(data)
 
     def _cut(self, data: bytes, upstream: socket.socket) -> None:

@@ -121,32 +121,6 @@ def test_a_commit_whose_reply_is_lost_returns_the_receipt_that_landed(
         assert led.verify("acme").ok
 
 
-def test_a_writer_stalled_inside_its_write_holds_no_other_writer(
-    proxy: PostgresProxy, fresh_postgres_url: str
-) -> None:
-    """A writer that stops after its first bytes of a batch reach the server: sent one
-    statement at a time, its head UPDATE held the chain's row lock while the server, not
-    idle but reading, waited for the rest, and another replica's appends on that chain
-    failed for as long as the stall lasted (idle_in_transaction_session_timeout counts only
-    idle sessions). The server now has the whole transaction, COMMIT included, at once."""
-    with ledger(proxy.url(fresh_postgres_url)) as stalled, ledger(fresh_postgres_url) as other:
-        fill(stalled, 1)  # its next batch writes onto its kept head, the UPDATE first
-        proxy.stall_after_write()
-        pending = stalled.submit(draft())
-        try:
-            started = time.monotonic()
-            assert other.append(draft()).seq == 3
-            assert time.monotonic() - started < 2.0  # not a lock_timeout (5 s) away
-        finally:
-            proxy.released.set()
-        assert pending.result(timeout=30).seq == 2
-        assert other.verify("acme").ok
-    # each batch: one simple Query message holding its writes and COMMIT, never a head
-    # UPDATE on its own (the pipeline's Parse/Bind/Execute, flushed as each was executed)
-    assert proxy.head_writes
-    assert all(sent[:1] == b"Q" and b"COMMIT" in sent for sent in proxy.head_writes)
-
-
 def test_a_commit_lost_on_its_way_fails_its_append(
     proxy: PostgresProxy, fresh_postgres_url: str
 ) -> None:

@@ -73,24 +73,6 @@ def test_appends_chain_per_tenant_and_group_commit(db_url: str) -> None:
         assert led.chains() == ["acme", "globex"]
 
 
-def test_text_that_reads_as_sql_is_stored_as_it_was(db_url: str) -> None:
-    """On Postgres the writes go as one message of literals the driver quotes: quotes,
-    backslashes, placeholders, statement ends and non-ASCII text stay data."""
-    hostile = "O'Brien\\'; DROP TABLE receipts; -- %s %(city)s $1 \\x00 \u00e9\u4e2d\U0001f600"
-    migrated(db_url)
-    with ledger(db_url) as led:
-        stored = led.append(
-            draft(
-                "acme",
-                arguments={"city": hostile},
-                payload={"messages": [{"role": "user", "content": hostile}], "params": {}},
-            )
-        )
-        assert led.get("acme", stored.id) == stored
-        assert stored.output["tool_calls"][0]["arguments"]["city"] == hostile
-        assert led.verify("acme").ok
-
-
 def test_group_commit_shares_transactions(fresh_postgres_url: str) -> None:
     migrated(fresh_postgres_url)
     with ledger(fresh_postgres_url) as led:
