@@ -259,23 +259,43 @@ def create_engine(url: str, *, writer: bool = False, snapshots: bool = False) ->
 
 
 # A writer holds a chain's row lock for milliseconds (lock, seal, write, commit). One that
-# stalls inside (SIGSTOP, a paused VM) keeps its TCP session alive, so the server would hold
-# the lock for as long as the stall lasts and every other replica's appends would wait.
+# stalls inside (SIGSTOP, a paused VM, a partition) keeps its session open, so the server would
+# hold the lock for as long as the stall lasts and every other replica's appends would wait.
 WRITER_IDLE_IN_TRANSACTION_S = 5
 WRITER_LOCK_TIMEOUT_S = 5
+# A stall while a batch's pipelined writes are on their way leaves the session active (the
+# server waits for the rest), which idle_in_transaction_session_timeout does not count.
+# Postgres 17's transaction_timeout bounds that too; before 17, the server's keepalives end
+# the session once the writer's host stops answering (a partition, a paused VM, a dead host:
+# about 5 + 5 x 1 s), though not while a stopped process's host still answers for it.
+WRITER_TRANSACTION_TIMEOUT_S = 30
+WRITER_KEEPALIVES = {
+    "tcp_keepalives_idle": 5,
+    "tcp_keepalives_interval": 1,
+    "tcp_keepalives_count": 5,
+}
 
 
 def _bound_writer_waits(engine: sa.Engine) -> None:
     """The server ends a writer session idle inside a transaction (its lock goes with it,
-    and the stalled writer's commit fails closed), and a writer waits for a lock only so
-    long before it fails its batch (a 503) instead of holding every append behind it."""
+    and the stalled writer's commit fails closed), one whose host stopped answering, and
+    (Postgres 17 on) one whose transaction has run too long; and a writer waits for a lock
+    only so long before it fails its batch (a 503) instead of holding every append behind
+    it."""
+    settings = {
+        "idle_in_transaction_session_timeout": f"{WRITER_IDLE_IN_TRANSACTION_S}s",
+        "lock_timeout": f"{WRITER_LOCK_TIMEOUT_S}s",
+        **{name: str(value) for name, value in WRITER_KEEPALIVES.items()},
+    }
 
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record) -> None:
         with dbapi_conn.cursor() as cursor:
+            cursor.execute("; ".join(f"SET {name} = '{value}'" for name, value in settings.items()))
             cursor.execute(
-                f"SET idle_in_transaction_session_timeout = '{WRITER_IDLE_IN_TRANSACTION_S}s';"
-                f" SET lock_timeout = '{WRITER_LOCK_TIMEOUT_S}s'"
+                "SELECT set_config('transaction_timeout', %s, false)"
+                " WHERE current_setting('server_version_num')::int >= 170000",
+                (f"{WRITER_TRANSACTION_TIMEOUT_S}s",),
             )
         dbapi_conn.commit()
 

@@ -676,6 +676,23 @@ def test_a_writer_stalled_inside_its_transaction_does_not_hold_the_other_replica
         assert b.verify("acme").ok
 
 
+def test_a_writer_session_ends_when_its_host_stops_answering(fresh_postgres_url: str) -> None:
+    """A writer that stalls while its pipelined writes are on their way leaves its session
+    active, not idle, holding the chain's lock (found by a replicas prober): the server's
+    keepalives end it once the writer's host stops answering (a partition, a paused VM),
+    and on Postgres 17 transaction_timeout ends it whatever the stall. Here: what the
+    writer's sessions carry, as the server reports it on a TCP connection."""
+    migrated(fresh_postgres_url)
+    with ledger(fresh_postgres_url) as led, led._writer._engine.connect() as conn:
+        shown = {
+            name: conn.exec_driver_sql(f"SHOW {name}").scalar() for name in store.WRITER_KEEPALIVES
+        }
+        assert shown == {name: str(value) for name, value in store.WRITER_KEEPALIVES.items()}
+        if int(conn.exec_driver_sql("SHOW server_version_num").scalar()) >= 170000:
+            timeout = conn.exec_driver_sql("SHOW transaction_timeout").scalar()
+            assert timeout == f"{store.WRITER_TRANSACTION_TIMEOUT_S}s"
+
+
 @pytest.mark.parametrize("has_poll", [True, False], ids=["poll", "select-as-on-windows"])
 def test_writer_notices_at_once_that_the_server_closed_its_connection(
     fresh_postgres_url: str, monkeypatch: pytest.MonkeyPatch, has_poll: bool
