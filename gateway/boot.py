@@ -173,6 +173,10 @@ def default_signer(settings: Settings) -> Signer:
     try:
         return first_signing_key(settings.db_url, lambda: load_or_create_signer(path, create=True))
     except KeyAlreadyListed as exc:
+        if path.exists():  # made meanwhile by another gateway on this data directory
+            signer = load_or_create_signer(path, create=False)
+            if signer.key_id in exc.key_ids:
+                return signer
         raise SigningKeyError(
             f"no signing key at {path} and none named, but the ledger at"
             f" {shown_url(settings.db_url)} already lists {', '.join(exc.key_ids)}: restore"

@@ -630,6 +630,23 @@ def test_replicas_of_one_ledger_with_no_key_named_do_not_each_make_one(
         assert [k["key_id"] for k in ledger.public_keys()] == made
 
 
+def test_gateways_sharing_a_data_directory_share_the_key_one_of_them_made(
+    tmp_path: Path, fresh_postgres_url: str
+) -> None:
+    """Two gateways on one data directory and one Postgres ledger, starting together: the
+    one that waited for the other's key used to stop, the key it would have loaded listed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.boot import default_signer, prepare_database
+    from gateway.settings import Settings
+
+    settings = Settings(data_dir=tmp_path / "shared", db=fresh_postgres_url)
+    prepare_database(settings)
+    with ThreadPoolExecutor(3) as pool:
+        keys = {signer.key_id for signer in pool.map(default_signer, [settings] * 3)}
+    assert len(keys) == 1, keys
+
+
 @pytest.mark.vllm
 def test_serve_stopped_by_sigterm_closes_the_ledger_and_exits_0(
     tmp_path: Path, vllm_server: Any
