@@ -34,8 +34,9 @@ Write path (why it looks like this):
   landed and a redo would append it twice. When the connection broke after COMMIT went
   out, the writer asks the database which of the batch's receipts landed (at once, then
   every tick until it answers) and resolves each append accordingly.
-- On start, chains whose head this key sealed and no checkpoint covers (a writer killed
-  before signing them) are scheduled for their timer checkpoint.
+- On start and every checkpoint interval, chains whose head this key sealed and no checkpoint
+  covers (a writer of this key killed before signing them, a replica's included) are
+  scheduled for their timer checkpoint.
 """
 
 from __future__ import annotations

@@ -105,7 +105,9 @@ def _history_calls(value: Any, at: str) -> tuple[HistoryCall, ...]:
             raise RuntimeInputError(
                 f"'{where}' must be an object with 'id' and 'function'", param=where
             )
-        name, raw = fn.get("name"), fn.get("arguments") or "{}"  # "" from no-argument tools
+        name, raw = fn.get("name"), fn.get("arguments")
+        if raw is None or raw == "":  # a no-argument tool's call
+            raw = "{}"
         if not isinstance(name, str):
             raise RuntimeInputError(
                 f"'{where}.function.name' must be a string", param=f"{where}.function.name"

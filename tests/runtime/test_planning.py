@@ -379,21 +379,25 @@ def test_invalid_regex_and_grammar() -> None:
         ([{"role": "user"}], "messages[0].content"),
         ([{"role": "user", "content": 3}], "messages[0].content"),
         ([*USER, {"role": "tool", "content": "18C"}], "messages[1].tool_call_id"),
-        (
-            [
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": "c",
-                            "type": "function",
-                            "function": {"name": "f", "arguments": {"a": 1}},
-                        }
-                    ],
-                }
-            ],
-            "messages[0].tool_calls[0].function.arguments",
+        *(
+            (
+                [
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": arguments},
+                            }
+                        ],
+                    }
+                ],
+                "messages[0].tool_calls[0].function.arguments",
+            )
+            # not strings, empty ones too (they read as {} before, as "" and a missing one do)
+            for arguments in ({"a": 1}, {}, [], 0, False)
         ),
         (
             [{"role": "assistant", "content": "", "tool_calls": [{"type": "function"}]}],
