@@ -22,19 +22,21 @@ from receipts.signing import Signer
 RETURNED_BEFORE_KILL = 300
 
 
-def test_sigkill_mid_batch_loses_no_returned_receipt(db_url: str) -> None:
-    url = migrated(db_url)
-    signer = Signer.generate()
+def killed_writer(
+    url: str, signer: Signer, returned_before_kill: int, window: int
+) -> dict[str, int]:
+    """Receipt id -> seq of every append a writer process returned before it was killed
+    with SIGKILL: it is given far more appends than it lives to make, ``window`` in flight,
+    so it dies inside a batch."""
     ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    # far more appends than it will live to make, many in flight: it dies inside a batch
     writer = ctx.Process(
-        target=append_worker, args=(url, signer.private_key_pem(), 100_000, send, "acme", 200)
+        target=append_worker, args=(url, signer.private_key_pem(), 100_000, send, "acme", window)
     )
     writer.start()
     send.close()
     returned: dict[str, int] = {}
-    while len(returned) < RETURNED_BEFORE_KILL:
+    while len(returned) < returned_before_kill:
         receipt_id, seq = receive.recv()
         returned[receipt_id] = seq
     os.kill(writer.pid, signal.SIGKILL)
@@ -46,6 +48,13 @@ def test_sigkill_mid_batch_loses_no_returned_receipt(db_url: str) -> None:
         except EOFError:
             break
         returned[receipt_id] = seq
+    return returned
+
+
+def test_sigkill_mid_batch_loses_no_returned_receipt(db_url: str) -> None:
+    url = migrated(db_url)
+    signer = Signer.generate()
+    returned = killed_writer(url, signer, RETURNED_BEFORE_KILL, window=200)
 
     with ledger(url, signer, checkpoint_interval_s=1) as led:
         report = led.verify("acme")
@@ -75,17 +84,7 @@ def test_a_replica_of_the_same_key_signs_what_a_killed_one_left_unsigned(db_url:
     with ledger(url, signer, checkpoint_interval_s=1) as survivor:
         survivor.start()
         time.sleep(1.5)  # its first look (at its first tick, 1 s) finds no chain yet
-        ctx = mp.get_context("spawn")
-        receive, send = ctx.Pipe(duplex=False)
-        writer = ctx.Process(
-            target=append_worker, args=(url, signer.private_key_pem(), 100_000, send, "acme", 50)
-        )
-        writer.start()
-        send.close()
-        for _ in range(100):
-            receive.recv()
-        os.kill(writer.pid, signal.SIGKILL)
-        writer.join(timeout=30)
+        killed_writer(url, signer, 100, window=50)
         head = survivor.verify("acme").checked
         deadline = time.monotonic() + 30
         while (survivor.latest_checkpoint("acme") or {}).get("tree_size") != head:
