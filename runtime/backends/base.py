@@ -22,10 +22,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from runtime.backends.schema_keywords import overlapping_one_of, refuse_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 from runtime.regex_features import constraint_patterns, unenforceable_regex_feature
+from runtime.schema_keywords import overlapping_one_of, refuse_keywords
 
 
 class GrammarMatcher(ABC):

@@ -8,7 +8,7 @@ Its tokenizer reads a special token's text inside ordinary text as that token
 (``tokenize_bytes`` ignores ``parse_special=False``), so text the grammar forces that spells
 one (the literal ``"<|im_start|>"``) is forced as the special token, which its own parser
 then refuses. Such constraints go to the next backend, and the mask never offers a special
-token (callproof refuses grammars that name one; the engine adds EOS itself).
+token but the end of output (callproof refuses grammars that name one).
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ class LLGuidanceBackend(GrammarBackend):
             if t.special
         }
         self._special_texts = tuple(special.values())
-        self._special_bits = _SpecialBits(special)
+        # the end of the output stays in the mask when the grammar may stop there
+        self._special_bits = _SpecialBits([i for i in special if i not in self._lltok.eos_tokens])
 
     def _compile(self, constraint: Constraint) -> CompiledGrammar:
         spelled = spelled_special_token(constraint.source, self._special_texts)
@@ -112,9 +113,9 @@ class LLGuidanceBackend(GrammarBackend):
 class _SpecialBits:
     """The bitmask words holding special tokens, and what keeps each word's other bits."""
 
-    def __init__(self, special: dict[int, str]):
+    def __init__(self, tokens: list[int]):
         keep: dict[int, int] = {}
-        for token in special:
+        for token in tokens:
             word = token // 32
             keep[word] = keep.get(word, -1) & ~(1 << (token % 32))
         self.words = torch.tensor(sorted(keep), dtype=torch.long)

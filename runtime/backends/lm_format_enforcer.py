@@ -19,9 +19,9 @@ from lmformatenforcer import (
 )
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, MaskReadingMatcher
-from runtime.backends.schema_keywords import BOUNDS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.schema_keywords import BOUNDS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 
 UNENFORCED = (
     IGNORED_BY_ALL_BUT_LLGUIDANCE

@@ -15,9 +15,9 @@ from outlines_core import Guide, Index, Vocabulary
 from outlines_core.json_schema import build_regex_from_schema
 
 from runtime.backends.base import CompiledGrammar, GrammarBackend, MaskReadingMatcher
-from runtime.backends.schema_keywords import BOUNDS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.schema_keywords import BOUNDS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 
 # Accepted by build_regex_from_schema but not enforced (probed in tests/runtime/test_backends.py)
 UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | BOUNDS

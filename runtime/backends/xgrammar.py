@@ -6,7 +6,7 @@ Its JSON-schema converter silently ignores keywords it does not implement (``not
 are refused (``unenforced``, checked by GrammarBackend.compile) so the chain moves on rather
 than enforce less than was asked. What it drops only in some combinations, or reads in
 another regex dialect, it says in a log line on stderr and compiles anyway; `_dropped` finds
-those cases first (runtime/backends/xgrammar_gaps.py, shared with the vLLM engine).
+those cases first (runtime/xgrammar_gaps.py, shared with the vLLM engine).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from runtime.backends.base import (
     GrammarBackend,
     MaskReadingMatcher,
 )
-from runtime.backends.xgrammar_gaps import UNENFORCED, literal_escape, weakened
 from runtime.constraint import Constraint, is_gbnf
 from runtime.errors import BackendCannotCompile
 from runtime.schema_walk import schema_nodes
+from runtime.xgrammar_gaps import UNENFORCED, literal_escape, weakened
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 

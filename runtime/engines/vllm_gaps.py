@@ -19,7 +19,7 @@ whole integer steps xgrammar itself enforces), ``uniqueItems``/``contains``/``mi
 ``maxContains`` on an array, a string ``format`` outside XGRAMMAR_FORMATS, ``minLength``/
 ``maxLength`` beside a ``pattern`` or ``format``, ``propertyNames`` and ``patternProperties``
 beside other object keywords, an ``allOf`` of two or more parts; \\p escapes in a regex. What
-xgrammar ignores is runtime.backends.xgrammar_gaps's (the same xgrammar version, 0.2.8); a
+xgrammar ignores is runtime.xgrammar_gaps's (the same xgrammar version, 0.2.8); a
 ``oneOf`` whose branches may overlap it reads as ``anyOf``, so that one is sent as it is and
 only checked after. The guidance backend runs llguidance, which refuses the keywords the
 other libraries ignore (IGNORED_BY_ALL_BUT_LLGUIDANCE) with a 400 that does not say where.
@@ -31,12 +31,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, one_of_overlaps
-from runtime.backends.xgrammar_gaps import UNENFORCED, literal_escape, weakened
 from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, one_of_overlaps
 from runtime.schema_walk import schema_nodes
+from runtime.xgrammar_gaps import UNENFORCED, literal_escape, weakened
 
 # The string formats vLLM's xgrammar backend takes (its STRING_SUPPORTED_FORMATS); it
 # refuses a schema with any other.

@@ -677,12 +677,14 @@ def test_unicode_property_escapes_in_a_tool_schema_are_enforced(gateway: Any) ->
         "max_tokens": 32,
         "messages": [{"role": "user", "content": "What is the weather in Zürich?"}],
     }
-    if "llguidance" not in gateway.engine.identity.backends:  # vLLM's xgrammar: says so
-        with pytest.raises(openai.BadRequestError, match="escape sequence is not supported"):
-            create(gateway, **params)
-        return
-    (call,) = create(gateway, **params).choices[0].message.tool_calls
+    completion = create(gateway, **params)
+    (call,) = completion.choices[0].message.tool_calls
     assert regex.fullmatch(pattern, json.loads(call.function.arguments)["city"])
+    if "llguidance" not in gateway.engine.identity.backends:
+        # vLLM's xgrammar refused the escape (a 400 that named no keyword): the pattern is
+        # left out of what the server enforces and checked after decoding (a 422 if broken)
+        stored = recorded(gateway, receipt_of(completion)["id"])
+        assert stored.fallback == "post_hoc_check:pattern"
 
 
 def test_a_cut_off_answer_comes_back_as_far_as_it_got(gateway: Any) -> None:

@@ -10,9 +10,9 @@ from grammar_testkit import matches, smol_tokenizer
 
 from runtime.backends import BackendChain, available_backends, backend_order, make_backend
 from runtime.backends.base import allocate_bitmask, bitmask_to_bool
-from runtime.backends.schema_keywords import overlapping_one_of, schema_keywords
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile, EngineConfigError
+from runtime.schema_keywords import overlapping_one_of, schema_keywords
 
 BACKENDS = available_backends()
 

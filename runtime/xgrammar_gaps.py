@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from runtime.backends.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
 
 # Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
 UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({"allOf", "patternProperties"})
