@@ -153,6 +153,13 @@ def tokenizer_digest(tokenizer: Any) -> str:
     return hashlib.sha256(payload).hexdigest()
 
 
+def special_tokens(tokenizer: Any) -> dict[int, str]:
+    """The tokenizer's special tokens by id: the chat template's controls, which a user's text
+    must not be read as, and which a grammar's masks must never offer."""
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    return {i: t.content for i, t in added.items() if t.special}
+
+
 def allows_only(bitmask_row: torch.Tensor, token_ids: list[int]) -> bool:
     """True when the row allows no token outside ``token_ids`` (e.g. only EOS)."""
     rest = bitmask_row.clone()

@@ -20,7 +20,12 @@ import llguidance
 import llguidance.hf
 import torch
 
-from runtime.backends.base import CompiledGrammar, GrammarBackend, GrammarMatcher
+from runtime.backends.base import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarMatcher,
+    special_tokens,
+)
 from runtime.constraint import STRICT_JSON_OPTIONS, Constraint, to_lark
 from runtime.errors import BackendCannotCompile
 
@@ -66,11 +71,7 @@ class LLGuidanceBackend(GrammarBackend):
     def __init__(self, tokenizer: Any):
         super().__init__(tokenizer)
         self._lltok = llguidance.hf.from_tokenizer(tokenizer)
-        special = {
-            i: t.content
-            for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()
-            if t.special
-        }
+        special = special_tokens(tokenizer)
         self._special_texts = tuple(special.values())
         # the end of the output stays in the mask when the grammar may stop there
         self._special_bits = _SpecialBits([i for i in special if i not in self._lltok.eos_tokens])

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from runtime.backends.base import CompiledGrammar
+from runtime.backends.base import CompiledGrammar, special_tokens
 from runtime.backends.registry import BackendChain
 from runtime.cache import GrammarCache
 from runtime.constrained import post_hoc_retry_json, processor_of
@@ -101,9 +101,7 @@ class EmbeddedEngine:
         self.grammars = grammars
         self._eos_ids = _eos_ids(model, tokenizer)
         self._vocab = len(tokenizer)
-        self._controls = tuple(
-            t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special
-        )
+        self._controls = tuple(special_tokens(tokenizer).values())
         self._worker = DeepStackExecutor(max_workers=1, thread_name_prefix="decode")
         self._closed = False
 
