@@ -78,12 +78,24 @@ class Renderer(ABC):
     name: str
 
     def tool_block(self, prompt: ToolPrompt) -> str:
-        """The system-prompt section announcing the tools, then what the answer's format is
-        for (when an answer is allowed), ending with what tool_choice asks."""
-        purpose = format_purpose(prompt.answer_format) if prompt.choice.allows_answer else ""
+        """The system-prompt section announcing the tools, then (when an answer is allowed)
+        the answer's format and what it is for, ending with what tool_choice asks."""
+        answer = ""
+        if prompt.choice.allows_answer:
+            notes = (self.answer_note(prompt), format_purpose(prompt.answer_format))
+            answer = "\n\n".join(note for note in notes if note)
         return "\n\n".join(
-            part for part in (self.announce(prompt), purpose, choice_hint(prompt)) if part
+            part for part in (self.announce(prompt), answer, choice_hint(prompt)) if part
         )
+
+    def answer_note(self, prompt: ToolPrompt) -> str:
+        """What an answer instead of a call must look like when response_format makes it
+        JSON ("" for a free-text answer). A family's own tool format says nothing of answers,
+        and the decoder enforces the schema whether or not the model was told it."""
+        schema = prompt.answer_format.schema if prompt.answer_format else None
+        if schema is None:
+            return ""
+        return f"When you answer instead of calling a function, {_json_only(schema)}"
 
     @abstractmethod
     def announce(self, prompt: ToolPrompt) -> str:
@@ -144,12 +156,17 @@ def format_purpose(response_format: ResponseFormat | None) -> str:
 def json_answer_note(schema: dict[str, Any], response_format: ResponseFormat) -> str:
     """System note for response_format without tools: the model learns what fields mean
     (``schema``, as enforced) and what the format is for."""
-    if schema == {"type": "object"}:
-        note = "Respond with a single JSON object and nothing else."
-    else:
-        note = (
-            "Respond with a single JSON value and nothing else. It must match this JSON schema:\n"
-            + dumps(schema)
-        )
+    note = _json_only(schema)
+    note = note[0].upper() + note[1:]
     purpose = format_purpose(response_format)
     return f"{note}\n\n{purpose}" if purpose else note
+
+
+def _json_only(schema: dict[str, Any]) -> str:
+    """The instruction to write JSON alone, quoting the schema unless it is json_object's."""
+    if schema == {"type": "object"}:
+        return "respond with a single JSON object and nothing else."
+    return (
+        "respond with a single JSON value and nothing else. It must match this JSON schema:\n"
+        + dumps(schema)
+    )

@@ -42,6 +42,10 @@ class GenericRenderer(Renderer):
             forms.append(f'{lead} with JSON: {{"answer": {value}}}')
         return f"You have access to these tools:\n{listing}\n\n" + "\n".join(forms)
 
+    def answer_note(self, prompt: ToolPrompt) -> str:
+        """ "": the envelope's answer form in ``announce`` already quotes the schema."""
+        return ""
+
     def assistant_calls(self, content: str, calls: Sequence[HistoryCall]) -> str:
         envelopes: list[dict[str, Any]] = [
             {"tool": c.name, "arguments": c.arguments} for c in calls

@@ -234,6 +234,30 @@ def test_every_family_tells_the_model_what_the_answer_format_is_for(family: str)
     assert "Rooms free today." not in renderer.tool_block(required)  # no answer to describe
 
 
+@pytest.mark.parametrize("family", ["qwen", "llama", "hermes"])
+def test_families_without_an_answer_form_are_told_the_answer_schema(family: str) -> None:
+    """A family's own tool format knows only calls; an answer instead of a call under a
+    json_schema response_format is decoded to that schema, so the model is shown it (generic
+    quotes it inside its envelope's answer form)."""
+    renderer = get_renderer(family)
+    counted = ResponseFormat("json_schema", INTEGER, "Count")
+    block = renderer.tool_block(ToolPrompt(WEATHER, AUTO, False, counted))
+    assert block == (
+        renderer.announce(ToolPrompt(WEATHER, AUTO, False, counted))
+        + "\n\nWhen you answer instead of calling a function, respond with a single JSON value"
+        ' and nothing else. It must match this JSON schema:\n{"type": "integer"}'
+    )
+    as_object = ToolPrompt(WEATHER, AUTO, False, ResponseFormat("json_object", {"type": "object"}))
+    assert renderer.tool_block(as_object).endswith(
+        "When you answer instead of calling a function, respond with a single JSON object and"
+        " nothing else."
+    )
+    free = renderer.tool_block(ToolPrompt(WEATHER, AUTO))
+    assert "answer instead" not in free
+    required = renderer.tool_block(ToolPrompt(WEATHER, ToolChoice("required"), False, counted))
+    assert "answer instead" not in required and "integer" not in required
+
+
 def test_tool_block_becomes_the_system_prompt_when_there_is_none() -> None:
     history = (HistoryMessage("user", "hi"),)
     assert get_renderer("qwen").render(history, "TOOLS") == (
