@@ -7,6 +7,7 @@ gateway extra (the database drivers and the settings `serve` reads).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from gateway.settings import Settings
-    from receipts.signing import Signer
+    from receipts.signing import PublicKeyEntry, Signer
 
 EXTRA = "gateway"
 COMMANDS = ("export", "ledger")
@@ -58,7 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PEM",
         help="private key to sign a checkpoint at the head (default: the gateway's, as serve"
         " finds it: $CALLPROOF_SIGNING_KEY, else signing_key_file or <data_dir>/signing-key.pem"
-        " when it exists; without one, the bundle ends at the latest stored checkpoint)",
+        " when it exists, unless a newer key has signed the chain since; without one, the"
+        " bundle ends at the latest stored checkpoint)",
     )
     export.set_defaults(handler=_export)
 
@@ -130,13 +132,14 @@ def _export(args: argparse.Namespace) -> int:
         return fail(BAD_INPUT, "--from must not be after --to")
     try:
         settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "signing_key_file"))
-        signer = (
-            Signer.from_pem(args.signing_key.read_bytes())
-            if args.signing_key
-            else _gateway_signer(settings)
-        )
-        with Ledger(_db_url(settings), signer) as ledger:
-            tenant = args.tenant or _only_chain(ledger.chains())
+        url = _db_url(settings)
+        with Ledger(url, None) as reader:
+            tenant = args.tenant or _only_chain(reader.chains())
+            if args.signing_key:
+                signer = Signer.from_pem(args.signing_key.read_bytes())
+            else:
+                signer = _current_signer(_gateway_signer(settings), reader.public_keys(tenant))
+        with Ledger(url, signer) as ledger:
             ledger.export(tenant, args.output, since=args.since, until=args.until)
     except LedgerUnavailable as exc:
         return fail(UNAVAILABLE, exc)
@@ -166,6 +169,28 @@ def _gateway_signer(settings: Settings) -> Signer | None:
         return from_env
     path = settings.signing_key_path
     return load_or_create_signer(path, create=False) if path.is_file() else None
+
+
+def _current_signer(signer: Signer | None, chain_keys: list[PublicKeyEntry]) -> Signer | None:
+    """The gateway's key, unless a newer key has signed the chain since: a scheduled export
+    still finding the default key file after `serve` moved to another (key rotation) would
+    sign a checkpoint with the retired key, which auditors holding the rotation's key list
+    refuse. The bundle then ends at the latest stored checkpoint instead."""
+    from receipts.signing import superseded_key
+
+    if signer is None:
+        return None
+    moved_on = superseded_key(chain_keys, signer.key_id)
+    if not moved_on:
+        return signer
+    newer = next(iter(moved_on.values()))
+    print(
+        f"callproof export: not signing with {signer.key_id}: {newer} has signed the chain"
+        " since; the bundle ends at the latest stored checkpoint (pass --signing-key with"
+        " the current key's file to sign one at the head)",
+        file=sys.stderr,
+    )
+    return None
 
 
 def _only_chain(chains: list[str]) -> str:

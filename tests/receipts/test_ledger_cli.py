@@ -103,6 +103,25 @@ def test_a_later_bundle_is_checked_against_a_checkpoint_saved_earlier(
     assert code == 1 and "saved checkpoint" in report["reason"]  # its signature no longer holds
 
 
+def test_export_does_not_sign_with_a_key_a_rotation_retired(
+    filled, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rotation named the new key to serve alone (docs/deploy.md); the scheduled export
+    still found the old key file and signed a checkpoint with it past its turn, which an
+    auditor holding the rotation's key list refused. It now ends at the stored checkpoint."""
+    url, old, key = filled
+    monkeypatch.setenv("CALLPROOF_SIGNING_KEY_FILE", str(key))
+    bundle = tmp_path / "scheduled.tar.gz"
+    with ledger(url, Signer.generate(), checkpoint_every=1000, checkpoint_interval_s=3600) as led:
+        fill(led, 3)  # seqs 41-43, signed by the new key, no checkpoint yet
+        code, _, err = run(capsys, "export", "--db", url, "--tenant", "acme", "-o", str(bundle))
+        assert code == 0 and f"not signing with {old.key_id}" in err
+        (old_key,) = [k for k in led.public_keys("acme") if k["key_id"] == old.key_id]
+    assert old_key["ranges"] == [{"chain": "acme", "first_seq": 1, "last_seq": 40}]
+    code, out, _ = run(capsys, "verify", str(bundle), "--json")
+    assert code == 0 and json.loads(out)["tree_size"] == 40  # the closing checkpoint of 40
+
+
 def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     url, _, key = filled
     with ledger(url) as led:
