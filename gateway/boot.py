@@ -80,12 +80,15 @@ def prepare_database(settings: Settings) -> None:
     from migrations.runner import upgrade
 
     ledger_file = sqlite_file(settings.db_url)
+    setting = "db" if settings.db else "data_dir"
     if ledger_file is not None:
         if settings.db is None:
             _private_data_dir(settings)
-        _create_private_file(ledger_file, "db" if settings.db else "data_dir")
+        _create_private_file(ledger_file, setting)
         _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
+    if ledger_file is not None:
+        _check_writable(settings.db_url, ledger_file, setting)
 
 
 def _create_private_file(path: Path, setting: str) -> None:
@@ -94,10 +97,37 @@ def _create_private_file(path: Path, setting: str) -> None:
     try:
         os.close(os.open(path, os.O_CREAT | os.O_RDONLY, 0o600))
     except OSError as exc:
+        fix = (
+            f"give this user write access to {path.parent}"
+            if path.parent.is_dir()
+            else f"create the directory {path.parent}, or name a file in one that exists"
+        )
         raise SettingsError(
-            f"setting {setting!r}: cannot create the SQLite ledger {path}: {exc.strerror}"
-            f" (create the directory {path.parent}, or name a file in one that exists)"
+            f"setting {setting!r}: cannot create the SQLite ledger {path}: {exc.strerror} ({fix})"
         ) from None
+
+
+def _check_writable(url: str, path: Path, setting: str) -> None:
+    """A SQLite file this user cannot write (a restore of mode 0400 or of another owner, a
+    read-only mount) opens read-only, migrates nothing when it is up to date, and reads
+    well: /readyz said ready while every receipt failed at its commit with a 503. One
+    write that changes nothing tells before the gateway listens."""
+    import sqlalchemy as sa
+
+    from receipts.store import short_error
+
+    engine = sa.create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql("UPDATE alembic_version SET version_num = version_num")
+    except sa.exc.OperationalError as exc:
+        raise SettingsError(
+            f"setting {setting!r}: the SQLite ledger {path} cannot be written"
+            f" ({short_error(exc)}): give this user write access to it, to its directory and"
+            " to the -wal and -shm files beside it"
+        ) from None
+    finally:
+        engine.dispose()
 
 
 DatabaseState = Literal["absent", "unmigrated", "behind", "ready", "newer"]

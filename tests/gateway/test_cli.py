@@ -213,6 +213,23 @@ def test_a_database_at_another_revision_is_named_not_read(tmp_path: Path) -> Non
         )
 
 
+def test_a_sqlite_ledger_this_user_cannot_write_stops_serve_and_keys(tmp_path: Path) -> None:
+    """A restored file of mode 0400 or another owner opens read-only: serve started, /readyz
+    said ready, and every completion was a 503 at its commit. SQLite's read-only URI mode
+    stands in for the permission (tests run as root, whom modes do not stop)."""
+    path = tmp_path / "ledger.db"
+    upgrade(f"sqlite:///{path}")
+    read_only = f"sqlite:///file:{path}?mode=ro&uri=true"
+    says = f"setting 'db': the SQLite ledger {path} cannot be written"
+    keys = callproof("keys", "create", "--role", "agent", "--tenant", "t", "--db", read_only,
+                     data_dir=tmp_path)  # fmt: skip
+    served = serve_once("--db", read_only, "--engine", "vllm", "--vllm-url", "http://127.0.0.1:9",
+                        "--model", "m", "--data-dir", str(tmp_path))  # fmt: skip
+    for done in (keys, served):
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and says in done.stderr, done.stderr
+
+
 def test_keys_and_ledger_need_only_the_database_settings(tmp_path: Path) -> None:
     """A config file shared with serve (engine vllm, whose URL and model serve has in its
     environment) and a port keys never opens must not stop the commands that only need the
