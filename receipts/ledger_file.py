@@ -1,5 +1,5 @@
-"""The SQLite ledger's file: where a database URL puts it, and whether the path still names
-the file the ledger opened.
+"""The SQLite ledger's file: where a database URL puts it, whether the path still names the
+file the ledger opened, and a consistent copy of it (`callproof ledger backup`).
 
 A SQLite connection keeps writing to the file it opened even after that file is removed or
 replaced (a cleanup script, a restore copied over it): every commit then succeeds into an
@@ -12,6 +12,7 @@ takes one, so that case fails closed instead.
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -67,3 +68,24 @@ class LedgerFile:
                 f"the SQLite ledger {self.path} cannot be looked at: {exc.strerror}"
             ) from None
         return stat.st_dev, stat.st_ino
+
+
+def backup(path: Path, dest: Path) -> None:
+    """A consistent copy of the SQLite ledger at ``path`` in ``dest`` (mode 0600, written in
+    full or not at all), taken while gateways write to it. SQLite's online backup copies one
+    snapshot, receipts still in the ``-wal`` file included: a copy of the ledger file alone
+    misses every receipt committed since the last WAL checkpoint."""
+    partial = dest.with_name(f".{dest.name}.partial")
+    os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+    os.chmod(partial, 0o600)  # one left by an earlier run keeps its mode through O_CREAT
+    try:
+        source, target = sqlite3.connect(path), sqlite3.connect(partial)
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+        os.replace(partial, dest)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise

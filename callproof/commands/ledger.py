@@ -1,4 +1,5 @@
-"""`callproof export` and `callproof ledger verify|migrate`: the ledger database's commands.
+"""`callproof export` and `callproof ledger verify|backup|migrate`: the ledger database's
+commands.
 
 Their exit codes are `callproof verify`'s (callproof/commands/verify.py). They need the
 gateway extra (the database drivers and the settings `serve` reads).
@@ -64,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     export.set_defaults(handler=_export)
 
-    ledger = subparsers.add_parser("ledger", help="verify or migrate the ledger database")
+    ledger = subparsers.add_parser("ledger", help="verify, back up or migrate the ledger database")
     actions = ledger.add_subparsers(dest="ledger_action", required=True, metavar="ACTION")
     db_verify = actions.add_parser("verify", help="verify the chains stored in the database")
     _add_db(db_verify)
@@ -80,6 +81,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_report_options(db_verify)
     db_verify.set_defaults(handler=_verify_db)
+    backup = actions.add_parser(
+        "backup", help="copy a SQLite ledger consistently while gateways write to it"
+    )
+    _add_db(backup)
+    backup.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the copy to write, mode 0600 (Postgres: use pg_dump, docs/deploy.md section 4)",
+    )
+    backup.set_defaults(handler=_backup)
     migrate = actions.add_parser("migrate", help="create or upgrade the ledger tables")
     _add_db(migrate)
     migrate.set_defaults(handler=_migrate)
@@ -257,6 +271,32 @@ def _verify_db(args: argparse.Namespace) -> int:
     except (ReceiptsError, SettingsError, OSError, ValueError) as exc:
         return fail(BAD_INPUT, exc)
     return print_reports(reports, args.json)
+
+
+def _backup(args: argparse.Namespace) -> int:
+    import sqlite3
+
+    from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
+    from receipts.errors import LedgerUnavailable
+    from receipts.ledger_file import backup, sqlite_file
+
+    try:
+        settings = settings_from_args(args, only=DATABASE_SETTINGS)
+        path = sqlite_file(_db_url(settings))
+        if path is None:
+            raise SettingsError(
+                "ledger backup copies a SQLite ledger: back up Postgres with pg_dump or WAL"
+                " archiving (docs/deploy.md, section 4)"
+            )
+        backup(path, args.output)
+    except LedgerUnavailable as exc:
+        return fail(UNAVAILABLE, exc)
+    except sqlite3.Error as exc:
+        return fail(UNAVAILABLE, f"the backup of {path} failed: {exc}")
+    except (SettingsError, OSError) as exc:
+        return fail(BAD_INPUT, exc)
+    print(f"wrote {args.output}")
+    return OK
 
 
 def _migrate(args: argparse.Namespace) -> int:
