@@ -6,6 +6,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     CALLPROOF_DATA_DIR=/data \
+    CALLPROOF_MODEL_CACHE=/cache \
     CALLPROOF_HOST=0.0.0.0 \
     CALLPROOF_PORT=8000
 
@@ -21,7 +22,7 @@ COPY migrations ./migrations
 # at the version constraints.txt locks, the one the suite passed with.
 RUN pip install -c constraints.txt ".[gateway,postgres]" \
     && useradd --system --uid 10001 --home-dir /data callproof \
-    && mkdir -p /data && chown callproof /data
+    && mkdir -p /data /cache && chown callproof /data /cache && chmod 0700 /data
 
 USER callproof
 EXPOSE 8000

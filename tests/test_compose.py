@@ -117,6 +117,18 @@ def test_the_gateway_binds_the_weights_vllm_serves(services: dict[str, Any]) -> 
     assert "CALLPROOF_WEIGHTS_DIGEST" not in gateway["environment"]  # computed, not typed in
 
 
+def test_the_weights_digests_outlive_a_recreated_gateway(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    """The digests' cache was under $HOME/.cache in the container's own layer: a rotation's
+    `up -d --force-recreate` hashed the served weights (15 GB) again on every replica."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    cache = re.search(r"CALLPROOF_MODEL_CACHE=(\S+)", dockerfile).group(1)
+    [mount] = [v.split(":") for v in services["gateway"]["volumes"] if v.endswith(f":{cache}")]
+    assert mount[0] in compose["volumes"]  # a named volume, not the container's layer
+    assert re.search(rf"chown callproof [^\n]*{cache}\b", dockerfile)  # writable by the user
+
+
 def test_the_build_context_leaves_out_keys_ledgers_and_environments() -> None:
     """`docker compose build` sends the context to the builder: the data directory holds the
     signing key and the ledger, the virtual environments gigabytes."""
