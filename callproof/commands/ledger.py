@@ -305,14 +305,15 @@ def _migrate(args: argparse.Namespace) -> int:
     from gateway.boot import prepare_database, say_ledger
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError, current
+    from receipts.store import short_error
 
     try:
         settings = settings_from_args(args, only=DATABASE_SETTINGS)
+        say_ledger(settings.db_url)  # before it is touched: a failure below names it too
         prepare_database(settings)  # as serve does: a new SQLite file is made private first
-        say_ledger(settings.db_url)
         print(f"database at revision {current(settings.db_url)}")
     except (SettingsError, MigrationError, OSError) as exc:
         return fail(BAD_INPUT, exc)
     except sa.exc.SQLAlchemyError as exc:
-        return fail(UNAVAILABLE, exc)
+        return fail(UNAVAILABLE, f"the database is unavailable: {short_error(exc)}")
     return OK

@@ -283,6 +283,12 @@ def test_bad_input_and_unavailable_database(
     down = "postgresql+psycopg://nobody@127.0.0.1:9/none"
     code, _, err = run(capsys, "ledger", "verify", "--db", down)
     assert code == 3 and "unavailable" in err
+    code, _, err = run(capsys, "ledger", "migrate", "--db", down)  # SQLAlchemy's three lines
+    named, said = err.splitlines()  # the ledger named first, then one line
+    assert (
+        code == 3 and named == "callproof: ledger at postgresql+psycopg://nobody@127.0.0.1:9/none"
+    )
+    assert said.startswith("callproof: the database is unavailable: OperationalError: ")
     monkeypatch.delenv("CALLPROOF_DB", raising=False)
     empty = tmp_path / "empty"  # serve's default ledger, <data_dir>/ledger.db, is not there
     code, _, err = run(capsys, "ledger", "verify", "--data-dir", str(empty))
