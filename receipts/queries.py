@@ -365,8 +365,9 @@ def bound_schemas(
 def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKeyEntry]:
     """Every registered key with the seq ranges it signed per chain (KeyRing shape).
 
-    A range ends where the chain's next range starts, or is open (last_seq None) at the head.
-    A key that signed a checkpoint past its last turn (rotated in, or back, and asked for a
+    A range ends where the chain's next range starts, or is open (last_seq None) at the head;
+    once a newer key is registered, every chain is handed to it (``_hand_over``). A key that
+    signed a checkpoint past its last turn (rotated in, or back, and asked for a
     checkpoint or an export before its first receipt) also gets the empty turn it took then,
     ``first_seq`` = size + 1 and ``last_seq`` = size: it signed no receipt there, but that
     checkpoint verifies. With ``tenant``, only that chain's ranges are listed (and only keys
@@ -384,7 +385,9 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
             "created_at": row.created_at,
             "ranges": [],
         }
-        for row in conn.execute(sa.select(SigningKeyRow).order_by(SigningKeyRow.created_at))
+        for row in conn.execute(
+            sa.select(SigningKeyRow).order_by(SigningKeyRow.created_at, SigningKeyRow.key_id)
+        )
     }
     k = KeyRangeRow.__table__.c
     stmt = sa.select(k.chain, k.first_seq, k.key_id).order_by(k.chain, k.first_seq)
@@ -413,11 +416,40 @@ def public_keys(conn: sa.Connection, tenant: str | None = None) -> list[PublicKe
             r["chain"] == chain and (r["last_seq"] is None or r["last_seq"] >= size) for r in ranges
         ):
             ranges.append({"chain": chain, "first_seq": size + 1, "last_seq": size})
+    _hand_over(conn, list(keys.values()), tenant)
     if tenant is None:
         return list(keys.values())
     listed = [key for key in keys.values() if key["ranges"]]
     _first_signed_in_chain(conn, tenant, listed, first_checkpoint)
     return listed
+
+
+def _hand_over(conn: sa.Connection, keys: list[dict[str, Any]], tenant: str | None) -> None:
+    """Close every older key's open range at its chain's head and open the newest key's
+    after it, on chains the newest has not signed yet too. A rotation otherwise left an idle
+    chain's range open under the retired key, which a leaked copy of that key could then
+    extend past any key list saved after the rotation (docs/deploy.md, section 3). ``keys``
+    are in registration order: a key is registered when it first signs anything."""
+    if len(keys) < 2:
+        return
+    *older, newest = keys
+    heads = sa.select(ChainRow.chain, ChainRow.head_seq).where(ChainRow.head_seq > 0)
+    if tenant is not None:
+        heads = heads.where(ChainRow.chain == tenant)
+    for chain, head in conn.execute(heads):
+        for key in older:
+            for span in key["ranges"]:
+                if span["chain"] == chain and span["last_seq"] is None:
+                    span["last_seq"] = head
+        own = [span for span in newest["ranges"] if span["chain"] == chain]
+        if not any(span["last_seq"] is None for span in own):
+            # the empty turn of a checkpoint it signed at the head becomes its open range
+            newest["ranges"] = [
+                span
+                for span in newest["ranges"]
+                if span["chain"] != chain or span["first_seq"] != head + 1
+            ]
+            newest["ranges"].append({"chain": chain, "first_seq": head + 1, "last_seq": None})
 
 
 def _first_signed_in_chain(

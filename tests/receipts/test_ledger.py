@@ -394,10 +394,10 @@ def test_a_tenants_key_listing_tells_only_of_its_own_chain(db_url: str) -> None:
         time.sleep(0.01)
         rotated = led.append(draft("acme"))
         everything = {k["key_id"]: k["created_at"] for k in led.public_keys()}
-        theirs = {k["key_id"]: k["created_at"] for k in led.public_keys("globex")}
+        theirs = {k["key_id"]: k.get("created_at") for k in led.public_keys("globex")}
         ours = {k["key_id"]: k["created_at"] for k in led.public_keys("acme")}
     assert everything[old.key_id] <= acme[0].created_at  # the operator sees registrations
-    assert theirs == {old.key_id: globex[0].created_at}
+    assert theirs == {old.key_id: globex[0].created_at, new.key_id: None}  # handed over, unused
     assert ours == {old.key_id: acme[0].created_at, new.key_id: rotated.created_at}
 
 
@@ -412,9 +412,12 @@ def test_replicas_with_different_keys_interleave(fresh_sqlite_url: str) -> None:
         ranges = {k["key_id"]: k["ranges"] for k in led_a.public_keys("acme")}
         assert ranges[a.key_id] == [
             {"chain": "acme", "first_seq": 1, "last_seq": 3},
-            {"chain": "acme", "first_seq": 7, "last_seq": None},
+            {"chain": "acme", "first_seq": 7, "last_seq": 9},  # b, registered later, is newer
         ]
-        assert ranges[b.key_id] == [{"chain": "acme", "first_seq": 4, "last_seq": 6}]
+        assert ranges[b.key_id] == [
+            {"chain": "acme", "first_seq": 4, "last_seq": 6},
+            {"chain": "acme", "first_seq": 10, "last_seq": None},
+        ]
         assert led_b.verify("acme").ok
 
 

@@ -153,9 +153,9 @@ def test_a_key_rotated_in_before_its_first_receipt_signs_a_checkpoint_that_verif
         checkpoint = led.checkpoint_now("acme")
         assert (checkpoint["tree_size"], checkpoint["key_id"]) == (5, NEW.key_id)
         keys = {k["key_id"]: k["ranges"] for k in led.public_keys("acme")}
-        assert keys == {
-            OLD.key_id: [{"chain": "acme", "first_seq": 1, "last_seq": None}],
-            NEW.key_id: [{"chain": "acme", "first_seq": 6, "last_seq": 5}],  # signed no receipt
+        assert keys == {  # the chain is handed to the new key at its head
+            OLD.key_id: [{"chain": "acme", "first_seq": 1, "last_seq": 5}],
+            NEW.key_id: [{"chain": "acme", "first_seq": 6, "last_seq": None}],  # no receipt yet
         }
         assert led.verify("acme").ok
         path = tmp_path / "rotated.tar.gz"
@@ -183,11 +183,33 @@ def test_a_replica_whose_key_lost_the_head_leaves_its_checkpoints_to_the_new_key
         assert new.verify("acme").ok
 
 
+def test_a_rotation_hands_idle_chains_to_the_new_key(db_url: str, tmp_path: Path) -> None:
+    """The new key signed acme only: beta's listing still had OLD open from seq 1 and no NEW,
+    so a copy of OLD (leaked, or a stale replica) extended beta past the key list saved after
+    the rotation (docs/deploy.md), and a verifier pinned to that list said OK."""
+    url = migrated(db_url)
+    with ledger(url, OLD) as led:
+        fill(led, 3, "acme")
+        fill(led, 2, "beta")
+    with ledger(url, NEW) as led:
+        fill(led, 1, "acme")
+        saved = json.dumps(led.public_keys("beta"))
+    assert {k["key_id"]: k["ranges"] for k in json.loads(saved)} == {
+        OLD.key_id: [{"chain": "beta", "first_seq": 1, "last_seq": 2}],
+        NEW.key_id: [{"chain": "beta", "first_seq": 3, "last_seq": None}],
+    }
+    with ledger(url, OLD) as led:  # the retired key at work again
+        fill(led, 1, "beta")
+        led.export("beta", tmp_path / "beta.tar.gz")
+    report = verify_bundle(tmp_path / "beta.tar.gz", saved)
+    assert not report.ok and report.first_failure_seq == 3, report
+
+
 def test_keys_taking_turns_back_and_forth_keep_every_checkpoint_verifiable(
     db_url: str, tmp_path: Path
 ) -> None:
     """OLD, NEW, OLD again, then NEW asked for a checkpoint before it signs again: its turn
-    had ended at 3, so the listing gives it the empty turn it took at 5."""
+    had ended at 3, and the listing hands it the chain from 6 on, after the head it signed."""
     url = migrated(db_url)
     for signer, count in ((OLD, 2), (NEW, 1), (OLD, 2)):
         with ledger(url, signer) as led:
@@ -199,7 +221,7 @@ def test_keys_taking_turns_back_and_forth_keep_every_checkpoint_verifiable(
         new_turns = next(k for k in led.public_keys("acme") if k["key_id"] == NEW.key_id)
         assert new_turns["ranges"] == [
             {"chain": "acme", "first_seq": 3, "last_seq": 3},
-            {"chain": "acme", "first_seq": 6, "last_seq": 5},
+            {"chain": "acme", "first_seq": 6, "last_seq": None},  # its empty turn, now its own
         ]
         assert led.verify("acme").ok
         led.export("acme", tmp_path / "b.tar.gz")
