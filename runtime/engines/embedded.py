@@ -13,11 +13,12 @@ rerun, which is what receipt replay relies on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,22 @@ def resolve_model(model_path: Path | str | None) -> ModelSource:
     )
 
 
+@contextlib.contextmanager
+def _refused_if_broken(source: ModelSource, named: str) -> Iterator[None]:
+    """A model whose files do not load (not GGUF inside, a truncated safetensors file)
+    raises whatever transformers, safetensors or the GGUF reader raise: the operator's
+    files, so EngineConfigError (exit 2, one line) naming them, not a traceback. Running
+    out of memory is the machine's, not the files'."""
+    try:
+        yield
+    except MemoryError:
+        raise
+    except Exception as exc:
+        text = str(exc).strip()
+        reason = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+        raise EngineConfigError(f"{named}: {source.digest_path} does not load: {reason}") from exc
+
+
 def default_threads() -> int:
     """Half the cores: the other half keeps the gateway, grammar compiles and the database
     responsive (measured here: 2 torch threads on a busy 2-core machine ran 3x slower)."""
@@ -124,11 +141,14 @@ class EmbeddedEngine:
         torch.set_num_threads(threads or default_threads())
         hf_logging.disable_progress_bar()  # bars on stderr would garble CLI and JSON logs
         kwargs: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-        tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
+        named = "setting 'model'" if model_path is not None else "the bundled model"
+        with _refused_if_broken(source, named):
+            tokenizer = AutoTokenizer.from_pretrained(source.directory, **kwargs)
         chain = BackendChain(tokenizer, limits=limits)  # a bad backend order fails fast
-        model = AutoModelForCausalLM.from_pretrained(
-            source.directory, dtype=torch.float32, **kwargs
-        ).eval()
+        with _refused_if_broken(source, named):
+            model = AutoModelForCausalLM.from_pretrained(
+                source.directory, dtype=torch.float32, **kwargs
+            ).eval()
         digests = model_digests(source.digest_path)
         identity = EngineIdentity(
             model=source.name,

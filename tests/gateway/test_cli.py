@@ -456,6 +456,38 @@ def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path
     assert f"callproof: ledger at sqlite:///{tmp_path / 'data' / 'ledger.db'}" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "broken", ["not-gguf", pytest.param("truncated-weights", marks=pytest.mark.model)]
+)
+def test_serve_with_a_model_that_does_not_load_says_why_in_one_line(
+    tmp_path: Path, broken: str
+) -> None:
+    """A .gguf file that is no GGUF, or a model directory whose weights file was cut short (a
+    copy that stopped), was a ValueError or SafetensorError traceback and exit 1: exit 2 and
+    one line naming the model and why, as for any model that does not load."""
+    if broken == "not-gguf":
+        model, reason = tmp_path / "model.gguf", "ValueError: "
+        model.write_text("{}")
+    else:  # the bundled model's files, its weights truncated
+        from runtime.model_store import ensure_bundled_model
+
+        bundled = ensure_bundled_model()
+        model, reason = tmp_path / "model", "SafetensorError: "
+        model.mkdir()
+        for part in bundled.iterdir():
+            if part.name != "model.safetensors":
+                (model / part.name).symlink_to(part)
+        with (bundled / "model.safetensors").open("rb") as weights:
+            (model / "model.safetensors").write_bytes(weights.read(1 << 20))
+    done = serve_once("--data-dir", str(tmp_path / "data"), "--model", str(model), timeout=120)
+    assert done.returncode == 2, done.stderr
+    said = [line for line in done.stderr.splitlines() if not line.startswith("{")]
+    assert said[0].startswith("callproof: ledger at "), done.stderr
+    assert said[1:] == [said[-1]] and said[-1].startswith(
+        f"callproof serve: cannot start: setting 'model': {model} does not load: {reason}"
+    ), done.stderr
+
+
 def test_serve_on_a_port_in_use_creates_nothing_and_says_so(tmp_path: Path) -> None:
     """The port is bound first: a first-run admin key printed for a gateway that never served
     would be lost (the next start prints none), and so would a model load."""
