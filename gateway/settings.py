@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from urllib.parse import urlsplit
 
 from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.urls import hide_password
 
 ENV_PREFIX = "CALLPROOF_"
 # Where the ledger database is: all that `keys`, `ledger` and `export` need of the settings.
@@ -217,11 +218,11 @@ def _text(name: str, raw: Any, kind: Callable[[str], Any]) -> Any:
 
 
 def _shown(name: str, raw: Any) -> Any:
-    """A bad value fit for a message: never the vLLM key, nor a database URL's password."""
+    """A bad value fit for a message: never the vLLM key, nor a URL's password."""
     if name == "vllm_api_key":
         return "(hidden)"
-    if name == "db" and isinstance(raw, str):
-        return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", raw)
+    if name in ("db", "vllm_url") and isinstance(raw, str):
+        return hide_password(raw)
     return raw
 
 

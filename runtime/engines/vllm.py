@@ -65,6 +65,7 @@ from runtime.engines.vllm_gaps import Served, served_constraint
 from runtime.engines.vllm_request import request_body
 from runtime.errors import EngineError, EngineRejected, EngineUnavailable, RuntimeInputError
 from runtime.thinking import Enforcement
+from runtime.urls import hide_password
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
@@ -241,8 +242,9 @@ class VllmEngine:
 
     async def _diagnose(self) -> tuple[int, str] | None:
         """None when the server serves this engine's model, else a log level and what is
-        wrong, for the operator. Learns the model's max_model_len on the way."""
-        url, model, failure = self._base_url, self.identity.model, ""
+        wrong, for the operator (the URL without its password). Learns the model's
+        max_model_len on the way."""
+        url, model, failure = hide_password(self._base_url), self.identity.model, ""
         try:
             cards: dict[str, dict[str, Any]] | None = await self._model_cards()
         except EngineError as exc:

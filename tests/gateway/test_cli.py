@@ -524,6 +524,41 @@ def test_serve_on_an_ipv6_host_announces_a_url_a_client_can_use(tmp_path: Path) 
     assert lines[-1] == f"callproof listening on http://[::1]:{port}", lines
 
 
+def test_serve_never_shows_the_vllm_urls_password(tmp_path: Path) -> None:
+    """A password in --vllm-url (basic auth to a proxy in front of vLLM) was logged in clear
+    in the warning that the server does not answer: it shows as ***, as a database URL's
+    does, and no 503 body carries it either."""
+    data = tmp_path / "data"
+    agent = callproof("keys", "create", "--role", "agent", "--tenant", "acme", data_dir=data)
+    key = agent.stdout.strip().splitlines()[-1]
+    upstream, port = f"127.0.0.1:{free_port()}", free_port()  # nothing listens upstream
+    log = tmp_path / "serve.log"
+    with log.open("wb") as err:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "callproof", "serve", "--data-dir", str(data),
+             "--port", str(port), "--engine", "vllm", "--model", "served",
+             "--vllm-url", f"http://u:UrlSecretPw@{upstream}"],
+            stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+        try:
+            while "listening on" not in (line := server.stdout.readline()):
+                assert line, f"serve exited early: {log.read_text()}"
+            url = f"http://127.0.0.1:{port}"
+            ready = httpx.get(url + "/readyz")
+            answer = httpx.post(
+                url + "/v1/chat/completions",
+                json={"model": "served", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        finally:
+            server.send_signal(signal.SIGTERM)
+            server.wait(30)
+    assert (ready.status_code, answer.status_code) == (503, 503), answer.text
+    said = log.read_text()
+    assert "UrlSecretPw" not in said + ready.text + answer.text, said
+    assert f"the vLLM server at http://u:***@{upstream} is not ready" in said, said
+
+
 def test_a_key_a_newer_one_replaced_is_named() -> None:
     from receipts.signing import superseded_key
 

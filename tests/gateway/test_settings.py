@@ -57,6 +57,7 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({"db": "mysql://u:pw@h/x"}, {}, r"'db': 'mysql://u:\*\*\*@h/x' is not a database URL"),
         ({"vllm_url": "127.0.0.1:18801"}, {}, "'vllm_url': .* must be an http:// or https://"),
         ({"vllm_url": "ftp://x"}, {}, "'vllm_url': 'ftp://x' must be an http"),
+        ({"vllm_url": "ftp://u:pw@x"}, {}, r"'vllm_url': 'ftp://u:\*\*\*@x' must be an http"),
         ({"vllm_url": "http://:8000"}, {}, "with a host"),
         ({"weights_digest": "nothex"}, {}, "must be a SHA-256 digest: 64 lowercase hex"),
         ({"weights_digest": "AB" * 32}, {}, "64 lowercase hex"),
