@@ -310,19 +310,29 @@ OTHER_VARIABLES = frozenset({"CONFIG", "SIGNING_KEY", "BACKENDS", "MODEL_CACHE",
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
-    """CALLPROOF_ variables nothing reads, each with the setting it may have meant: a typo
+    """CALLPROOF_ variables nothing reads, each with the variable it may have meant: a typo
     in the environment is otherwise silently the default (a config-file typo is an error)."""
     names = _field_names()
+    known = [name.upper() for name in names] + sorted(OTHER_VARIABLES)
     found = []
     for variable in sorted(env):
         name = variable.removeprefix(ENV_PREFIX)
         if variable == name or name.lower() in names or name in OTHER_VARIABLES:
             continue
-        close = difflib.get_close_matches(name.lower(), names, n=1)
-        found.append(
-            variable + (f" (did you mean {ENV_PREFIX}{close[0].upper()}?)" if close else "")
-        )
+        meant = _meant(name, known)
+        found.append(variable + (f" (did you mean {ENV_PREFIX}{meant}?)" if meant else ""))
     return found
+
+
+def _meant(name: str, known: list[str]) -> str | None:
+    """The known name an unknown one probably meant: the longest it extends by ``_...``
+    (CALLPROOF_DB_URL, an older compose file's name, for CALLPROOF_DB: no spelling is close
+    to a name that short), else the closest spelling."""
+    extended = [k for k in known if name.startswith(k + "_")]
+    if extended:
+        return max(extended, key=len)
+    close = difflib.get_close_matches(name, known, n=1)
+    return close[0] if close else None
 
 
 # One line of --help per setting; docs/configuration.md says the rest.

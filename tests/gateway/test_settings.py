@@ -129,6 +129,23 @@ def test_unknown_variables_are_named_with_the_setting_meant() -> None:
     ]
 
 
+def test_a_variable_that_extends_a_known_name_is_named_with_it() -> None:
+    """CALLPROOF_DB_URL (an older compose file's name) was 'ignoring CALLPROOF_DB_URL' with no
+    hint, and `ledger migrate` made a SQLite ledger in the data directory instead; a known
+    name followed by `_...` is the one meant (the longest, and not only settings')."""
+    env = dict.fromkeys(
+        ["CALLPROOF_DB_URL", "CALLPROOF_VLLM_URL_X", "CALLPROOF_DB_TIMEOUT_S_MAX",
+         "CALLPROOF_SIGNING_KEY_PEM"],
+        "x",
+    )  # fmt: skip
+    assert unknown_variables(env) == [
+        "CALLPROOF_DB_TIMEOUT_S_MAX (did you mean CALLPROOF_DB_TIMEOUT_S?)",
+        "CALLPROOF_DB_URL (did you mean CALLPROOF_DB?)",
+        "CALLPROOF_SIGNING_KEY_PEM (did you mean CALLPROOF_SIGNING_KEY?)",
+        "CALLPROOF_VLLM_URL_X (did you mean CALLPROOF_VLLM_URL?)",
+    ]
+
+
 def test_log_level_takes_logging_names_in_any_case() -> None:
     assert load_settings({"log_level": "info"}, {}).log_level == "INFO"
 
