@@ -237,13 +237,42 @@ def read_config_file(path: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text) or {}
+        data = tomllib.loads(text) if path.suffix == ".toml" else _load_yaml(text) or {}
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         detail = " ".join(str(exc).split())  # YAML's spans several lines, with the position
         raise SettingsError(f"config file {path} is not valid: {detail}") from None
     if not isinstance(data, dict):
         raise SettingsError(f"config file {path} must hold a mapping of settings")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    settings: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in settings:  # `max-tools` and `max_tools`: one setting, given twice
+            raise SettingsError(f"config file {path} gives the setting {name!r} twice")
+        settings[name] = value
+    return settings
+
+
+def _load_yaml(text: str) -> Any:
+    """yaml.safe_load, except that a key given twice in one mapping is an error, as TOML
+    has it: PyYAML keeps the last value, so `port: 8000` further down an edited file would
+    quietly undo the `port` above it."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue  # a merge (`<<:`) or complex key: PyYAML's rules apply
+                key = self.construct_object(key_node)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found the key {key!r} a second time", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, UniqueKeys)  # a SafeLoader: plain data only
 
 
 def load_settings(

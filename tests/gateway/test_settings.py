@@ -160,6 +160,26 @@ def test_a_config_file_that_does_not_parse_is_named(tmp_path: Path, name: str, t
         load_settings({}, {}, config)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("c.yaml", "port: 9000\nhost: 0.0.0.0\nport: 8000\n", "found the key 'port' a second time"),
+        ("c.yml", "max-tools: 8\nmax_tools: 9\n", "gives the setting 'max_tools' twice"),
+        ("c.toml", "max-tools = 8\nmax_tools = 9\n", "gives the setting 'max_tools' twice"),
+    ],
+)
+def test_a_setting_given_twice_in_a_config_file_is_refused(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    """PyYAML keeps a key's last value, so a `port` further down an edited file quietly
+    undid the one above it (TOML refuses a key twice); and `max-tools` beside `max_tools`
+    in either format did the same after dashes became underscores."""
+    config = tmp_path / name
+    config.write_text(text)
+    with pytest.raises(SettingsError, match=f"config file {config} .*{message}"):
+        load_settings({}, {}, config)
+
+
 def test_unknown_keys_and_unreadable_files_are_refused(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("prot = 1\n")
