@@ -152,7 +152,10 @@ def load_or_create_signer(path: str | os.PathLike[str], *, create: bool = True) 
             target,
             mode & 0o777,
         )
-    return Signer.from_pem(pem)
+    try:
+        return Signer.from_pem(pem)
+    except SigningKeyError as exc:  # a truncated or foreign file: say which file
+        raise SigningKeyError(f"signing key file {target}: {exc}") from exc
 
 
 def signer_from_env(var: str = "CALLPROOF_SIGNING_KEY") -> Signer | None:

@@ -431,6 +431,29 @@ def test_serve_that_cannot_start_says_why_in_one_line(
     assert not (tmp_path / "mount").exists() and not (tmp_path / "data").exists()
 
 
+@pytest.mark.parametrize("where", ["default", "named"])
+def test_serve_names_the_signing_key_file_that_holds_no_key(tmp_path: Path, where: str) -> None:
+    """A key file cut short (a copy that stopped) or holding something else said only 'not an
+    unencrypted PEM private key': now which file, the default one under the data directory
+    or the one --signing-key-file names (exit 2, one line)."""
+    from receipts.signing import Signer
+
+    data = tmp_path / "data"
+    key = data / "signing-key.pem" if where == "default" else tmp_path / "mounted.pem"
+    key.parent.mkdir(exist_ok=True)
+    pem = Signer.generate().private_key_pem()
+    key.write_bytes(pem[: len(pem) // 2])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    named = [] if where == "default" else ["--signing-key-file", str(key)]
+    done = serve_once("--data-dir", str(data), *named, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert (
+        f"callproof serve: cannot start: signing key file {key}: not an unencrypted PEM"
+        " private key" in done.stderr
+    ), done.stderr
+
+
 def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
     tmp_path: Path,
 ) -> None:
