@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 
 from callproof.extras import MissingExtra, missing, require
+
+# What a shell reports for a command that SIGPIPE stopped (128 + 13): stdout's reader went
+# away. Not 1 or 2, which `verify` and the others give their own meanings.
+READER_GONE = 141
 
 COMMAND_MODULES: tuple[str, ...] = (
     "callproof.commands.verify",
@@ -59,10 +64,23 @@ def main(argv: list[str] | None = None) -> int:
     if rest and not getattr(args, "absent", False):  # a missing command takes any arguments
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # here, where a reader gone is caught, not at the interpreter's exit
     except MissingExtra as exc:  # a command listed without its extra
         print(f"callproof: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `callproof verify B | head -1`: nobody reads the rest
+        return _reader_gone()
+    return code
+
+
+def _reader_gone() -> int:
+    """Stop quietly, as `cat` does, when stdout's reader has gone: stdout goes to /dev/null so
+    that the interpreter's last flush of what is still buffered does not fail again (Python's
+    recipe, in the signal module's notes on SIGPIPE)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return READER_GONE
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from ledger_kit import at_seq, attacker, body_of, fill, ledger
+from ledger_kit import at_seq, attacker, body_of, fill, ledger, migrated
 
 from callproof.cli import main
 from receipts.record import Receipt
@@ -221,6 +221,28 @@ def test_tampered_bundle_fails_with_the_seq(filled, tmp_path: Path, capsys) -> N
     )  # fmt: skip
     assert done.returncode == 1
     assert "FAILED: chain 'acme' at seq 17" in done.stdout
+
+
+def test_verify_whose_reader_has_gone_stops_quietly(fresh_sqlite_url: str, tmp_path: Path) -> None:
+    """`callproof verify B | head -1` ended in a BrokenPipeError traceback and exit 1, which
+    says the bundle failed: now nothing more is said and the exit is 141, as a shell
+    reports a command that SIGPIPE stopped."""
+    import os
+
+    bundle = tmp_path / "b.tar.gz"
+    with ledger(migrated(fresh_sqlite_url), Signer.generate()) as led:
+        fill(led, 3)
+        led.export("acme", bundle)
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "callproof", "verify", str(bundle)],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")
 
 
 def test_ledger_verify_json_and_ranges(filled, tmp_path: Path, capsys) -> None:
