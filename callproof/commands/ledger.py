@@ -140,7 +140,7 @@ def _export(args: argparse.Namespace) -> int:
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
-    from receipts.signing import Signer
+    from receipts.signing import load_or_create_signer
 
     if args.since and args.until and args.since > args.until:
         return fail(BAD_INPUT, "--from must not be after --to")
@@ -150,7 +150,7 @@ def _export(args: argparse.Namespace) -> int:
         with Ledger(url, None) as reader:
             tenant = args.tenant or _only_chain(reader.chains())
             if args.signing_key:
-                signer = Signer.from_pem(args.signing_key.read_bytes())
+                signer = load_or_create_signer(args.signing_key, create=False)
             else:
                 signer = _current_signer(_gateway_signer(settings), reader.public_keys(tenant))
         with Ledger(url, signer) as ledger:

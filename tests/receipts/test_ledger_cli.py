@@ -146,6 +146,15 @@ def test_ledger_backup_copies_what_the_wal_holds_while_a_writer_runs(
     assert code == 0 and report["checked"] == 13, out
 
 
+def test_export_names_a_signing_key_file_that_holds_no_key(filled, tmp_path: Path, capsys) -> None:
+    url, _, _ = filled
+    garbage = tmp_path / "half.pem"
+    garbage.write_text("-----BEGIN PRIVATE KEY-----\nMC4CAQAw\n")
+    argv = ["export", "--db", url, "--tenant", "acme", "-o", str(tmp_path / "b.tgz")]
+    code, _, err = run(capsys, *argv, "--signing-key", str(garbage))
+    assert code == 2 and f"signing key file {garbage}:" in err, err
+
+
 def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     url, _, key = filled
     with ledger(url) as led:
