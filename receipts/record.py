@@ -308,6 +308,11 @@ def check_envelope(obj: Mapping[str, Any]) -> None:
     _str(obj["finish_reason"], "finish_reason")
     check_usage(obj["usage"])
     check_validation(obj["validation"])
+    if obj["output"]["tool_calls"] and not obj["validation"]["valid"]:
+        # a false verdict claims no conformance, and exempts the output from the schema check
+        raise _fail(
+            "validation.valid", "true on a receipt of tool calls (never receipted unchecked)"
+        )
     _str(obj["fallback"], "fallback", nullable=True)
     check_links(obj["links"])
     _hex64(obj["entry_hash"], "entry_hash")

@@ -273,14 +273,27 @@ def test_malformed_receipt_is_named(chain, ring) -> None:
         ("tenant", lambda r: r.update(tenant="someone-else")),
         ("output.tool_calls", lambda r: r["output"].update(tool_calls=[])),
         ("output.tool_calls", lambda r: r["output"].update(kind="text")),
+        (
+            "validation.valid",
+            lambda r: (
+                r["output"]["tool_calls"][0].update(arguments={"evil": 1}),
+                r["validation"].update(valid=False, errors=["anything"]),
+            ),
+        ),
     ],
-    ids=["tenant-not-chain", "tool-calls-kind-without-calls", "text-kind-with-calls"],
+    ids=[
+        "tenant-not-chain",
+        "tool-calls-kind-without-calls",
+        "text-kind-with-calls",
+        "calls-with-a-false-verdict",
+    ],
 )
 def test_a_resigned_receipt_whose_fields_disagree_is_malformed(
     chain, ring, signer, field, change
 ) -> None:
-    """A signer's key does not make a receipt consistent: its tenant names its chain, and its
-    output lists calls exactly when its kind says it is tool calls."""
+    """A signer's key does not make a receipt consistent: its tenant names its chain, its
+    output lists calls exactly when its kind says it is tool calls, and calls carry a true
+    verdict (a false one exempted them from the schema check, so any arguments passed)."""
     receipts = objs(chain)
     assert receipts[3]["output"]["kind"] == "tool_calls" and receipts[3]["output"]["tool_calls"]
     change(receipts[3])
