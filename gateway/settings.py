@@ -105,6 +105,10 @@ def _check_database_url(raw: str) -> None:
         url = make_url(raw)
     except ArgumentError:
         url = None
+    except ValueError:  # SQLAlchemy's int() of the port: "invalid literal for int()"
+        raise ValueError(
+            "is not a database URL callproof can use: its port is not a number"
+        ) from None
     if url is None or url.drivername not in ("sqlite", "postgresql+psycopg"):
         raise ValueError(
             "is not a database URL callproof can use: sqlite:///PATH or"
@@ -331,6 +335,16 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
         raise SettingsError(
             "--engine vllm needs --vllm-url and --model (the served name), or"
             f" {ENV_PREFIX}VLLM_URL and {ENV_PREFIX}MODEL"
+        )
+    if (
+        {"vllm_url", "vllm_api_key"} <= used
+        and settings.vllm_api_key
+        and settings.vllm_url
+        and urlsplit(settings.vllm_url).password is not None
+    ):  # both become the Authorization header: aiohttp refused each request, a 500
+        raise SettingsError(
+            "setting 'vllm_url' carries a password and 'vllm_api_key' is set: the vLLM"
+            " server takes one of them (its --api-key is the API key), remove the other"
         )
 
 

@@ -59,6 +59,12 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({"vllm_url": "ftp://x"}, {}, "'vllm_url': 'ftp://x' must be an http"),
         ({"vllm_url": "ftp://u:pw@x"}, {}, r"'vllm_url': 'ftp://u:\*\*\*@x' must be an http"),
         ({"vllm_url": "http://:8000"}, {}, "with a host"),
+        (  # both are the Authorization header: every request was a 500 from aiohttp
+            {"vllm_url": "http://u:pw@vllm:8000"},
+            {"CALLPROOF_VLLM_API_KEY": "k"},
+            "'vllm_url' carries a password and 'vllm_api_key' is set",
+        ),
+        ({"db": "postgresql+psycopg://u@h:notaport/d"}, {}, "'db': .* port is not a number$"),
         ({"weights_digest": "nothex"}, {}, "must be a SHA-256 digest: 64 lowercase hex"),
         ({"weights_digest": "AB" * 32}, {}, "64 lowercase hex"),
     ],
