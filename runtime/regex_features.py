@@ -45,9 +45,10 @@ _WORD_BOUNDARIES = (re_constants.AT_BOUNDARY, re_constants.AT_NON_BOUNDARY)
 
 
 def unenforceable_regex_feature(pattern: str) -> str | None:
-    """The first thing in ``pattern`` that no grammar backend can enforce (each needs to
-    look at text around the current position, which an automaton cannot), or None. Checked
-    before any engine sees the regex, so the vLLM path refuses what the embedded one does."""
+    """The first thing in ``pattern`` that no grammar backend enforces, or None: what needs
+    to look at text around the current position (an automaton cannot), and what
+    :func:`misread_construct` finds. Checked before any engine sees the regex, so the vLLM
+    path refuses what the embedded one does."""
     for op, argument, _ in regex_nodes(pattern):
         if op in _LOOKAROUNDS:
             return "a lookahead or lookbehind"
@@ -55,6 +56,20 @@ def unenforceable_regex_feature(pattern: str) -> str | None:
             return "a backreference"
         if op is re_constants.AT and argument in _WORD_BOUNDARIES:
             return "a word boundary (\\b or \\B)"
+    return misread_construct(pattern)
+
+
+def misread_construct(pattern: str) -> str | None:
+    """A construct of ``pattern`` that Python's ``re`` (the regex check) and jsonschema-rs
+    (the schema check) read and the grammar backends do not: a possessive quantifier, which
+    llguidance enforces as a greedy one (``[ab]++b`` matches nothing to the check, and the
+    decoder wrote to max_tokens), or an atomic group, which none of them parses. None when
+    there is neither."""
+    for op, _, _ in regex_nodes(pattern):
+        if op is re_constants.POSSESSIVE_REPEAT:
+            return "a possessive quantifier (x++, x*+, x?+ or x{m,n}+)"
+        if op is re_constants.ATOMIC_GROUP:
+            return "an atomic group (?>...)"
     return None
 
 
@@ -158,6 +173,7 @@ def _bound(repeat: tuple[int, int, Any]) -> int:
 __all__ = [
     "ambiguous_class",
     "constraint_patterns",
+    "misread_construct",
     "regex_nodes",
     "regex_problem",
     "repeated_copies",

@@ -26,10 +26,15 @@ import msgspec
 
 from runtime.bounded_cache import size_bounded
 from runtime.constraint import json_text
-from runtime.errors import ConstraintTooComplex, InvalidSchema, StructuredOutputInvalid
+from runtime.errors import (
+    BackendCannotCompile,
+    ConstraintTooComplex,
+    InvalidSchema,
+    StructuredOutputInvalid,
+)
 from runtime.exact_json import InexactNumber, load_exact
 from runtime.limits import DEFAULT_LIMITS, Limits, check_schema_bounds
-from runtime.regex_features import regex_problem
+from runtime.regex_features import misread_construct, regex_problem
 from runtime.schema_walk import pointer_token, resolve_ref, schema_patterns, schema_resources
 
 
@@ -63,6 +68,15 @@ def check_schema(schema: Any, param: str, limits: Limits = DEFAULT_LIMITS) -> No
             f"'{param}' is not a valid JSON schema at {where}: {exc.message}", param=param
         ) from None
     _check_identifiers(schema, param)
+    for pattern in schema_patterns(schema):
+        construct = misread_construct(pattern)
+        if construct is not None:  # the post-hoc path would decode it free: refuse it here
+            raise BackendCannotCompile(
+                f"'{param}' has the pattern {pattern[:80]!r}, which uses {construct}: no"
+                " grammar backend enforces it as the output check reads it; rewrite it"
+                " without",
+                param=param,
+            )
     for ref in refs_in(schema):
         if not ref.startswith("#"):
             raise InvalidSchema(

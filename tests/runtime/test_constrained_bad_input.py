@@ -230,14 +230,28 @@ def test_a_repetition_bound_past_python_s_maximum_is_too_complex() -> None:
         ),
         (Constraint.json_schema({"type": "string", "pattern": "\\bfoo\\b"}), "a word boundary"),
         (Constraint.json_schema({"type": "string", "pattern": "^(a)\\1$"}), "a backreference"),
+        (Constraint.regex("[ab]++b"), "a possessive quantifier"),
+        (
+            Constraint.json_schema({"type": "string", "pattern": "^[0-9]{1,2}+[0-9]$"}),
+            "a possessive quantifier",
+        ),
     ],
-    ids=["regex", "nested", "schema-lookahead", "schema-word-boundary", "schema-backreference"],
+    ids=[
+        "regex",
+        "nested",
+        "schema-lookahead",
+        "schema-word-boundary",
+        "schema-backreference",
+        "possessive",
+        "schema-possessive",
+    ],
 )
 def test_no_backend_takes_what_an_automaton_cannot_enforce(chain, constraint, feature):
     """lm-format-enforcer dropped a regex's lookahead silently, and xgrammar a schema
     pattern's, so the output ignored it; lm-format-enforcer took a schema pattern's \\b and
-    crashed mid-decode. Every backend now refuses them (a JSON schema then takes the post-hoc
-    path, whose validator does enforce them)."""
+    crashed mid-decode; llguidance enforced a possessive quantifier as a greedy one. Every
+    backend now refuses them (a JSON schema then takes the post-hoc path, whose validator
+    does enforce them)."""
     with pytest.raises(BackendCannotCompile) as info:
         chain.compile(constraint)
     for name in chain.names:

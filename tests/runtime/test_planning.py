@@ -14,6 +14,7 @@ from tool_samples import ANSWER_SCHEMA, TOOLS
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
 from runtime.errors import (
+    BackendCannotCompile,
     ConflictingConstraints,
     ConstraintTooComplex,
     InvalidGrammar,
@@ -363,6 +364,49 @@ def test_invalid_regex_and_grammar() -> None:
         plan(regex="")
     with pytest.raises(InvalidGrammar):
         plan(grammar="   ")
+
+
+POSSESSIVE = {
+    "type": "object",
+    "properties": {"a": {"type": "string", "pattern": "^[0-9]{1,2}+[0-9]$"}},
+    "required": ["a"],
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "construct"),
+    [
+        ({"regex": "[ab]++b"}, "regex", "a possessive quantifier"),
+        ({"regex": "x?+x"}, "regex", "a possessive quantifier"),
+        ({"regex": "(?>ab)c"}, "regex", "an atomic group"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "r", "schema": POSSESSIVE},
+                }
+            },
+            "response_format.json_schema.schema",
+            "a possessive quantifier",
+        ),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": POSSESSIVE}}]},
+            "tools[0].function.parameters",
+            "a possessive quantifier",
+        ),
+    ],
+    ids=["regex", "regex-optional", "regex-atomic", "response-format-pattern", "tool-pattern"],
+)
+def test_possessive_quantifiers_are_refused_before_decoding(
+    fields: dict[str, Any], param: str, construct: str
+) -> None:
+    """Python's re and jsonschema-rs read x++ as possessive, llguidance as greedy: the
+    output of [ab]++b failed the check (422), or never ended. A schema pattern would take the
+    post-hoc path, decoding free, so it is refused as a regex is."""
+    with pytest.raises(BackendCannotCompile) as info:
+        plan(**fields)
+    assert (info.value.code, info.value.param) == ("constraint_unsupported", param)
+    assert construct in info.value.message
 
 
 # --------------------------------------------------------------------------- messages
