@@ -47,6 +47,33 @@ BOUNDS = frozenset(
     }
 )
 
+# The string formats Draft 2020-12 defines: the output check (jsonschema-rs, formats asserted)
+# refuses a value that breaks one, and reads any other name as an annotation (OpenAPI's
+# "password", "int64"), which a backend compiling it as any string enforces in full.
+CHECKED_FORMATS = frozenset(
+    {
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "email",
+        "idn-email",
+        "hostname",
+        "idn-hostname",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "iri",
+        "iri-reference",
+        "uri-template",
+        "uuid",
+        "json-pointer",
+        "relative-json-pointer",
+        "regex",
+    }
+)
+
 
 def schema_keywords(schema: Any) -> Iterator[str]:
     """Every keyword used anywhere in the schema (not property names, not enum values)."""

@@ -5,7 +5,8 @@ on to another backend), and the vLLM engine, whose server runs the same xgrammar
 has no other backend to move on to, sends a relaxed constraint and checks the output after
 (runtime/engines/vllm_gaps.py). Probed with this version: its JSON-schema converter accepts
 and ignores the UNENFORCED keywords, drops others only in some combinations (it says so on
-stderr and compiles anyway), and reads some regex escapes as the letter or digit itself.
+stderr and compiles anyway), reads some regex escapes as the letter or digit itself, and
+compiles a string format it does not know as any string.
 """
 
 from __future__ import annotations
@@ -14,10 +15,32 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from runtime.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.schema_keywords import CHECKED_FORMATS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 
 # Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
 UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({"allOf", "patternProperties"})
+
+# The string formats xgrammar enforces (the shape); it compiles any other as any string. The
+# same list is vLLM's STRING_SUPPORTED_FORMATS: its xgrammar backend refuses a schema with
+# any other format.
+XGRAMMAR_FORMATS = frozenset(
+    {
+        "email",
+        "date",
+        "time",
+        "date-time",
+        "duration",
+        "ipv4",
+        "ipv6",
+        "hostname",
+        "uuid",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
 
 LENGTHS = ("minLength", "maxLength")
 
@@ -60,6 +83,8 @@ def weakened(node: dict[str, Any], pointer: str) -> Iterator[tuple[str, str]]:
         escape = literal_escape(pattern)
         if escape is not None:
             yield "pattern", f"{escape} at {at}"
+    if node.get("format") in CHECKED_FORMATS - XGRAMMAR_FORMATS:
+        yield "format", f"ignores format {node['format']!r} at {at} (reads it as any string)"
 
 
 def integer_multiple(node: dict[str, Any]) -> bool:

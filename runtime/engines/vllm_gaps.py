@@ -36,28 +36,11 @@ from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 from runtime.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, one_of_overlaps
 from runtime.schema_walk import schema_nodes
-from runtime.xgrammar_gaps import UNENFORCED, literal_escape, weakened
+from runtime.xgrammar_gaps import UNENFORCED, XGRAMMAR_FORMATS, literal_escape, weakened
 
-# The string formats vLLM's xgrammar backend takes (its STRING_SUPPORTED_FORMATS); it
-# refuses a schema with any other.
-XGRAMMAR_FORMATS = frozenset(
-    {
-        "email",
-        "date",
-        "time",
-        "date-time",
-        "duration",
-        "ipv4",
-        "ipv6",
-        "hostname",
-        "uuid",
-        "uri",
-        "uri-reference",
-        "uri-template",
-        "json-pointer",
-        "relative-json-pointer",
-    }
-)
+# Keywords the server refuses more widely than xgrammar weakens them (every multipleOf, every
+# format outside XGRAMMAR_FORMATS): reported once each, as refused, not as weakened.
+_REFUSED_BY_VLLM = ("multipleOf", "format")
 
 
 @dataclass(frozen=True)
@@ -125,7 +108,7 @@ def _gaps(
         yield keyword, "ignored or refused by the server's xgrammar backend"
     if "multipleOf" in node:  # vLLM refuses every typed one, xgrammar ignores the others
         yield "multipleOf", "refused by the server's xgrammar backend"
-    yield from ((k, why) for k, why in weakened(node, pointer) if k != "multipleOf")
+    yield from ((k, why) for k, why in weakened(node, pointer) if k not in _REFUSED_BY_VLLM)
     if "format" in node and node["format"] not in XGRAMMAR_FORMATS:
         yield "format", "a format the server's xgrammar backend refuses"
     if one_of_overlaps(root, node):

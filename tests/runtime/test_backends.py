@@ -268,6 +268,22 @@ def test_chain_names_every_reason_when_none_can_compile():
     assert info.value.param == "response_format" and info.value.status == 400
 
 
+@pytest.mark.parametrize("fmt", ["idn-email", "idn-hostname", "iri", "iri-reference", "regex"])
+def test_a_format_no_backend_enforces_leaves_the_chain(fmt):
+    """llguidance refuses these formats, and xgrammar compiled them as any string, recorded
+    as the backend that enforced them (the output check, which asserts them, then failed).
+    Now every backend refuses, and the embedded engine takes the post-hoc path. A format
+    the check does not know is an annotation: xgrammar's any string enforces it."""
+    chain = BackendChain(smol_tokenizer())
+    schema = {"type": "object", "properties": {"a": {"type": "string", "format": fmt}}}
+    with pytest.raises(BackendCannotCompile) as info:
+        chain.compile(Constraint.json_schema(schema))
+    assert f"xgrammar: ignores format {fmt!r} at /properties/a" in info.value.message
+    assert [f"{name}: " in info.value.message for name in chain.names] == [True] * 3
+    annotated = Constraint.json_schema({"type": "string", "format": "password"})
+    assert chain.compile(annotated).backend == "xgrammar"
+
+
 def test_the_default_chain_builds_no_vocabulary_dfa_for_a_client():
     """420 bytes of schema that llguidance (overlapping oneOf) and xgrammar ((?s)) refuse
     cost Outlines minutes of CPU and gigabytes: by default it is a prompt 400 instead."""
@@ -395,6 +411,10 @@ def test_xgrammar_takes_a_one_of_whose_branches_are_disjoint():
         (
             Constraint.json_schema({"type": "string", "pattern": "^a+$", "minLength": 2}),
             "ignores minLength/maxLength",
+        ),
+        (
+            Constraint.json_schema({"type": "string", "format": "idn-email"}),
+            "ignores format 'idn-email' at /",
         ),
     ],
 )

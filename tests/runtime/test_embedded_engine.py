@@ -241,6 +241,25 @@ def test_post_hoc_fallback_returns_only_validated_json(engine: EmbeddedEngine) -
     run(llguidance_only.aclose())
 
 
+def test_a_format_no_backend_enforces_takes_the_post_hoc_path(engine: EmbeddedEngine) -> None:
+    """xgrammar compiled an idn-email as any string and the generation named it as the
+    backend that enforced it; the default chain now ends at the post-hoc path, which the
+    generation (so the receipt's manifest and fallback) records."""
+    default_chain = sibling(engine)
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "format": "idn-email"}},
+        "required": ["a"],
+    }
+    ask = [ChatMessage("user", 'Output this JSON and nothing else: {"a": "bob@example.com"}')]
+    final = run(
+        default_chain.generate(ask, Constraint.json_schema(schema), Sampling(max_tokens=24))
+    )
+    assert (final.backend, final.fallback) == ("none", "post_hoc_retry:1")
+    assert final.text == '{"a":"bob@example.com"}'
+    run(default_chain.aclose())
+
+
 @pytest.mark.parametrize(("kind", "param"), [("json", "response_format"), ("tools", "tools")])
 def test_post_hoc_fallback_failure_exposes_schema_output_and_pointer(
     engine: EmbeddedEngine, kind: ConstraintKind, param: str
