@@ -11,7 +11,7 @@ from grammar_testkit import matches, smol_tokenizer
 from runtime.backends import BackendChain, available_backends, backend_order, make_backend
 from runtime.backends.base import allocate_bitmask, bitmask_to_bool
 from runtime.constraint import Constraint
-from runtime.errors import BackendCannotCompile, EngineConfigError
+from runtime.errors import BackendCannotCompile, EngineConfigError, InvalidGrammar
 from runtime.schema_keywords import overlapping_one_of, schema_keywords
 
 BACKENDS = available_backends()
@@ -79,6 +79,34 @@ def test_grammar_walk(backend, grammar, text, ok):
             backend.compile(constraint)
         return
     assert matches(backend.compile(constraint).matcher(), text) is ok
+
+
+@pytest.mark.parametrize(
+    ("grammar", "text", "wrong"),
+    [
+        ('root ::= "\\u00e9abc"', "éabc", "ê"),
+        ("root ::= [\\u00e0-\\u00ff]+", "àéÿ", "a"),
+        ('root ::= "\\U0001F600"', "😀", "U0001F600"),
+        ('root ::= "\\u0100\\u01ff"', "Āǿ", "x"),
+        ('root ::= "\\u0022\\u005c"', '"\\', "x"),  # a quote and a backslash
+        ("root ::= [\\u0021\\u002d\\u0023]+", "!-#", '"'),  # a dash, not a range
+        ("root ::= [\\u005ea]+", "^a", "b"),  # a caret, not a negation
+        ('root ::= "a\\u000ab"', "a\nb", "ab"),
+    ],
+)
+@pytest.mark.parametrize("name", ["llguidance", "xgrammar"])
+def test_gbnf_unicode_escapes_are_the_characters_they_name(name, grammar, text, wrong):
+    """llguidance's GBNF converter dropped the leading zeros of \\u and \\U escapes: \\u00e9
+    became \\ue9, which Lark refused (invalid_grammar quoting a line the client never wrote).
+    xgrammar reads GBNF itself; both must admit the same characters."""
+    compiled = make_backend(name, smol_tokenizer()).compile(Constraint.ebnf(grammar))
+    assert matches(compiled.matcher(), text)
+    assert not matches(compiled.matcher(), wrong)
+
+
+def test_a_gbnf_escape_of_no_character_is_an_invalid_grammar():
+    with pytest.raises(InvalidGrammar, match="UTF-16 surrogate"):
+        BackendChain(smol_tokenizer()).compile(Constraint.ebnf('root ::= "\\uD83D\\uDE00"'))
 
 
 def test_mask_gates_eos_and_termination(backend):
