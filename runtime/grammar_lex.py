@@ -5,6 +5,7 @@ counted repetitions ask for and how deep its rule references nest.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ class LexedGrammar:
     regexes: tuple[str, ...]  # the patterns of its regex literals
     schemas: tuple[bytes, ...]  # the JSON texts of its %json schemas
     specials: tuple[str, ...] = ()  # its special tokens (<|im_end|>, <[2]>), as written
+    schema_spans: tuple[tuple[int, int], ...] = ()  # where each %json schema's text stands
 
 
 def lex_grammar(lark: str) -> LexedGrammar:
@@ -38,6 +40,7 @@ def lex_grammar(lark: str) -> LexedGrammar:
     regexes: list[str] = []
     schemas: list[bytes] = []
     specials: list[str] = []
+    spans: list[tuple[int, int]] = []
     at = 0
     while (start := _LARK_START.search(lark, at)) is not None:
         parts.append(lark[at : start.start()])
@@ -63,11 +66,38 @@ def lex_grammar(lark: str) -> LexedGrammar:
             if end is None:
                 break  # never closes
             schemas.append(lark[start.end() : end].encode())
+            spans.append((start.end(), end))
             parts.append("%json {}")
             at = end
     else:
         parts.append(lark[at:])
-    return LexedGrammar("".join(parts), tuple(regexes), tuple(schemas), tuple(specials))
+    return LexedGrammar(
+        "".join(parts), tuple(regexes), tuple(schemas), tuple(specials), tuple(spans)
+    )
+
+
+def with_json_options(lark: str, options: dict[str, Any]) -> str:
+    """``lark`` with ``options`` set in the ``x-guidance`` of each ``%json`` schema, over any
+    the schema sets: llguidance applies the options it is given at compile time to a JSON
+    schema constraint alone, and an embedded schema's from its own ``x-guidance`` (without
+    them a grammar's JSON took any whitespace, and a weak model wrote newlines until
+    max_tokens). A schema that is not a JSON object, or holds a number past a double, is
+    left as written (validation refuses the first; llguidance reads the second)."""
+    parts: list[str] = []
+    at = 0
+    for start, end in lex_grammar(lark).schema_spans:
+        try:
+            schema = json.loads(lark[start:end])
+            if not isinstance(schema, dict):
+                continue
+            guidance = schema.get("x-guidance")
+            schema["x-guidance"] = {**(guidance if isinstance(guidance, dict) else {}), **options}
+            text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+        except ValueError:
+            continue
+        parts += [lark[at:start], text]
+        at = end
+    return "".join(parts) + lark[at:]
 
 
 # item ~ n, item ~ m..n, item{n}, item{m,n}: the upper bound (or the lower, when open)

@@ -28,6 +28,7 @@ from runtime.backends.base import (
 )
 from runtime.constraint import STRICT_JSON_OPTIONS, Constraint, to_lark
 from runtime.errors import BackendCannotCompile
+from runtime.grammar_lex import with_json_options
 
 _RESOURCE_LIMIT = re.compile(r"too many|\blimit\b", re.IGNORECASE)
 
@@ -108,7 +109,8 @@ class LLGuidanceBackend(GrammarBackend):
             )
         if constraint.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(constraint.source)
-        return llguidance.LLMatcher.grammar_from_lark(to_lark(constraint.source))
+        lark = with_json_options(to_lark(constraint.source), STRICT_JSON_OPTIONS)
+        return llguidance.LLMatcher.grammar_from_lark(lark)
 
 
 class _SpecialBits:

@@ -109,6 +109,28 @@ def test_a_gbnf_escape_of_no_character_is_an_invalid_grammar():
         BackendChain(smol_tokenizer()).compile(Constraint.ebnf('root ::= "\\uD83D\\uDE00"'))
 
 
+EMBEDDED = '{"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}'
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    [
+        f'start: "Answer: " %json {EMBEDDED}',
+        'start: "Answer: " %json {"x-guidance": {"whitespace_flexible": true}, ' + EMBEDDED[1:],
+    ],
+    ids=["plain", "asking-for-whitespace"],
+)
+@pytest.mark.parametrize(
+    "text, ok",
+    [('Answer: {"x":1}', True), ('Answer: {\n\n"x"\n:\n1}', False), ('Answer: { "x": 1 }', False)],
+)
+def test_json_in_a_grammar_is_compact_as_a_schema_constraint_is(grammar, text, ok):
+    """STRICT_JSON_OPTIONS reached json and tools constraints only: a grammar's %json took
+    any whitespace, and the model wrote newlines until max_tokens."""
+    compiled = make_backend("llguidance", smol_tokenizer()).compile(Constraint.ebnf(grammar))
+    assert matches(compiled.matcher(), text) is ok
+
+
 def test_mask_gates_eos_and_termination(backend):
     tok = smol_tokenizer()
     matcher = backend.compile(Constraint.regex("(yes|no)")).matcher()
