@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from runtime.errors import StructuredOutputInvalid
+from runtime.schema_walk import integer_typed, schema_nodes
 
 # The same bound as receipts/canonical.py's MAX_SAFE_INT (tests/test_layout.py holds them equal).
 MAX_EXACT_INTEGER = 2**53 - 1
@@ -103,6 +104,23 @@ def load_exact(text: str | bytes) -> Any:
     if _SURROGATE.search(text):
         _utf8_strings(value)
     return value
+
+
+def receipt_bounded_integers(schema: Any) -> Any:
+    """``schema`` with +-MAX_EXACT_INTEGER as the minimum and maximum of each integer type
+    that has no bound of its own on that side (a plain ``integer`` let a model write digits
+    until max_tokens, for output a receipt cannot hold: a 422). A node with a ``multipleOf``
+    is left alone: xgrammar ignores a step beside a range. For what a decoder compiles only;
+    the schema a receipt binds, and the grammar cache's key, stay as the client wrote them.
+    Modifies ``schema`` in place and returns it."""
+    for _, node in schema_nodes(schema):
+        if not integer_typed(node) or "multipleOf" in node:
+            continue
+        if not {"minimum", "exclusiveMinimum"} & node.keys():
+            node["minimum"] = -MAX_EXACT_INTEGER
+        if not {"maximum", "exclusiveMaximum"} & node.keys():
+            node["maximum"] = MAX_EXACT_INTEGER
+    return schema
 
 
 def load_json(text: str, schema: dict[str, Any], *, param: str, pointer: str = "") -> Any:

@@ -62,6 +62,14 @@ def schema_nodes(schema: Any) -> Iterator[tuple[str, dict[str, Any]]]:
                 stack.append((at, value))
 
 
+def integer_typed(node: dict[str, Any]) -> bool:
+    """Whether the schema node's ``type`` admits integers and no other numbers."""
+    types = node.get("type")
+    return types == "integer" or (
+        isinstance(types, list) and "integer" in types and "number" not in types
+    )
+
+
 def schema_resources(
     schema: Any,
 ) -> tuple[list[tuple[str, str, dict[str, Any]]], dict[tuple[str, str], list[str]]]:
@@ -149,6 +157,7 @@ def _below(node: Any) -> Iterator[Any]:
 __all__ = [
     "DATA_KEYWORDS",
     "SCHEMA_MAPS",
+    "integer_typed",
     "pointer_token",
     "resolve_ref",
     "schema_depth",

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from runtime.schema_keywords import CHECKED_FORMATS, IGNORED_BY_ALL_BUT_LLGUIDANCE
+from runtime.schema_walk import integer_typed
 
 # Keywords the converter accepts but does not enforce (probed in tests/runtime/test_backends.py).
 UNENFORCED = IGNORED_BY_ALL_BUT_LLGUIDANCE | frozenset({"allOf", "patternProperties"})
@@ -90,13 +91,9 @@ def weakened(node: dict[str, Any], pointer: str) -> Iterator[tuple[str, str]]:
 def integer_multiple(node: dict[str, Any]) -> bool:
     """Whether xgrammar enforces this node's multipleOf: a whole step on an integer with no
     range beside it ("range + multipleOf combination not yet supported")."""
-    types = node.get("type")
     step = node["multipleOf"]
     return (
-        (
-            types == "integer"
-            or (isinstance(types, list) and "integer" in types and "number" not in types)
-        )
+        integer_typed(node)
         and isinstance(step, int | float)
         and not isinstance(step, bool)
         and float(step).is_integer()

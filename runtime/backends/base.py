@@ -24,8 +24,11 @@ import torch
 
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.exact_json import receipt_bounded_integers
 from runtime.regex_features import constraint_patterns, unenforceable_regex_feature
 from runtime.schema_keywords import overlapping_one_of, refuse_keywords
+
+_RANGE = frozenset({"minimum", "maximum"})
 
 
 class GrammarMatcher(ABC):
@@ -105,7 +108,18 @@ class GrammarBackend(ABC):
             feature = unenforceable_regex_feature(pattern)
             if feature is not None:  # two backends dropped lookarounds silently, one crashed
                 raise BackendCannotCompile(f"{self.name}: {pattern!r} uses {feature}")
-        return self._compile(constraint)
+        compiled = self._compile(self._decoded(constraint))
+        compiled.constraint = constraint  # the request's, as the grammar cache keys it
+        return compiled
+
+    def _decoded(self, constraint: Constraint) -> Constraint:
+        """What this backend compiles for ``constraint``: integers held within what a receipt
+        can record, by a backend that enforces minimum and maximum (the others would refuse
+        the bounds, or ignore them)."""
+        if not constraint.is_json or _RANGE & self.unenforced:
+            return constraint
+        bounded = receipt_bounded_integers(constraint.schema())
+        return Constraint.json_schema(bounded, kind=constraint.kind)
 
     @abstractmethod
     def _compile(self, constraint: Constraint) -> CompiledGrammar:

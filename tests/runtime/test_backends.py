@@ -131,6 +131,39 @@ def test_json_in_a_grammar_is_compact_as_a_schema_constraint_is(grammar, text, o
     assert matches(compiled.matcher(), text) is ok
 
 
+EXACT = 2**53 - 1
+INTEGERS = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer"},
+        "m": {"type": ["integer", "null"], "maximum": 5},
+    },
+    "required": ["n", "m"],
+}
+
+
+@pytest.mark.parametrize(
+    "text, ok",
+    [
+        (f'{{"n":{EXACT},"m":null}}', True),
+        (f'{{"n":-{EXACT},"m":5}}', True),
+        (f'{{"n":{EXACT + 1},"m":null}}', False),
+        ('{"n":123456789012345678901234,"m":null}', False),
+        (f'{{"n":0,"m":-{EXACT + 1}}}', False),
+        ('{"n":0,"m":6}', False),
+    ],
+)
+@pytest.mark.parametrize("name", ["llguidance", "xgrammar"])
+def test_integers_are_decoded_within_what_a_receipt_holds(name, text, ok):
+    """A plain integer let the model write digits until max_tokens, for output no receipt
+    can hold (a 422). The bounds are the decoder's: the compiled grammar still carries the
+    client's constraint, which the grammar cache keys on and the receipt binds."""
+    constraint = Constraint.json_schema(INTEGERS)
+    compiled = make_backend(name, smol_tokenizer()).compile(constraint)
+    assert compiled.constraint == constraint
+    assert matches(compiled.matcher(), text) is ok
+
+
 def test_mask_gates_eos_and_termination(backend):
     tok = smol_tokenizer()
     matcher = backend.compile(Constraint.regex("(yes|no)")).matcher()
