@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="PEM",
         help="private key to sign a checkpoint at the head (default: the gateway's, as serve"
         " finds it: $CALLPROOF_SIGNING_KEY, else signing_key_file or <data_dir>/signing-key.pem"
-        " when it exists, unless a newer key has signed the chain since; without one, the"
+        " when it exists, unless a newer key has taken the chain over; without one, the"
         " bundle ends at the latest stored checkpoint)",
     )
     export.set_defaults(handler=_export)
@@ -186,7 +186,7 @@ def _gateway_signer(settings: Settings) -> Signer | None:
 
 
 def _current_signer(signer: Signer | None, chain_keys: list[PublicKeyEntry]) -> Signer | None:
-    """The gateway's key, unless a newer key has signed the chain since: a scheduled export
+    """The gateway's key, unless a newer key has taken the chain over: a scheduled export
     still finding the default key file after `serve` moved to another (key rotation) would
     sign a checkpoint with the retired key, which auditors holding the rotation's key list
     refuse. The bundle then ends at the latest stored checkpoint instead."""
@@ -199,8 +199,8 @@ def _current_signer(signer: Signer | None, chain_keys: list[PublicKeyEntry]) -> 
         return signer
     newer = next(iter(moved_on.values()))
     print(
-        f"callproof export: not signing with {signer.key_id}: {newer} has signed the chain"
-        " since; the bundle ends at the latest stored checkpoint (pass --signing-key with"
+        f"callproof export: not signing with {signer.key_id}: {newer} has taken the chain"
+        " over; the bundle ends at the latest stored checkpoint (pass --signing-key with"
         " the current key's file to sign one at the head)",
         file=sys.stderr,
     )

@@ -154,7 +154,7 @@ def _announce(resources: Resources, signer: Signer) -> None:
     if moved_on:
         chains = ", ".join(f"{chain!r} (now {newer})" for chain, newer in moved_on.items())
         print(
-            f"callproof: warning: a newer key has signed chain(s) {chains} since"
+            f"callproof: warning: a newer key has taken over chain(s) {chains} since"
             f" {signer.key_id} did: is this a stale replica or a rolled-back secret?"
             " Signing with it again reopens its range (docs/deploy.md, key rotation)",
             file=sys.stderr,
