@@ -287,12 +287,18 @@ def _proofs(obj: Any) -> _Proofs:
 
 
 def _bundle_keys(contents: BundleContents) -> list[dict[str, Any]]:
-    """keys.json joined with the PEM files, in KeyRing.from_public_keys' shape."""
+    """keys.json joined with the PEM files, in KeyRing.from_public_keys' shape. Every key file
+    must be listed: an unlisted one is a file no verifier examined, handed on as evidence."""
     listing = contents.json("keys.json")
     try:
-        return [_bundle_key(contents, entry) for entry in listing["keys"]]
+        keys = [_bundle_key(contents, entry) for entry in listing["keys"]]
     except (KeyError, TypeError, UnicodeDecodeError) as exc:
         raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
+    listed = {key_file(key["key_id"]) for key in keys}
+    for name in contents.small:
+        if name.startswith("keys/") and name not in listed:
+            raise VerificationError(f"bundle member {name!r} is a key keys.json does not list")
+    return keys
 
 
 def _bundle_key(contents: BundleContents, entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -886,6 +886,19 @@ def test_a_bundle_whose_key_files_are_broken_fails_even_with_pinned_keys(
         assert not report.ok and reason in report.reason, report
 
 
+def test_a_key_file_keys_json_does_not_list_fails(bundle: Path, signer: Signer) -> None:
+    """A bundle is written with exactly its listed keys: an extra PEM, listed in the manifest,
+    passed unexamined and was handed on as evidence."""
+    stray = Signer.generate()
+    files = {**read(bundle), key_file(stray.key_id): stray.public_key_pem().encode()}
+    for pinned in (None, signer.public_key_pem()):
+        report = verify_bundle(rewrite(bundle, files), pinned)
+        assert not report.ok
+        assert report.reason == (
+            f"bundle member {key_file(stray.key_id)!r} is a key keys.json does not list"
+        )
+
+
 def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
