@@ -44,7 +44,7 @@ from receipts.errors import BundleError, ReceiptFormatError, SigningKeyError, Ve
 from receipts.manifest import is_hex64
 from receipts.merkle import leaf_hash
 from receipts.record import KEY_ID, Receipt
-from receipts.signing import KeyRing
+from receipts.signing import KeyRing, load_public_key_pem, public_key_pem
 from receipts.trust import trusted_keys
 
 BLOCK = 1 << 20  # bytes of receipts.jsonl per unit of work handed to a worker process
@@ -305,11 +305,15 @@ def _bundle_key(contents: BundleContents, entry: Mapping[str, Any]) -> dict[str,
     key_id = entry["key_id"]
     if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
         raise VerificationError(f"keys.json: {key_id!r} is not a key id (ed25519: + 32 hex)")
-    return {
-        "key_id": key_id,
-        "public_key_pem": contents.small[key_file(key_id)].decode("ascii"),
-        "ranges": entry["ranges"],
-    }
+    name = key_file(key_id)
+    pem = contents.small[name].decode("ascii")
+    try:
+        spelled = public_key_pem(load_public_key_pem(pem))
+    except SigningKeyError as exc:
+        raise VerificationError(f"bundle keys: {name}: {exc}") from exc
+    if pem != spelled:  # a second key, or text besides the key, that some reader would take
+        raise VerificationError(f"bundle keys: {name} holds more than its one public key")
+    return {"key_id": key_id, "public_key_pem": pem, "ranges": entry["ranges"]}
 
 
 # ------------------------------------------------ per-receipt checks, in worker processes

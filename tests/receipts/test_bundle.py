@@ -886,6 +886,22 @@ def test_a_bundle_whose_key_files_are_broken_fails_even_with_pinned_keys(
         assert not report.ok and reason in report.reason, report
 
 
+@pytest.mark.parametrize("spelling", ["genuine + other key", "text + genuine"])
+def test_a_key_file_holding_more_than_its_one_key_fails(
+    bundle: Path, signer: Signer, spelling: str
+) -> None:
+    """The PEM reader took the first block and ignored the rest: a file could carry a second
+    key (or text) that another reader takes, so one bundle held two key sets."""
+    files = read(bundle)
+    name = key_file(signer.key_id)
+    other = Signer.generate().public_key_pem().encode()
+    pem = files[name] + other if spelling == "genuine + other key" else b"note\n" + files[name]
+    for pinned in (None, signer.public_key_pem()):
+        report = verify_bundle(rewrite(bundle, {**files, name: pem}), pinned)
+        assert not report.ok
+        assert report.reason == f"bundle keys: {name} holds more than its one public key"
+
+
 def test_a_key_file_keys_json_does_not_list_fails(bundle: Path, signer: Signer) -> None:
     """A bundle is written with exactly its listed keys: an extra PEM, listed in the manifest,
     passed unexamined and was handed on as evidence."""
