@@ -294,7 +294,11 @@ def _bundle_keys(contents: BundleContents) -> list[dict[str, Any]]:
         keys = [_bundle_key(contents, entry) for entry in listing["keys"]]
     except (KeyError, TypeError, UnicodeDecodeError) as exc:
         raise VerificationError(f"keys.json does not match the key files: {exc!r}") from exc
-    listed = {key_file(key["key_id"]) for key in keys}
+    listed: set[str] = set()
+    for key in keys:  # keys.json of a bundle lists each key once; a repeat merges ranges
+        if key_file(key["key_id"]) in listed:
+            raise VerificationError(f"keys.json lists {key['key_id']} twice")
+        listed.add(key_file(key["key_id"]))
     for name in contents.small:
         if name.startswith("keys/") and name not in listed:
             raise VerificationError(f"bundle member {name!r} is a key keys.json does not list")
@@ -306,6 +310,8 @@ def _bundle_key(contents: BundleContents, entry: Mapping[str, Any]) -> dict[str,
     if not isinstance(key_id, str) or not KEY_ID.fullmatch(key_id):
         raise VerificationError(f"keys.json: {key_id!r} is not a key id (ed25519: + 32 hex)")
     name = key_file(key_id)
+    if entry["file"] != name:
+        raise VerificationError(f"keys.json names {entry['file']!r} as {key_id}'s file, not {name}")
     pem = contents.small[name].decode("ascii")
     try:
         spelled = public_key_pem(load_public_key_pem(pem))

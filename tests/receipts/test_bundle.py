@@ -915,6 +915,28 @@ def test_a_key_file_keys_json_does_not_list_fails(bundle: Path, signer: Signer) 
         )
 
 
+def test_a_key_keys_json_lists_twice_or_under_another_file_fails(
+    bundle: Path, signer: Signer
+) -> None:
+    """A repeated entry (its ranges merged) or a `file` that is not the key's own passed."""
+    files = read(bundle)
+    listing = json.loads(files["keys.json"])
+    entry = listing["keys"][0]
+    twice = {"keys": [entry, {**entry, "ranges": []}]}
+    other = "keys/ed25519_" + "0" * 32 + ".pem"
+    elsewhere = {"keys": [{**entry, "file": other}]}
+    wrong_file = (
+        f"keys.json names {other!r} as {signer.key_id}'s file, not {key_file(signer.key_id)}"
+    )
+    for changed, reason in [
+        (twice, f"keys.json lists {signer.key_id} twice"),
+        (elsewhere, wrong_file),
+    ]:
+        tampered = rewrite(bundle, {**files, "keys.json": canonical_json(changed)})
+        report = verify_bundle(tampered, signer.public_key_pem())
+        assert not report.ok and report.reason == reason, report
+
+
 def test_an_unexpected_error_is_a_failed_report_for_users_and_raises_in_tests(
     bundle: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
