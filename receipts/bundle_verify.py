@@ -353,8 +353,7 @@ class LineChecker:
         leaves = []
         problem = None
         lines = block.split(b"\n")  # not splitlines: a bare \r is JSON whitespace
-        if lines[-1] == b"":
-            lines.pop()  # the newline that ends the block's last line
+        unterminated = lines.pop()  # empty: the block ends with a newline, as each line does
         for line in lines:
             if not line:
                 problem = f"a blank line in {RECEIPTS}, where each line holds one receipt"
@@ -393,6 +392,8 @@ class LineChecker:
             first = first or receipt
             last = receipt
             leaves.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
+        if unterminated and problem is None:  # the end of the file: one spelling, as above
+            problem = f"the last line of {RECEIPTS} does not end with a newline"
         if first is None or last is None:
             return CheckedBlock(LinkedRun("", 0, "", "", 0, b""), problem)
         run = LinkedRun(

@@ -1100,6 +1100,17 @@ def test_bytes_after_the_last_receipt_line_fail(bundle: Path, signer: Signer) ->
     assert not verify_bundle(rewrite(bundle, files, fix_manifest=False), signer.public_key_pem()).ok
 
 
+def test_a_last_receipt_line_without_its_newline_fails(bundle: Path, signer: Signer) -> None:
+    """Each line is JCS(receipt) and a newline; without the last one the file has a second
+    spelling, and it verified."""
+    files = read(bundle)
+    cut = rewrite(bundle, {**files, RECEIPTS: files[RECEIPTS][:-1]})
+    for workers in (1, 2):
+        report = verify_bundle(cut, signer.public_key_pem(), workers=workers)
+        assert not report.ok and report.first_failure_seq == N and report.checked == N - 1
+        assert report.reason == f"the last line of {RECEIPTS} does not end with a newline"
+
+
 def test_a_range_bundle_without_receipts_fails(bundle: Path, chain, signer: Signer) -> None:
     files = read(bundle)
     tree = MerkleTree.from_entry_hashes(r.entry_hash for r in chain)
