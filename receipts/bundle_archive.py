@@ -83,11 +83,14 @@ class _Budget:
         self.raw = raw
         self.limit = limit  # grows by receipts.jsonl's size once that size is accepted
         self.count = 0
+        self.data_end = 0  # where the last byte read that is not zero padding ends
         self.where = "the first tar header"
 
     def read(self, size: int = -1) -> bytes:
         room = self.limit - self.count + 1  # one byte more than allowed shows the overrun
         data = self.raw.read(room if size < 0 else min(size, room))
+        if kept := len(data.rstrip(b"\0")):
+            self.data_end = self.count + kept
         self.count += len(data)
         if self.count > self.limit:
             raise VerificationError(
@@ -160,6 +163,20 @@ def _members(
         budget.where = f"bundle member {name!r}"
         yield name, source
         budget.where = f"the tar header after {name!r}"
+    _check_end(tar, budget)
+
+
+def _check_end(tar: tarfile.TarFile, budget: _Budget) -> None:
+    """Only zeros (tar's and gzip's padding) may follow the end of the archive: tarfile stops
+    there, but `tar -i` reads on and would extract the files it finds after it."""
+    budget.where = "the data after the archive's end"
+    while budget.read(_READ_SIZE):
+        pass
+    if budget.data_end > tar.offset:
+        raise VerificationError(
+            "the bundle holds data after its tar archive's end (tar -i would extract it as"
+            " more members); a bundle ends with the archive"
+        )
 
 
 def _receipts_cap(small: Mapping[str, bytes]) -> int:

@@ -1136,6 +1136,31 @@ def test_a_second_receipts_member_fails(bundle: Path, signer: Signer, tmp_path: 
     assert not report.ok and "appears twice" in report.reason, report
 
 
+def test_data_after_the_archives_end_fails_its_zero_padding_does_not(
+    bundle: Path, signer: Signer, tmp_path: Path
+) -> None:
+    """tarfile stopped at the end-of-archive marker; `tar -xzif` reads on and extracted the
+    checkpoint.json of a second archive appended after it, in the gzip member or a new one."""
+    files = read(bundle)
+    inner = gzip.decompress(bundle.read_bytes())
+    other = io.BytesIO()
+    with tarfile.open(fileobj=other, mode="w") as tar:
+        info = tarfile.TarInfo("checkpoint.json")
+        info.size = len(files["checkpoint.json"])
+        tar.addfile(info, io.BytesIO(files["checkpoint.json"]))
+    cases = {
+        "padded.tar.gz": (gzip.compress(inner + bytes(20_000)), True),
+        "appended.tar.gz": (gzip.compress(inner + other.getvalue()), False),
+        "member.tar.gz": (bundle.read_bytes() + gzip.compress(other.getvalue()), False),
+        "junk.tar.gz": (gzip.compress(inner + b"\0" * 512 + b"x"), False),
+    }
+    for name, (data, ok) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        report = verify_bundle(tmp_path / name, signer.public_key_pem())
+        assert report.ok is ok, (name, report)
+        assert ok or "data after its tar archive's end" in report.reason, (name, report)
+
+
 def test_an_absolute_member_name_fails(bundle: Path, signer: Signer, tmp_path: Path) -> None:
     files = read(bundle)
     members = [("/" + n if n == "checkpoint.json" else n, d) for n, d in files.items()]
