@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from multiprocessing.pool import AsyncResult
 from pathlib import Path
@@ -40,7 +40,13 @@ from receipts.chain import (
     link_problem,
     saved_checkpoints_note,
 )
-from receipts.errors import BundleError, ReceiptFormatError, SigningKeyError, VerificationError
+from receipts.errors import (
+    BundleError,
+    CanonicalizationError,
+    ReceiptFormatError,
+    SigningKeyError,
+    VerificationError,
+)
 from receipts.manifest import is_hex64
 from receipts.merkle import leaf_hash
 from receipts.record import KEY_ID, Receipt
@@ -163,9 +169,11 @@ def _verify_contents(
         saved=saved,
     )
     blocks = _checked(contents.receipts, keyring, schemas, total, workers)
+    bound: set[str | None] = set()
     try:
         for block in blocks:
             linker.link_run(block.run)
+            bound |= block.schemas
             if block.problem:
                 raise VerificationError(block.problem, linker.next_seq)
             if progress is not None:
@@ -177,8 +185,10 @@ def _verify_contents(
         problem, seq = exc.reason, exc.seq
     else:
         seq = None
-        problem = _manifest_problem(manifest, contents.digests()) or _extent_problem(
-            manifest, checkpoint, linker, total
+        problem = (
+            _manifest_problem(manifest, contents.digests())
+            or _extent_problem(manifest, checkpoint, linker, total)
+            or _unbound_problem(schemas, bound)
         )
     finally:
         blocks.close()  # a walk that stopped early stops its workers now, not at collection
@@ -255,16 +265,33 @@ def _file_problem(manifest: Mapping[str, Any], digests: Mapping[str, str]) -> st
 
 
 def _schemas(contents: BundleContents) -> dict[str, bytes]:
-    """Every schemas/<hash>.json by its hash, as the bundle's bytes: each is parsed here, so
-    one that is not JSON fails the bundle, named, but only the bytes are kept (parsed, a
-    bundle of distinct large tool sets held them all); the checks parse one when a receipt
-    binds it (SchemaBinding remembers the most recent, bounded)."""
+    """Every schemas/<hash>.json by its hash, as the bundle's bytes, each the canonical JSON
+    of its schema (the one spelling, as receipt lines are): each is parsed here, so one that
+    is not fails the bundle, named, but only the bytes are kept (parsed, a bundle of distinct
+    large tool sets held them all); the checks parse one when a receipt binds it
+    (SchemaBinding remembers the most recent, bounded)."""
     schemas = {}
     for name, data in contents.small.items():
         if name.startswith("schemas/"):
-            contents.json(name)
+            try:
+                canonical = canonical_json(contents.json(name)) == data
+            except CanonicalizationError:
+                canonical = False
+            if not canonical:
+                raise VerificationError(f"{name} is not the canonical JSON (RFC 8785) of a schema")
             schemas[name[len("schemas/") : -len(".json")]] = data
     return schemas
+
+
+def _unbound_problem(schemas: Iterable[str], bound: set[str | None]) -> str | None:
+    """A schema no receipt binds, if any: a bundle holds exactly the schemas its receipts
+    bind (one under a hash that is not its own binds none)."""
+    unbound = sorted(set(schemas) - bound)
+    return (
+        f"bundle member 'schemas/{unbound[0]}.json' is a schema no receipt binds"
+        if unbound
+        else None
+    )
 
 
 class _Proofs(NamedTuple):
@@ -331,6 +358,7 @@ class CheckedBlock(NamedTuple):
 
     run: LinkedRun
     problem: str | None
+    schemas: frozenset[str | None]  # what the run's receipts bind (None: no schema)
 
 
 class LineChecker:
@@ -351,6 +379,7 @@ class LineChecker:
         first: Receipt | None = None
         last: Receipt | None = None
         leaves = []
+        bound: set[str | None] = set()
         problem = None
         lines = block.split(b"\n")  # not splitlines: a bare \r is JSON whitespace
         unterminated = lines.pop()  # empty: the block ends with a newline, as each line does
@@ -392,14 +421,15 @@ class LineChecker:
             first = first or receipt
             last = receipt
             leaves.append(leaf_hash(bytes.fromhex(receipt.entry_hash)))
+            bound.add(receipt.manifest["schema_hash"])
         if unterminated and problem is None:  # the end of the file: one spelling, as above
             problem = f"the last line of {RECEIPTS} does not end with a newline"
         if first is None or last is None:
-            return CheckedBlock(LinkedRun("", 0, "", "", 0, b""), problem)
+            return CheckedBlock(LinkedRun("", 0, "", "", 0, b""), problem, frozenset())
         run = LinkedRun(
             first.chain, first.seq, first.prev_hash, last.entry_hash, len(leaves), b"".join(leaves)
         )
-        return CheckedBlock(run, problem)
+        return CheckedBlock(run, problem, frozenset(bound))
 
 
 def _checked(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from receipt_samples import SCHEMAS, UNION_HASH, build_chain, draft
+from receipt_samples import SCHEMAS, UNION, UNION_HASH, build_chain, draft
 
 import receipts.bundle
 import receipts.bundle_archive
@@ -255,10 +256,27 @@ def test_a_write_that_fails_ends_its_read_of_the_receipts_at_once(signer) -> Non
 
 
 def distinct_schemas(count: int, size: int) -> dict[str, dict[str, Any]]:
-    """``count`` distinct schemas of about ``size`` bytes each, under their real hashes (an
-    agent whose tool descriptions change from call to call binds a new one each time)."""
-    schemas = ({"description": f"{i} " + "x" * size} for i in range(count))
+    """``count`` distinct tool unions, each about ``size`` bytes past UNION, under their real
+    hashes (an agent whose tool descriptions change from call to call binds a new one each
+    time)."""
+    schemas = ({**UNION, "description": f"{i} " + "x" * size} for i in range(count))
     return {schema_hash(s): s for s in schemas}
+
+
+def binding(schemas: dict[str, dict[str, Any]], signer: Signer) -> list[Receipt]:
+    """A chain of at least N receipts that binds every one of ``schemas`` (tool unions): a
+    bundle holds exactly the schemas its receipts bind."""
+    receipts: list[Receipt] = []
+    hashes = list(schemas)
+    for seq in range(1, max(N, len(hashes)) + 1):
+        bound = hashes[(seq - 1) % len(hashes)]
+        sample = draft(city=f"City {seq}")
+        sample = dataclasses.replace(
+            sample, schema=schemas[bound], manifest={**sample.manifest, "schema_hash": bound}
+        )
+        prev = receipts[-1].entry_hash if receipts else GENESIS_PREV_HASH
+        receipts.append(seal(sample, seq=seq, prev_hash=prev, signer=signer))
+    return receipts
 
 
 @pytest.mark.parametrize(
@@ -278,29 +296,30 @@ def test_the_writer_keeps_within_the_bounds_a_reader_holds_a_bundle_to(
     writing, with BundleTooLarge; the largest bundle it writes verifies under the same bound."""
     for module in (receipts.bundle, receipts.bundle_archive):
         monkeypatch.setattr(module, bound, limit)
-    checkpoint = whole_chain_checkpoint(chain, signer)
     written = None
     for count in range(1, 200):
         path = tmp_path / f"bundle-{count}.tar.gz"
+        schemas = {**SCHEMAS, **distinct_schemas(count, size)}
+        bound_chain = binding(schemas, signer)
         try:
             write_bundle(
                 path,
-                chain,
-                {**SCHEMAS, **distinct_schemas(count, size)},
+                bound_chain,
+                schemas,
                 keys_of(signer),
-                checkpoint,
+                whole_chain_checkpoint(bound_chain, signer),
             )
         except BundleTooLarge as exc:
             refused = str(exc)
             break
-        written = path
+        written, length = path, len(bound_chain)
     else:
         pytest.fail(f"{count} schemas of {size} bytes: no bound held")
     assert written is not None and not path.exists()  # refused before a byte was written
-    assert refused.startswith(f"a bundle of seqs 1..{N} of chain 'acme' would "), refused
+    assert refused.startswith(f"a bundle of seqs 1..{len(bound_chain)} of chain 'acme' would ")
     assert refused.endswith("export a shorter range of receipts"), refused
     report = verify_bundle(written, signer.public_key_pem())
-    assert report.ok and report.checked == N, report
+    assert report.ok and report.checked == length, report
     with tarfile.open(written, "r:gz") as tar:  # and it came close: the bound is not padded
         members = tar.getmembers()
     small = sum(512 + -(-m.size // 512) * 512 for m in members if m.name != RECEIPTS)
@@ -316,8 +335,9 @@ def test_the_writer_accepts_no_bundle_its_reader_refuses_even_at_the_exact_bound
     """The smallest MAX_SMALL_TOTAL the writer accepts for a bundle (found by bisection) is
     one the reader accepts it under: the writer's count of tar headers, padding, the end of
     the archive and tarfile's read-ahead is not short of the reader's."""
-    checkpoint = whole_chain_checkpoint(chain, signer)
     schemas = {**SCHEMAS, **distinct_schemas(7, 3_000)}
+    chain = binding(schemas, signer)
+    checkpoint = whole_chain_checkpoint(chain, signer)
     path = tmp_path / "bundle.tar.gz"
     low, high = 1, 1 << 20  # the writer refuses at low, accepts at high
     while high - low > 1:
@@ -517,6 +537,26 @@ def test_edited_schema(bundle: Path, signer) -> None:
     assert report.first_failure_seq == 1 and "edited" in report.reason
 
 
+def test_a_schema_no_receipt_binds_or_not_in_its_one_spelling_fails(
+    bundle: Path, signer: Signer
+) -> None:
+    """A bundle holds JCS(schema) for exactly the schemas its receipts bind: an extra schema
+    (under its own hash or another) and a bound one spelled otherwise all verified."""
+    files = read(bundle)
+    bound = f"schemas/{UNION_HASH}.json"
+    extra = {"type": "string"}
+    wrong = "ab" * 32
+    cases = [
+        ({f"schemas/{schema_hash(extra)}.json": canonical_json(extra)}, "no receipt binds"),
+        ({f"schemas/{wrong}.json": canonical_json(extra)}, "no receipt binds"),
+        ({bound: json.dumps(UNION, indent=1).encode()}, "is not the canonical JSON"),
+    ]
+    for changed, says in cases:
+        name = next(iter(changed))
+        report = verify_bundle(rewrite(bundle, {**files, **changed}), signer.public_key_pem())
+        assert not report.ok and name in report.reason and says in report.reason, report
+
+
 def test_file_hash_mismatch_without_a_bad_receipt(bundle: Path) -> None:
     files = read(bundle)
     spaced = files["keys.json"].replace(b"[", b"[ ", 1)  # same JSON, other bytes
@@ -710,21 +750,26 @@ def test_writer_and_verifier_draw_the_json_value_bound_at_the_same_byte(
     """The rule is a count of bytes an independent verifier reproduces: 199 of `[ { , :` pass
     a bound of 200, and 200 do not, for the writer and the reader alike."""
     monkeypatch.setattr(receipts.bundle, "MAX_JSON_VALUES", 200)
-    checkpoint = whole_chain_checkpoint(chain, signer)
-    counted = {n: {"enum": [0] * (n - 2)} for n in (199, 200)}  # "{" ":" "[" and n - 3 commas
+    union = sum(map(canonical_json(UNION).count, (b"[", b"{", b",", b":")))
+    # UNION's own bytes, then "," ":" "[" and k - 1 commas for k examples
+    counted = {n: {**UNION, "examples": [0] * (n - union - 2)} for n in (199, 200)}
     under = tmp_path / "under.tar.gz"
-    write_bundle(under, chain, {**SCHEMAS, "ab" * 32: counted[199]}, keys_of(signer), checkpoint)
+    chain = binding({schema_hash(counted[199]): counted[199]}, signer)
+    checkpoint = whole_chain_checkpoint(chain, signer)
+    name = f"schemas/{schema_hash(counted[199])}.json"
+    schemas = {schema_hash(counted[199]): counted[199]}
+    write_bundle(under, chain, schemas, keys_of(signer), checkpoint)
     assert verify_bundle(under, signer.public_key_pem()).ok
-    with pytest.raises(BundleTooLarge, match=f"schemas/{'ab' * 32}.json, which may hold 200"):
+    with pytest.raises(BundleTooLarge, match=f"{name}, which may hold 200"):
         write_bundle(
             tmp_path / "over.tar.gz",
             chain,
-            {**SCHEMAS, "ab" * 32: counted[200]},
+            {schema_hash(counted[199]): counted[200]},
             keys_of(signer),
             checkpoint,
         )
     files = read(under)
-    files[f"schemas/{'ab' * 32}.json"] = canonical_json(counted[200])
+    files[name] = canonical_json(counted[200])
     report = verify_bundle(rewrite(under, files), signer.public_key_pem())
     assert not report.ok and "may hold 200 JSON values" in report.reason, report
 
