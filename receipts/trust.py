@@ -48,9 +48,9 @@ def trusted_keys(
     except ReceiptsError as exc:
         raise VerificationError(f"bundle keys: {exc}") from exc
     if ring is None:
-        return bundle_ring, (
-            "trusted the bundle's own keys: this proves integrity, not origin;"
-            " pin the operator's keys with --public-key"
+        return bundle_ring, (  # named, so an auditor can compare them with the operator's
+            f"trusted the bundle's own keys ({', '.join(bundle_ring.key_ids())}): this proves"
+            " integrity, not origin; pin the operator's keys with --public-key"
         )
     return ring, pinned_note(ring)
 

@@ -143,6 +143,8 @@ def test_intact_bundle_verifies_pinned_and_unpinned(bundle: Path, signer: Signer
     assert "pinned" in pinned.notes[0]
     unpinned = verify_bundle(bundle)
     assert unpinned.ok and "not origin" in unpinned.notes[0]
+    # the keys trusted are named, to be compared with the operator's out of band
+    assert unpinned.notes[0].startswith(f"trusted the bundle's own keys ({signer.key_id}): ")
     assert pinned.to_json_obj()["ok"] is True
 
 
