@@ -120,7 +120,9 @@ def print_reports(reports: list[dict[str, Any]], as_json: bool) -> int:
     for r in reports:
         chain = r.get("chain")
         if r["ok"]:
-            size = f", Merkle root at tree size {r['tree_size']}" if r.get("tree_size") else ""
+            size = ""
+            if r.get("tree_size"):  # the root itself, to compare with a checkpoint kept
+                size = f", Merkle root at tree size {r['tree_size']}: {r['root_hash']}"
             span = ""
             if (
                 r.get("first_seq")

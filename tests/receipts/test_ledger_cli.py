@@ -51,6 +51,7 @@ def test_export_then_verify(filled, tmp_path: Path, capsys) -> None:
 
     code, out, _ = run(capsys, "verify", str(bundle))
     assert code == 0 and out.startswith("OK: chain 'acme', 40 receipts verified")
+    assert f", Merkle root at tree size 40: {report['root_hash']}\n" in out  # as --json has it
 
     other = tmp_path / "other.pem"
     other.write_text(Signer.generate().public_key_pem())
