@@ -248,7 +248,8 @@ def _verify_db(args: argparse.Namespace) -> int:
 
     if (args.from_seq is not None or args.to_seq is not None) and not args.tenant:
         # chains differ in length: one range over all of them is past some chain's head
-        return fail(BAD_INPUT, ValueError("a seq range is of one chain: give --tenant too"))
+        message = "a seq range is of one chain: give --tenant too"
+        return fail(BAD_INPUT, ValueError(message), args.json)
     try:
         keyring = None
         if args.public_key:
@@ -267,9 +268,9 @@ def _verify_db(args: argparse.Namespace) -> int:
                 for tenant in tenants
             ]
     except LedgerUnavailable as exc:
-        return fail(UNAVAILABLE, exc)
+        return fail(UNAVAILABLE, exc, args.json)
     except (ReceiptsError, SettingsError, OSError, ValueError) as exc:
-        return fail(BAD_INPUT, exc)
+        return fail(BAD_INPUT, exc, args.json)
     return print_reports(reports, args.json)
 
 

@@ -74,7 +74,7 @@ def _verify_bundle(args: argparse.Namespace) -> int:
                 args.bundle, pem, progress, allow_range=args.range, saved=saved, chain=args.chain
             )
     except (ReceiptsError, OSError, ValueError) as exc:
-        return fail(BAD_INPUT, exc)
+        return fail(BAD_INPUT, exc, args.json)
     return print_reports([report.to_json_obj()], args.json)
 
 
@@ -142,8 +142,12 @@ def print_reports(reports: list[dict[str, Any]], as_json: bool) -> int:
     return OK if ok else FAILED
 
 
-def fail(code: int, exc: BaseException | str) -> int:
-    """The error on stderr, one line; ``code`` is the exit code."""
+def fail(code: int, exc: BaseException | str, as_json: bool = False) -> int:
+    """The error on stderr, one line; ``code`` is the exit code. With ``as_json`` (a report
+    asked for as --json) stdout gets it too, as ``{"ok": false, "error"}``: a program
+    reading the report gets JSON whatever stopped the command."""
+    if as_json:
+        print(json.dumps({"ok": False, "error": str(exc)}))
     print(f"callproof: {exc}", file=sys.stderr)
     return code
 

@@ -308,7 +308,8 @@ def test_bad_input_and_unavailable_database(
     not_a_bundle = tmp_path / "junk.tar.gz"
     not_a_bundle.write_bytes(b"not gzip")  # not an archive at all: bad input
     code, out, err = run(capsys, "verify", str(not_a_bundle), "--json")
-    assert code == 2 and "is not an export bundle" in err and not out
+    assert code == 2 and "is not an export bundle" in err
+    assert json.loads(out) == {"ok": False, "error": err.strip().removeprefix("callproof: ")}
     not_a_bundle.write_bytes(b"\x1f\x8bdamaged")  # an archive that does not read: failed
     code, out, _ = run(capsys, "verify", str(not_a_bundle), "--json")
     assert code == 1 and "not a readable" in json.loads(out)["reason"]
@@ -332,6 +333,31 @@ def test_bad_input_and_unavailable_database(
     monkeypatch.setenv("CALLPROOF_DB", down)  # the variable serve reads works here too
     code, _, err = run(capsys, "ledger", "verify")
     assert code == 3 and "unavailable" in err
+
+
+def test_bad_input_with_json_is_a_json_object_still_exit_2_or_3(
+    filled, tmp_path: Path, capsys
+) -> None:
+    """--json printed a report only when one was made: bad input left stdout plain (empty)
+    for the program reading it. It is now {"ok": false, "error"}, the exit code unchanged."""
+    url, _, key = filled
+    bundle = tmp_path / "acme.tar.gz"
+    assert run(capsys, "export", "--db", url, "--tenant", "acme", "-o", str(bundle),
+               "--signing-key", str(key))[0] == 0  # fmt: skip
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"not": "a checkpoint"}')
+    down = "postgresql+psycopg://nobody@127.0.0.1:9/none"
+    for argv, code, says in [
+        (["verify", str(tmp_path / "missing.tar.gz")], 2, "no bundle"),
+        (["verify", str(bundle), "--checkpoint", str(junk)], 2, "is not a checkpoint"),
+        (["verify", str(bundle), "--public-key", str(junk)], 2, "no PEM public key"),
+        (["ledger", "verify", "--db", url, "--checkpoint", str(junk)], 2, "is not a checkpoint"),
+        (["ledger", "verify", "--db", down], 3, "unavailable"),
+    ]:
+        exited, out, err = run(capsys, *argv, "--json")
+        report = json.loads(out)
+        assert exited == code and report == {"ok": False, "error": report["error"]}, argv
+        assert says in report["error"] and report["error"] in err, argv
 
 
 def test_the_ledger_commands_find_the_ledger_serve_made(tmp_path: Path, capsys) -> None:
