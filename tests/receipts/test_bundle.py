@@ -513,6 +513,81 @@ def test_receipt_resigned_with_another_key(bundle: Path, signer) -> None:
     assert report.first_failure_seq == 3 and "unknown key" in report.reason
 
 
+def sealed(signer: Signer, changes: dict[int, Any]) -> list[Receipt]:
+    """A chain of N receipts, each with one tool call, signed by ``signer``: ``changes[seq]``
+    (the receipts so far) gives receipt seq its (call id, links, receipt id), any None kept."""
+    receipts: list[Receipt] = []
+    for seq in range(1, N + 1):
+        sample = draft(city=f"City {seq}")
+        call_id, links, receipt_id = changes.get(seq, lambda _: (None, None, None))(receipts)
+        if call_id:
+            calls = [{**sample.output["tool_calls"][0], "id": call_id}]
+            sample = dataclasses.replace(sample, output={**sample.output, "tool_calls": calls})
+        sample = dataclasses.replace(sample, links=links or [])
+        prev = receipts[-1].entry_hash if receipts else GENESIS_PREV_HASH
+        receipts.append(seal(sample, seq=seq, prev_hash=prev, signer=signer, receipt_id=receipt_id))
+    return receipts
+
+
+def call_of(receipt: Receipt) -> str:
+    return receipt.tool_calls[0]["id"]
+
+
+def link(receipt: Receipt, call_id: str | None = None) -> list[dict[str, Any]]:
+    return [{"tool_call_id": call_id or call_of(receipt), "receipt_id": receipt.id}]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: (None, link(r[1], call_of(r[0])), None), "which rcpt_"),  # another's call
+        (lambda r: (None, link(r[1], "call_elsewhere"), None), "which it did not issue"),
+        (lambda r: (call_of(r[1]), None, None), "tool call id call_"),  # issued twice
+        (lambda r: (None, None, r[1].id), "appears twice"),  # a receipt id twice
+    ],
+)
+def test_links_and_ids_across_the_receipts_are_checked(
+    tmp_path: Path, signer: Signer, change: Any, says: str
+) -> None:
+    """A signer could write a receipt answering a call its linked receipt never issued, or
+    issue a call id or a receipt id twice, and the bundle verified."""
+    bundle = export(tmp_path / "b.tar.gz", sealed(signer, {3: change}), signer)
+    for workers in (1, 2):  # the ids travel from the worker processes
+        report = verify_bundle(bundle, workers=workers)
+        assert not report.ok and report.first_failure_seq == 3 and report.checked == 2, report
+        assert says in report.reason, report
+
+
+def test_a_link_is_checked_in_the_bundle_and_named_when_before_its_range(
+    tmp_path: Path, signer: Signer
+) -> None:
+    """A link to an earlier receipt that issued the call holds; one to a later receipt fails
+    (in a whole chain nothing precedes seq 1); one to a receipt before a range is noted."""
+    answered = sealed(signer, {3: lambda r: (None, link(r[0]), None)})
+    assert verify_bundle(export(tmp_path / "ok.tar.gz", answered, signer)).ok
+    report = verify_bundle(
+        export(tmp_path / "r.tar.gz", answered, signer, first=2), allow_range=True
+    )
+    assert (
+        report.ok and "1 link(s) name receipts before seq 2, outside the bundle" in report.notes[1]
+    )
+    later = "rcpt_" + "0" * 24  # the id receipt 5 gets, linked to by receipt 3
+    ahead = sealed(
+        signer,
+        {
+            3: lambda r: (None, [{"tool_call_id": "call_x", "receipt_id": later}], None),
+            5: lambda r: (None, None, later),
+        },
+    )
+    report = verify_bundle(export(tmp_path / "ahead.tar.gz", ahead, signer))
+    assert not report.ok and report.first_failure_seq == 3 and "no earlier receipt" in report.reason
+    report = verify_bundle(
+        export(tmp_path / "ahead-r.tar.gz", ahead, signer, first=2), allow_range=True
+    )
+    assert not report.ok and report.first_failure_seq == 5, report
+    assert "linked to by an earlier receipt" in report.reason
+
+
 def test_whole_bundle_resigned_only_pinning_catches(tmp_path: Path, chain) -> None:
     """The trust model: unpinned, a bundle re-signed end to end by another key is
     self-consistent; pinning the operator's key is what rejects it, at seq 1."""
