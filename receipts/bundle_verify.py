@@ -523,13 +523,22 @@ def _checked(
     # 15 minutes of the test suite's CI run).
     with ctx.Pool(workers, initializer=_init_worker, initargs=(keys, schemas)) as pool:
         pending: deque[AsyncResult[CheckedBlock]] = deque()
-        for block in _blocks(source):
-            pending.append(pool.apply_async(_check_in_worker, (block,)))
-            if len(pending) > 2 * workers:  # each worker busy with one, the next one queued
+        try:
+            for block in _blocks(source):
+                pending.append(pool.apply_async(_check_in_worker, (block,)))
+                if len(pending) > 2 * workers:  # each worker busy with one, the next queued
+                    yield pending.popleft().get()
+            while pending:
                 yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        finally:
+            # Stopped at a failure, blocks are still in flight, and terminate() while the
+            # pool's task thread hands them out hung once (test_bundle, 1 run in 26): let the
+            # few in flight (at most 2 x workers + 1) finish, so the pool ends idle.
+            for result in pending:
+                result.wait(_IN_FLIGHT_WAIT_S)
 
+
+_IN_FLIGHT_WAIT_S = 30.0  # per block: a block takes well under a second to check
 
 _worker: LineChecker | None = None
 
