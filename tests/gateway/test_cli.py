@@ -156,8 +156,13 @@ def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
     for json_flag in ([], ["--json"]):
         assert main(["ledger", "verify", "--db", fresh_sqlite_url, *json_flag]) == 2
         out, err = capsys.readouterr()
-        assert not out and f"callproof: ledger at {fresh_sqlite_url}" in err, err
+        assert f"callproof: ledger at {fresh_sqlite_url}" in err, err
         assert "no chains in this ledger: nothing to verify" in err, err
+        if json_flag:  # what a program reading the report parses
+            report = json.loads(out)
+            assert report["ok"] is False and "no chains in this ledger" in report["error"]
+        else:
+            assert not out
     bundle = tmp_path / "none.tar.gz"
     assert main(["export", "--db", fresh_sqlite_url, "-o", str(bundle)]) == 2
     err = capsys.readouterr().err  # not "pass --tenant": no tenant would help
