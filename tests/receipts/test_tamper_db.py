@@ -466,9 +466,9 @@ def test_edited_schema(chain, tmp_path: Path) -> None:
         )
         schema["anyOf"][0]["properties"]["arguments"]["additionalProperties"] = True
         assert schema_hash(schema) != bound
-        conn.execute(
+        conn.execute(  # canonical, as the ledger stores schemas: only the hash tells
             sa.text("UPDATE schemas SET body = :b WHERE hash = :h"),
-            {"b": json.dumps(schema), "h": bound},
+            {"b": canonical_json(schema).decode(), "h": bound},
         )
     detected(url, signer, tmp_path, 1, "edited")
 
