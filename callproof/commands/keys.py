@@ -71,6 +71,8 @@ def _with_store(
             return use(store)
         finally:
             store.close()
+    except BrokenPipeError:  # an OSError, but stdout's reader gone is cli.main's to report
+        raise
     except (SettingsError, MigrationError, InvalidKeyField, OSError) as exc:
         code, message = 2, str(exc)
     except (KeyStoreUnavailable, sa.exc.SQLAlchemyError) as exc:

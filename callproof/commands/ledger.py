@@ -312,9 +312,10 @@ def _migrate(args: argparse.Namespace) -> int:
         settings = settings_from_args(args, only=DATABASE_SETTINGS)
         say_ledger(settings.db_url)  # before it is touched: a failure below names it too
         prepare_database(settings)  # as serve does: a new SQLite file is made private first
-        print(f"database at revision {current(settings.db_url)}")
+        revision = current(settings.db_url)
     except (SettingsError, MigrationError, OSError) as exc:
         return fail(BAD_INPUT, exc)
     except sa.exc.SQLAlchemyError as exc:
         return fail(UNAVAILABLE, f"the database is unavailable: {short_error(exc)}")
+    print(f"database at revision {revision}")
     return OK

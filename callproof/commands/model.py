@@ -35,10 +35,11 @@ def _fetch(args: argparse.Namespace) -> int:
     from runtime.model_store import ensure_bundled_model
 
     try:
-        print(ensure_bundled_model(args.cache_dir))
+        path = ensure_bundled_model(args.cache_dir)
     except (EngineError, OSError) as exc:
         print(f"callproof model fetch: {exc}", file=sys.stderr)
         return 1
+    print(path)  # outside the try: a reader gone is cli.main's, not a failed fetch
     return 0
 
 

@@ -253,6 +253,37 @@ def test_keys_and_ledger_need_only_the_database_settings(tmp_path: Path) -> None
         assert done.returncode == 0, (argv, done.stderr)
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["keys", "create", "--role", "agent", "--tenant", "acme", "--data-dir", "{data}"],
+        ["keys", "list", "--data-dir", "{data}"],
+        ["ledger", "migrate", "--data-dir", "{data}"],
+        ["model", "fetch"],
+    ],
+)
+def test_a_command_whose_reader_has_gone_stops_quietly_unbuffered_too(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """With PYTHONUNBUFFERED=1 (the Docker image's) a print to a closed pipe fails at once,
+    inside the commands' own `except OSError`: `keys` and `ledger migrate` said `[Errno 32]
+    Broken pipe` and exit 2 (bad input), `model fetch` exit 1. Now exit 141 and nothing said,
+    as for `verify`."""
+    assert callproof("ledger", "migrate", data_dir=tmp_path).returncode == 0  # for `keys list`
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    read, write = os.pipe()
+    os.close(read)  # the reader has gone before the first line
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "callproof", *(a.format(data=tmp_path) for a in argv)],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, check=False, env=env,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert done.returncode == 141, done.stderr
+    assert "Errno" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("db", ["notaurl", "mysql://u@h/x"])
 @pytest.mark.parametrize(
     "command",
