@@ -354,23 +354,28 @@ OTHER_VARIABLES = frozenset({"CONFIG", "SIGNING_KEY", "BACKENDS", "MODEL_CACHE",
 
 def unknown_variables(env: Mapping[str, str]) -> list[str]:
     """CALLPROOF_ variables nothing reads, each with the variable it may have meant: a typo
-    in the environment is otherwise silently the default (a config-file typo is an error)."""
-    names = _field_names()
-    known = [name.upper() for name in names] + sorted(OTHER_VARIABLES)
+    in the environment is otherwise silently the default (a config-file typo is an error).
+    Names are read in capitals only, so `CALLPROOF_port` is one of them too."""
+    known = [name.upper() for name in _field_names()] + sorted(OTHER_VARIABLES)
     found = []
     for variable in sorted(env):
-        name = variable.removeprefix(ENV_PREFIX)
-        if variable == name or name.lower() in names or name in OTHER_VARIABLES:
+        if not variable.upper().startswith(ENV_PREFIX):
             continue
-        meant = _meant(name, known)
+        name = variable[len(ENV_PREFIX) :]
+        if variable.startswith(ENV_PREFIX) and name in known:
+            continue
+        meant = _meant(name.upper(), known)
         found.append(variable + (f" (did you mean {ENV_PREFIX}{meant}?)" if meant else ""))
     return found
 
 
 def _meant(name: str, known: list[str]) -> str | None:
-    """The known name an unknown one probably meant: the longest it extends by ``_...``
-    (CALLPROOF_DB_URL, an older compose file's name, for CALLPROOF_DB: no spelling is close
-    to a name that short), else the closest spelling."""
+    """The known name an unknown one (in capitals) probably meant: itself, when only its case
+    was wrong; the longest it extends by ``_...`` (CALLPROOF_DB_URL, an older compose file's
+    name, for CALLPROOF_DB: no spelling is close to a name that short); else the closest
+    spelling."""
+    if name in known:
+        return name
     extended = [k for k in known if name.startswith(k + "_")]
     if extended:
         return max(extended, key=len)

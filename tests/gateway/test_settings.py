@@ -152,6 +152,17 @@ def test_a_variable_that_extends_a_known_name_is_named_with_it() -> None:
     ]
 
 
+def test_a_variable_in_the_wrong_case_is_named_not_silently_unread() -> None:
+    """The settings read CALLPROOF_PORT only; `CALLPROOF_port` counted as known (its name
+    matched a setting's in lower case) and the port stayed the default without a word."""
+    env = dict.fromkeys(["CALLPROOF_port", "callproof_db", "CALLPROOF_Model_Cache"], "x")
+    assert unknown_variables(env) == [
+        "CALLPROOF_Model_Cache (did you mean CALLPROOF_MODEL_CACHE?)",
+        "CALLPROOF_port (did you mean CALLPROOF_PORT?)",
+        "callproof_db (did you mean CALLPROOF_DB?)",
+    ]
+
+
 def test_log_level_takes_logging_names_in_any_case() -> None:
     assert load_settings({"log_level": "info"}, {}).log_level == "INFO"
 
