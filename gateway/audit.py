@@ -227,7 +227,7 @@ class AuditController(Controller):
         data: JSONBody[VerifyRequest | None] = None,
     ) -> VerificationReport:
         data = data or VerifyRequest()
-        head = await chain.last_seq()
+        head = await chain.reach()
         for name in ("from_seq", "to_seq"):  # a range must lie inside the chain, empty or not
             seq = getattr(data, name)
             if seq is not None and seq > head:

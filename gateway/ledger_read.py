@@ -230,8 +230,8 @@ class TenantChain:
     async def public_keys(self) -> list[PublicKeyEntry]:
         return await self.read(self.ledger.chain_keys, self.tenant)
 
-    async def last_seq(self) -> int:
-        return await self.read(self.ledger.last_seq, self.tenant)
+    async def reach(self) -> int:
+        return await self.read(self.ledger.reach, self.tenant)
 
     async def latest_checkpoint(self) -> dict[str, Any] | None:
         return await self.read(self.ledger.latest_checkpoint, self.tenant)

@@ -216,8 +216,9 @@ class Ledger:
                 ]
             return queries.public_keys(conn, tenant)
 
-    def last_seq(self, tenant: str) -> int:
-        """How far the chain reaches (queries.reach)."""
+    def reach(self, tenant: str) -> int:
+        """How far the chain reaches (queries.reach): not only the highest stored seq, so a
+        range check against it cannot hide a deleted receipt."""
         with self._reading() as conn:
             return queries.reach(conn, tenant)
 

@@ -332,14 +332,14 @@ def test_inputs_that_were_internal_errors(
 ) -> None:
     """Each of these was a 500 (NaN probabilities, a RecursionError) or, for the call id, a
     failed commit of the whole batch on Postgres; nothing is recorded for a refusal."""
-    before = gateway.ledger.last_seq(gateway.tenant)
+    before = gateway.ledger.reach(gateway.tenant)
     response = post_chat(gateway, **fields)
     if status == 200:
         assert response.status_code == 200, response.text
         return
     err = error_of(response, status)
     assert (err["code"], err["param"]) == (code, param), err
-    assert gateway.ledger.last_seq(gateway.tenant) == before
+    assert gateway.ledger.reach(gateway.tenant) == before
 
 
 def test_a_time_bound_past_year_9999_in_utc_is_400(gateway: Any) -> None:
@@ -432,11 +432,11 @@ def test_bad_grammars_and_empty_schemas_are_refused_alike_on_every_engine(
     """vLLM's own answers to these were 400 upstream_rejected with its compiler's words (a
     source path and line of xgrammar's among them); each engine now refuses them alike,
     before any generation, and nothing is recorded."""
-    before = gateway.ledger.last_seq(gateway.tenant)
+    before = gateway.ledger.reach(gateway.tenant)
     err = error_of(post_chat(gateway, **fields), 400)
     assert (err["code"], err["param"]) == (code, param), err
     assert says in err["message"]
-    assert gateway.ledger.last_seq(gateway.tenant) == before
+    assert gateway.ledger.reach(gateway.tenant) == before
 
 
 def test_a_grammar_spelling_a_special_token_writes_it_as_text_on_every_engine(
@@ -924,7 +924,7 @@ def test_a_body_not_all_sent_within_body_timeout_s_is_408(
         assert head.startswith(b"HTTP/1.1 408"), answer
         error = json.loads(body)["error"]
         assert error["code"] == "request_timeout" and "body_timeout_s (1 s)" in error["message"]
-        assert ledger.last_seq("acme") == 0
+        assert ledger.reach("acme") == 0
 
 
 @pytest.mark.model
@@ -954,4 +954,4 @@ def test_a_stream_that_outlasts_the_body_deadline_is_not_cut_off(
             lines = [line for line in response.iter_lines() if line]
         assert time.monotonic() - started > 0.6, "the stream ended before the deadline"
         assert lines[-1] == "data: [DONE]", lines[-3:]
-        assert ledger.last_seq("acme") == 1
+        assert ledger.reach("acme") == 1

@@ -56,4 +56,4 @@ def test_a_chain_the_restore_moved_back_is_refused_with_the_lost_seqs(
         assert error["code"] == "ledger_unavailable"
         assert "went back from seq 3 to seq 1" in error["message"], error
         assert "receipts 2..3 are gone" in error["message"]
-        assert ledger.last_seq("acme") == 1  # nothing sealed onto the restored chain
+        assert ledger.reach("acme") == 1  # nothing sealed onto the restored chain
