@@ -15,7 +15,6 @@ import contextvars
 import functools
 import logging
 import threading
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,12 +47,11 @@ class LedgerRead:
     the shared default executor, six of them left no thread for any tenant's key lookup, and
     the whole gateway answered 503."""
 
-    def __init__(self, timeout_s: float, chain_workers: int = 2, per_tenant: int = 1):
+    def __init__(self, timeout_s: float, chain_workers: int = 2):
         self.timeout_s = timeout_s
-        self.per_tenant = per_tenant
         self._chain_work = ThreadPoolExecutor(chain_workers, thread_name_prefix="audit-chain")
         self._lock = threading.Lock()
-        self._tenant_work: Counter[str] = Counter()  # whole-chain jobs queued or running
+        self._busy: set[str] = set()  # tenants with a whole-chain job queued or running
 
     async def __call__(self, fn: Callable[..., T], *args: Any) -> T:
         call = _in_context(fn, *args)
@@ -65,8 +63,8 @@ class LedgerRead:
 
     async def unbounded(self, tenant: str, receive: Receive, fn: Callable[..., T], *args: Any) -> T:
         """Whole-chain work: ``fn(*args, should_stop=...)``, at most chain_workers at once
-        (more wait their turn) and ``per_tenant`` of one tenant's running or waiting (one
-        more is a 429: a tenant cannot queue whole-chain work in front of the others). When
+        (more wait their turn) and one of a tenant's running or waiting (a second is a 429:
+        a tenant cannot queue whole-chain work in front of the others). When
         the client disconnects (a 499) or the request is cancelled, ``should_stop`` turns
         true and the thread gives up at its next receipt."""
         future, stop = self._start(tenant, fn, *args)
@@ -128,14 +126,14 @@ class LedgerRead:
         """``fn(*args, should_stop=...)`` submitted to the whole-chain threads, counted to
         its tenant until it ends, and the event that asks it to stop."""
         with self._lock:
-            if self._tenant_work[tenant] >= self.per_tenant:
+            if tenant in self._busy:
                 raise APIError(
                     429,
-                    f"this tenant already has {self.per_tenant} verification or export running"
-                    " or waiting; retry when it has finished",
+                    "this tenant already has a verification or export running or waiting;"
+                    " retry when it has finished",
                     code="rate_limit_exceeded",
                 )
-            self._tenant_work[tenant] += 1
+            self._busy.add(tenant)
         stop = threading.Event()
         try:
             future = self._chain_work.submit(_in_context(fn, *args, should_stop=stop.is_set))
@@ -147,9 +145,7 @@ class LedgerRead:
 
     def _release(self, tenant: str) -> None:
         with self._lock:
-            self._tenant_work[tenant] -= 1
-            if not self._tenant_work[tenant]:
-                del self._tenant_work[tenant]
+            self._busy.discard(tenant)
 
     def close(self) -> None:
         self._chain_work.shutdown(wait=False, cancel_futures=True)
@@ -163,8 +159,9 @@ def _in_context(fn: Callable[..., T], *args: Any, **kwargs: Any) -> Callable[[],
 
 @contextlib.contextmanager
 def _refusals_are_400() -> Iterator[None]:
-    """What the ledger refuses (a bad seq range, an export too large for one bundle) is the
-    request's fault: a 400."""
+    """What the ledger refuses on a read (a bad seq range, an export too large for one
+    bundle) is the request's fault: a 400. Only here: the same errors from an append are the
+    gateway's own fault, which error_for answers with a 500 and logs."""
     try:
         yield
     except (ReceiptFormatError, OutOfRange) as exc:
