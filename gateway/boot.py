@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from sqlalchemy.engine import make_url
-
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
 from receipts.errors import SigningKeyError
@@ -25,6 +23,7 @@ from receipts.ledger import Ledger
 from receipts.ledger_file import sqlite_file
 from receipts.signing import Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
+from runtime.urls import hide_password
 
 log = logging.getLogger("callproof.gateway")
 
@@ -156,20 +155,15 @@ def database_state(url: str) -> tuple[DatabaseState, str | None]:
 def newer_database(url: str, revision: str | None) -> str:
     """The message for a database a newer callproof migrated: this release may misread it."""
     return (
-        f"the database at {shown_url(url)} is at revision {revision!r}, which this callproof"
+        f"the database at {hide_password(url)} is at revision {revision!r}, which this callproof"
         " release does not know (a newer release migrated it): use that release"
     )
-
-
-def shown_url(url: str) -> str:
-    """A database URL fit for a message or a log line: its password hidden."""
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def say_ledger(url: str) -> None:
     """Which database a command uses, on stderr: a typo in the settings that name it
     otherwise shows only as an empty ledger, or a new one under ./data."""
-    print(f"callproof: ledger at {shown_url(url)}", file=sys.stderr, flush=True)
+    print(f"callproof: ledger at {hide_password(url)}", file=sys.stderr, flush=True)
 
 
 def named_signer(settings: Settings) -> Signer | None:
@@ -209,7 +203,7 @@ def default_signer(settings: Settings) -> Signer:
                 return signer
         raise SigningKeyError(
             f"no signing key at {path} and none named, but the ledger at"
-            f" {shown_url(settings.db_url)} already lists {', '.join(exc.key_ids)}: restore"
+            f" {hide_password(settings.db_url)} already lists {', '.join(exc.key_ids)}: restore"
             " that key file, or name the key the ledger's gateways share in signing_key_file"
             " or CALLPROOF_SIGNING_KEY (replicas all sign with one key; to rotate to a new key"
             " on purpose, make one with `openssl genpkey -algorithm ed25519 -out FILE` and"

@@ -83,18 +83,19 @@ def _with_store(
 
 def _check_readable(url: str) -> None:
     """`list` and `revoke` need the API key tables of this release, and never make them."""
-    from gateway.boot import database_state, newer_database, shown_url
+    from gateway.boot import database_state, newer_database
     from gateway.settings import SettingsError
+    from runtime.urls import hide_password
 
     state, revision = database_state(url)
     if state in ("absent", "unmigrated"):
         raise SettingsError(
-            f"no gateway database at {shown_url(url)}: `callproof keys create`"
+            f"no gateway database at {hide_password(url)}: `callproof keys create`"
             " or `callproof serve` sets one up"
         )
     if state == "behind":
         raise SettingsError(
-            f"the database at {shown_url(url)} is at revision {revision!r}, older than this"
+            f"the database at {hide_password(url)} is at revision {revision!r}, older than this"
             " release's API key tables: `callproof ledger migrate`, `callproof keys create`"
             " or `callproof serve` brings it up to date"
         )

@@ -113,11 +113,12 @@ def _db_url(settings: Settings) -> str:
     an outage)."""
     import sqlalchemy as sa
 
-    from gateway.boot import database_state, newer_database, say_ledger, shown_url
+    from gateway.boot import database_state, newer_database, say_ledger
     from gateway.settings import SettingsError
     from receipts.errors import LedgerUnavailable
     from receipts.ledger_file import sqlite_file
     from receipts.store import short_error
+    from runtime.urls import hide_password
 
     url = settings.db_url
     try:
@@ -128,7 +129,7 @@ def _db_url(settings: Settings) -> str:
         raise FileNotFoundError(f"no ledger at {sqlite_file(url)} (pass --db or --data-dir)")
     if state == "unmigrated":
         raise SettingsError(
-            f"no ledger tables in {shown_url(url)}: run `callproof ledger migrate` first"
+            f"no ledger tables in {hide_password(url)}: run `callproof ledger migrate` first"
         )
     if state == "newer":  # "behind" has the ledger's tables: an older one reads as it was
         raise SettingsError(newer_database(url, revision))
