@@ -303,6 +303,18 @@ def test_a_database_url_callproof_cannot_use_is_bad_input(
     assert "Traceback" not in done.stderr and "setting 'db'" in done.stderr, done.stderr
 
 
+def test_a_database_password_is_never_shown(tmp_path: Path) -> None:
+    """The ledger named on stderr and the outage that follows show the URL's password as
+    *** (nothing listens on port 1)."""
+    url = "postgresql+psycopg://auditor:s3cret@127.0.0.1:1/ledger"
+    said = []
+    for command in (["ledger", "migrate"], ["keys", "list"]):
+        done = callproof(*command, "--db", url, data_dir=tmp_path)
+        assert done.returncode == 3 and "s3cret" not in done.stderr, done.stderr
+        said.append(done.stderr)
+    assert "ledger at postgresql+psycopg://auditor:***@127.0.0.1:1/ledger" in said[0], said
+
+
 @pytest.mark.model
 def test_serve_first_run_creates_everything_it_needs(tmp_path: Path) -> None:
     port = free_port()
