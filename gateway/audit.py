@@ -15,6 +15,7 @@ from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 from litestar.response import Stream
 
+from gateway.apikeys import ApiKey
 from gateway.auth import BEARER, require_role
 from gateway.bodies import StrictBody
 from gateway.completion import Completions
@@ -259,6 +260,7 @@ class AuditController(Controller):
         chain: NamedDependency[TenantChain],
         completions: NamedDependency[Completions],
         replays: NamedDependency[ReplayTurns],
+        principal: NamedDependency[ApiKey],
         receipt_id: Annotated[str, shaped(RECEIPT_ID)],
         data: JSONBody[ReplayRequest | None] = None,
     ) -> ReplayReport:
@@ -271,7 +273,7 @@ class AuditController(Controller):
         force = data.force if data is not None else False
         # engine time, as an agent's request: given up when the auditor leaves
         return await unless_client_leaves(
-            request.receive, replay(receipt, completions, replays, force=force)
+            request.receive, replay(receipt, completions, replays, principal, force=force)
         )
 
     @get(

@@ -180,11 +180,18 @@ class Completions:
             max_tokens_param=_max_tokens_param(request),
         )
 
-    async def generate(self, prepared: PreparedChat) -> tuple[Generation, ParsedResponse]:
+    async def generate(
+        self, prepared: PreparedChat, *, backend: str | None = None
+    ) -> tuple[Generation, ParsedResponse]:
+        """The engine's output, parsed; ``backend`` pins the grammar backend (Engine)."""
         plan = prepared.plan
         try:
             generation = await self.engine.generate(
-                plan.messages, plan.constraint, prepared.sampling, enforcement=plan.enforcement
+                plan.messages,
+                plan.constraint,
+                prepared.sampling,
+                enforcement=plan.enforcement,
+                backend=backend,
             )
         except StructuredOutputInvalid as exc:  # the fallback path failed
             raise withheld(exc, prepared) from None

@@ -10,12 +10,14 @@ Tool call ids are minted afresh on every run, so outputs are compared without th
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
 
+from gateway.apikeys import ApiKey
 from gateway.completion import Completions
 from gateway.errors import APIError
 from gateway.recording import finish_reason, output_record
@@ -23,7 +25,9 @@ from gateway.schemas import ChatCompletionRequest, ReplayReport
 from receipts.manifest import schema_hash
 from receipts.record import Receipt
 from runtime.engines.base import NO_BACKEND, EngineIdentity, Sampling
-from runtime.errors import StructuredOutputInvalid
+from runtime.errors import RuntimeInputError, StructuredOutputInvalid
+
+log = logging.getLogger("callproof.gateway")
 
 
 class ReplayTurns:
@@ -93,12 +97,18 @@ def recorded_request(receipt: Receipt, served_model: str) -> ChatCompletionReque
     try:
         return msgspec.convert(body, ChatCompletionRequest)
     except msgspec.ValidationError as exc:  # recorded by a release that read requests so
-        raise APIError(
-            409,
-            f"receipt {receipt.id}'s recorded request is not one this gateway accepts ({exc}),"
-            " so it cannot be run again here; its receipt still verifies",
-            code="request_not_replayable",
-        ) from None
+        raise not_replayable(receipt, str(exc)) from None
+
+
+def not_replayable(receipt: Receipt, why: str) -> APIError:
+    """A recorded request this gateway would refuse now: read otherwise by an older release,
+    or past a limit lowered since (max_tools, schema size); the auditor's request is fine."""
+    return APIError(
+        409,
+        f"receipt {receipt.id}'s recorded request is not one this gateway accepts ({why}),"
+        " so it cannot be run again here; its receipt still verifies",
+        code="request_not_replayable",
+    )
 
 
 def recorded_sampling(manifest: dict[str, Any]) -> Sampling:
@@ -121,12 +131,18 @@ async def replay(
     receipt: Receipt,
     completions: Completions,
     turns: ReplayTurns,
+    auditor: ApiKey,
     *,
     force: bool,
 ) -> ReplayReport:
+    """The receipt's request run again, on the grammar backend it names when this engine has
+    it (else the first that compiles, a difference only force lets through)."""
     identity = completions.engine.identity
     request = recorded_request(receipt, identity.model)
-    prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
+    try:
+        prepared = completions.prepare(request, sampling=recorded_sampling(receipt.manifest))
+    except RuntimeInputError as exc:
+        raise not_replayable(receipt, exc.message) from None
     differences = manifest_differences(receipt.manifest, identity, prepared.plan.renderer)
     if differences and not force:
         raise APIError(
@@ -138,9 +154,11 @@ async def replay(
             details={"differences": differences},
         )
     recorded = _comparable(receipt.output, receipt.finish_reason)
+    backend = receipt.manifest["backend"]
+    pinned = backend if backend in identity.backends else None
     try:
         async with turns.take(receipt.tenant):
-            generation, parsed = await completions.generate(prepared)
+            generation, parsed = await completions.generate(prepared, backend=pinned)
     except StructuredOutputInvalid as exc:
         # The recorded output was returned to its agent; a replay that returns none is a
         # mismatch to report, not a fault in the auditor's request.
@@ -153,10 +171,26 @@ async def replay(
             for field in recorded
             if recorded[field] != replayed[field]
         ]
+        replayed["backend"] = generation.backend
+        if parsed.content is not None:  # the receipt holds its hash; the auditor, the text
+            replayed["content"] = parsed.content
+        if pinned is not None and generation.backend != pinned:  # it no longer compiles
+            diff.append(f"backend: recorded {pinned!r}, replayed {generation.backend!r}")
     bound = receipt.manifest["schema_hash"]
     current = schema_hash(prepared.plan.schema) if prepared.plan.schema is not None else None
     if bound != current:
         diff.append(f"schema_hash: recorded {bound!r}, replayed {current!r}")
+    log.info(  # nothing is receipted for a replay: this line is its trail
+        "receipt replayed",
+        extra={
+            "event": "receipt_replayed",
+            "receipt_id": receipt.id,
+            "chain": receipt.tenant,
+            "api_key_id": auditor.id,
+            "match": not diff,
+            "forced": force,
+        },
+    )
     return ReplayReport(
         receipt_id=receipt.id,
         match=not diff,

@@ -395,7 +395,9 @@ class ReplayReport(Struct):
         ),
     ]
     recorded: dict[str, Any]  # kind, tool_calls, content_sha256, finish_reason
-    replayed: dict[str, Any]  # the same fields, or {"error": ...} when no valid output came
+    # the same fields, the grammar backend that ran and the replayed text ("content"), or
+    # {"error": ...} when no valid output came
+    replayed: dict[str, Any]
     diff: Annotated[
         list[str],
         Meta(

@@ -66,12 +66,16 @@ class GrammarCache:
         self._entries: OrderedDict[CacheKey, Future[CompiledGrammar]] = OrderedDict()
         self._stats: dict[str, KindStats] = {}
 
-    def key(self, constraint: Constraint) -> CacheKey:
-        return (constraint.kind, constraint.source, self.chain.names, self.chain.tokenizer_digest)
+    def key(self, constraint: Constraint, order: tuple[str, ...] | None = None) -> CacheKey:
+        names = order or self.chain.names
+        return (constraint.kind, constraint.source, names, self.chain.tokenizer_digest)
 
-    def submit(self, constraint: Constraint) -> Future[CompiledGrammar]:
-        """The one future for this constraint: cached, in flight, or newly started."""
-        key = self.key(constraint)
+    def submit(
+        self, constraint: Constraint, order: tuple[str, ...] | None = None
+    ) -> Future[CompiledGrammar]:
+        """The one future for this constraint (compiled by the backends in ``order``, default
+        the chain's): cached, in flight, or newly started."""
+        key = self.key(constraint, order)
         with self._lock:
             stats = self._stats.setdefault(constraint.kind, KindStats())
             future = self._entries.get(key)
@@ -80,7 +84,7 @@ class GrammarCache:
                 stats.hits += 1
                 return future
             stats.misses += 1
-            future = self._pool.submit(self._compile, constraint)
+            future = self._pool.submit(self._compile, constraint, order)
             self._entries[key] = future
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)  # an evicted in-flight future still completes
@@ -91,11 +95,13 @@ class GrammarCache:
         """Blocking: the compiled grammar, or the typed error its compile raised."""
         return self.submit(constraint).result(timeout)
 
-    async def aget(self, constraint: Constraint) -> CompiledGrammar:
+    async def aget(
+        self, constraint: Constraint, order: tuple[str, ...] | None = None
+    ) -> CompiledGrammar:
         """The same without blocking the event loop. A waiter cancelled (its client left)
         leaves the compile alone: other requests may be waiting on the same future, and a
         queued compile cancelled under them failed them with CancelledError (a bare 500)."""
-        shared = asyncio.wrap_future(self.submit(constraint))
+        shared = asyncio.wrap_future(self.submit(constraint, order))
         shared.add_done_callback(_retrieved)  # a failure no waiter is left to read is not news
         return await asyncio.shield(shared)
 
@@ -110,10 +116,10 @@ class GrammarCache:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _compile(self, constraint: Constraint) -> CompiledGrammar:
+    def _compile(self, constraint: Constraint, order: tuple[str, ...] | None) -> CompiledGrammar:
         start = time.perf_counter()
         try:
-            return self.chain.compile(constraint)
+            return self.chain.compile(constraint, order)
         except BaseException:
             with self._lock:
                 self._stats[constraint.kind].failures += 1

@@ -103,13 +103,16 @@ class BackendChain:
                 self._built[name] = make_backend(name, self.tokenizer)
             return self._built[name]
 
-    def compile(self, constraint: Constraint) -> CompiledGrammar:
+    def compile(
+        self, constraint: Constraint, order: Sequence[str] | None = None
+    ) -> CompiledGrammar:
         """Check limits and syntax once (bad input raises its typed error at once), then the
-        first backend that can compile wins; BackendCannotCompile lists every reason."""
+        first backend that can compile wins; BackendCannotCompile lists every reason.
+        ``order`` overrides the chain's (a replay pins the backend its receipt names)."""
         check_constraint(constraint, self.limits)
         validate_constraint(constraint)
         reasons = []
-        for name in self.names:
+        for name in order or self.names:
             try:
                 return self.backend(name).compile(constraint)
             except BackendCannotCompile as exc:

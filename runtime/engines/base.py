@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from runtime.constraint import Constraint
-from runtime.errors import RuntimeInputError
+from runtime.errors import EngineFault, RuntimeInputError
 from runtime.thinking import Enforcement
 
 FinishReason = Literal["stop", "length"]
@@ -68,6 +68,18 @@ class EngineIdentity:
         return self.backends[0]
 
 
+def pinned_order(identity: EngineIdentity, backend: str | None) -> tuple[str, ...] | None:
+    """The backends to try for Engine.generate's ``backend``: itself alone, or None for the
+    identity's order. One the engine does not have is the caller's bug."""
+    if backend is None:
+        return None
+    if backend not in identity.backends:
+        raise EngineFault(
+            f"grammar backend {backend!r} asked for, but this engine has {identity.backends}"
+        )
+    return (backend,)
+
+
 NO_BACKEND = "none"
 """Generation.backend (and a manifest's) when no constraint was enforced: free text."""
 
@@ -109,9 +121,12 @@ class Engine(Protocol):
         sampling: Sampling,
         *,
         enforcement: Enforcement | None = None,
+        backend: str | None = None,
     ) -> Generation:
         """``enforcement`` says where the constraint applies (thinking regions, triggered
-        tool-call tags); None: from the first token to the end."""
+        tool-call tags); None: from the first token to the end. ``backend``, one of
+        ``identity.backends``, is the only one tried (a replay runs on its receipt's);
+        None: the identity's order."""
         ...
 
     def stream(
@@ -121,6 +136,7 @@ class Engine(Protocol):
         sampling: Sampling,
         *,
         enforcement: Enforcement | None = None,
+        backend: str | None = None,
     ) -> AsyncIterator[StreamEvent]: ...
 
     async def ready(self) -> bool:

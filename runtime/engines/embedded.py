@@ -38,6 +38,7 @@ from runtime.engines.base import (
     Sampling,
     StreamEvent,
     TextDelta,
+    pinned_order,
 )
 from runtime.errors import (
     BackendCannotCompile,
@@ -166,8 +167,11 @@ class EmbeddedEngine:
         sampling: Sampling,
         *,
         enforcement: Enforcement | None = None,
+        backend: str | None = None,
     ) -> Generation:
-        async for event in self.stream(messages, constraint, sampling, enforcement=enforcement):
+        async for event in self.stream(
+            messages, constraint, sampling, enforcement=enforcement, backend=backend
+        ):
             if isinstance(event, Generation):
                 return event
         raise EngineFault("the decode loop ended without a result")
@@ -179,6 +183,7 @@ class EmbeddedEngine:
         sampling: Sampling,
         *,
         enforcement: Enforcement | None = None,
+        backend: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Text deltas as tokens are decoded, then one final Generation."""
         if self._closed:
@@ -187,7 +192,11 @@ class EmbeddedEngine:
         prompt = await asyncio.to_thread(self.encode, messages)
         fitted = self._fit(prompt, sampling)
         try:
-            grammar = await self.grammars.aget(constraint) if constraint is not None else None
+            grammar = (
+                await self.grammars.aget(constraint, pinned_order(self.identity, backend))
+                if constraint is not None
+                else None
+            )
         except BackendCannotCompile:
             if constraint is None or not constraint.is_json:
                 raise

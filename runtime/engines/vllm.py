@@ -60,6 +60,7 @@ from runtime.engines.base import (
     Sampling,
     StreamEvent,
     TextDelta,
+    pinned_order,
 )
 from runtime.engines.vllm_gaps import Served, served_constraint
 from runtime.engines.vllm_request import request_body
@@ -158,7 +159,9 @@ class VllmEngine:
         sampling: Sampling,
         *,
         enforcement: Enforcement | None = None,
+        backend: str | None = None,
     ) -> Generation:
+        pinned_order(self.identity, backend)  # the server has one: nothing to choose
         served = await self._prepare(constraint)
         async with self._completion(
             messages, served, sampling, enforcement, timeout=self._whole_answer_timeout
@@ -183,8 +186,10 @@ class VllmEngine:
         sampling: Sampling,
         *,
         enforcement: Enforcement | None = None,
+        backend: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """TextDelta per SSE chunk as vLLM sends it, then one final Generation."""
+        pinned_order(self.identity, backend)
         served = await self._prepare(constraint)
         parts: list[str] = []
         finish: str | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import socket
 import subprocess
@@ -328,13 +329,21 @@ def test_verify_a_range_against_a_checkpoint_the_auditor_kept(
     assert foreign["ok"] is False and "for chain 'globex', not 'acme'" in foreign["reason"]
 
 
-def test_replay_of_a_greedy_receipt_matches(gateway: Any, audited: dict[str, Any]) -> None:
-    with gateway.http("auditor") as client:
-        response = client.post(f"/audit/replay/{audited['receipt']['id']}", json={})
+def test_replay_of_a_greedy_receipt_matches(
+    gateway: Any, audited: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """It matches, and leaves its trail in the log: nothing is receipted for a replay."""
+    receipt_id = audited["receipt"]["id"]
+    with caplog.at_level(logging.INFO, "callproof.gateway"), gateway.http("auditor") as client:
+        response = client.post(f"/audit/replay/{receipt_id}", json={})
     assert response.status_code == 200, response.text
     report = response.json()
     assert report["match"] is True, report["diff"]
     assert report["replayed"]["tool_calls"] == report["recorded"]["tool_calls"]
+    auditors = [k.id for k in gateway.keys.list() if (k.role, k.tenant) == ("auditor", "acme")]
+    trail = [r for r in caplog.records if getattr(r, "event", None) == "receipt_replayed"]
+    assert [(r.receipt_id, r.match, r.forced) for r in trail] == [(receipt_id, True, False)]
+    assert trail[0].api_key_id in auditors, (trail[0].api_key_id, auditors)
 
 
 def test_replay_of_a_long_prompt_matches_once_the_engine_has_seen_it(gateway: Any) -> None:
@@ -582,6 +591,31 @@ def test_replay_of_a_request_this_gateway_no_longer_accepts_is_a_409(
     assert "tool_choice" in error["message"], error
 
 
+def test_replay_of_a_request_past_a_limit_lowered_since_is_a_409(
+    gateway: Any, audited: dict[str, Any]
+) -> None:
+    """A request recorded with more tools than max_tools allows now (the limit lowered after
+    it was recorded) was a 400 `constraint_too_complex` to an auditor who sent `{}`."""
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    payload = original.request["payload_json"]
+    tool = TOOL["function"]
+    tools = [
+        {"type": "function", "function": {**tool, "name": f"{tool['name']}_{i}"}}
+        for i in range(gateway.settings.max_tools + 1)
+    ]
+    params = {**json.loads(payload["params"]), "tools": tools, "tool_choice": "auto"}
+    request = {
+        **original.request,
+        "params_sha256": hash_json(params),
+        "payload_json": {**payload, "params": json.dumps(params)},
+    }
+    receipt_id = _recorded_elsewhere(gateway, original.id, request=request)
+    with gateway.http("auditor") as client:
+        error = error_of(client.post(f"/audit/replay/{receipt_id}", json={}), 409)
+    assert error["code"] == "request_not_replayable", error
+    assert f"max_tools is {gateway.settings.max_tools}" in error["message"], error
+
+
 def test_the_receipt_digests_the_request_exactly_as_sent(gateway: Any) -> None:
     """What an auditor holding the agent's transcript can recompute: members the gateway does
     not read (the SDK's `parsed`), explicit nulls and the client's member order included."""
@@ -629,6 +663,8 @@ def test_replay_sends_the_schema_in_the_clients_property_order(gateway: Any) -> 
         report = client.post(f"/audit/replay/{completion.model_extra['receipt']['id']}", json={})
     assert report.status_code == 200, report.text
     assert report.json()["match"] is True, report.json()["diff"]
+    # the receipt binds the text's hash; the report gives the replayed text to compare
+    assert report.json()["replayed"]["content"] == completion.choices[0].message.content
 
 
 def test_a_replay_without_valid_output_is_a_mismatch_not_an_error(
@@ -705,8 +741,11 @@ def test_replay_takes_a_receipt_a_fallback_backend_enforced(
     gateway: Any, audited: dict[str, Any]
 ) -> None:
     """The embedded engine tries its backends in order; the one that compiled is recorded,
-    and a receipt of its last fallback replays. An engine with one backend (vLLM: the one its
-    server was started with) refuses a receipt of another as a manifest mismatch."""
+    and a receipt of its last fallback replays on that backend, not on the first that
+    compiles (which ran it before: greedy decoding under another grammar backend may pick
+    other tokens, and an unforced replay mismatched with nothing to blame). An engine with one
+    backend (vLLM: the one its server was started with) refuses a receipt of another as a
+    manifest mismatch."""
     backends = gateway.engine.identity.backends
     original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
     other = backends[-1] if len(backends) > 1 else "a-backend-it-lacks"
@@ -715,9 +754,10 @@ def test_replay_takes_a_receipt_a_fallback_backend_enforced(
     )
     with gateway.http("auditor") as client:
         response = client.post(f"/audit/replay/{fallback}", json={})
-    if len(backends) > 1:
+    if len(backends) > 1:  # its output was the first backend's: only the backend is checked
         assert response.status_code == 200, response.text
-        assert response.json()["differences"] == [] and response.json()["match"] is True
+        report = response.json()
+        assert report["differences"] == [] and report["replayed"]["backend"] == other, report
     else:
         error = error_of(response, 409)
         assert error["code"] == "manifest_mismatch"
