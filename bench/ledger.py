@@ -4,7 +4,7 @@
 
 K writer processes each open their own Ledger (as K gateway replicas would) on one database
 and append N realistic receipts in all to one chain: tool calls of agents using a few tool
-sets, with union schemas built by runtime.tools exactly as the gateway builds them, answers,
+sets, with union schemas built by runtime.union_schema exactly as the gateway builds them, answers,
 and follow-up requests that link to earlier calls. Each process keeps WINDOW appends in
 flight (a loaded gateway), so group commit batches them. Drafts are built before the clock
 starts: the figure is the ledger's, not the draft builder's. Then one process appends one at
@@ -147,7 +147,8 @@ class DraftFactory:
 
     def __init__(self, tenant: str, seed: int) -> None:
         from receipts.manifest import build_manifest, schema_hash
-        from runtime.tools import parse_tools_field, union_schema
+        from runtime.tools import parse_tools_field
+        from runtime.union_schema import union_schema
 
         self.tenant = tenant
         self.rng = random.Random(seed)

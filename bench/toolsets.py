@@ -157,7 +157,8 @@ def tool_set(seed: int) -> list[dict[str, Any]]:
 
 def union_of(tools: list[dict[str, Any]]) -> dict[str, Any]:
     """The tool-union schema the gateway would constrain to (tool_choice auto)."""
-    from runtime.tools import parse_tools_field, union_schema
+    from runtime.tools import parse_tools_field
+    from runtime.union_schema import union_schema
 
     return union_schema(parse_tools_field(tools), tool_choice="auto")
 

@@ -3,7 +3,7 @@
     python -m bench.verify [--count 100000] [--rebuild]
 
 The bundle is built through the real sealing path (bench.ledger's DraftFactory: tool calls
-with union schemas from runtime.tools, answers, linked follow-ups; receipts.chain.seal with a
+with union schemas from runtime.union_schema, answers, linked follow-ups; receipts.chain.seal with a
 fresh Ed25519 key; the Merkle tree; a signed checkpoint; receipts.bundle.write_bundle) and
 cached under /tmp with its public key, since signing 100,000 receipts takes a while. Then
 verify_bundle runs pinned to that key: once with the default worker processes (one per CPU)

@@ -1,8 +1,9 @@
 """Parsing model output back into what it means: tool calls, an answer, a structured value.
 
-Under tools the model writes the JSON envelope :func:`runtime.tools.union_schema` describes
-(``{"tool", "arguments"}``, ``{"tool_calls": [...]}`` or ``{"answer": ...}``); thinking
-models may instead write calls in their family's own tags (:func:`parse_native_tool_call`).
+Under tools the model writes the JSON envelope :func:`runtime.union_schema.union_schema`
+describes (``{"tool", "arguments"}``, ``{"tool_calls": [...]}`` or ``{"answer": ...}``);
+thinking models may instead write calls in their family's own tags
+(:func:`parse_native_tool_call`).
 Everything the constrained decoder produced is validated again here with jsonschema-rs
 (defence in depth: a backend bug must not turn into a receipt for arguments that fail their
 schema).
@@ -112,7 +113,8 @@ def parse_envelope(
     response_schema: dict[str, Any] | None = None,
     ids: CallIds | None = None,
 ) -> ParsedResponse:
-    """Parse and re-validate the JSON envelope produced under :func:`runtime.tools.union_schema`.
+    """Parse and re-validate the JSON envelope produced under
+    :func:`runtime.union_schema.union_schema`.
 
     ``schema`` (the union) catches what per-part checks cannot, such as an answer under
     tool_choice "required"; ``response_schema`` marks the answer as structured content.

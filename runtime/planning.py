@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import regex as regex_engine
 
+from runtime.closed_schema import closed_schema
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
 from runtime.errors import (
@@ -50,12 +51,11 @@ from runtime.tools import (
     ResponseFormat,
     ToolChoice,
     ToolSpec,
-    closed_schema,
     parse_response_format,
     parse_tool_choice,
     parse_tools_field,
-    union_schema,
 )
+from runtime.union_schema import union_schema
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
 _THINK = re.compile(rf"\s*{THINK_OPEN}(?P<reasoning>.*?)(?:{THINK_CLOSE}|\Z)", re.DOTALL)

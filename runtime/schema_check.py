@@ -106,10 +106,11 @@ def check_compiles(canonical: bytes, param: str, what: str | None = None) -> Non
 
 
 def _check_identifiers(schema: dict[str, Any], param: str) -> None:
-    """Refuse what the tool union cannot carry over as a static pointer (runtime/tools.py
-    rewrites ``$anchor`` refs and those inside a nested ``$id`` as pointers from its root):
-    ``$dynamicRef`` resolves by the path taken at validation time (and xgrammar ignored it),
-    and an ``$anchor`` defined twice in one resource, which 2020-12 forbids, names either."""
+    """Refuse what the tool union cannot carry over as a static pointer
+    (runtime/pointer_refs.py rewrites ``$anchor`` refs and those inside a nested ``$id`` as
+    pointers from its root): ``$dynamicRef`` resolves by the path taken at validation time
+    (and xgrammar ignored it), and an ``$anchor`` defined twice in one resource, which
+    2020-12 forbids, names either."""
     nodes, anchors = schema_resources(schema)
     for pointer, _, node in nodes:
         for keyword in ("$dynamicRef", "$dynamicAnchor"):

@@ -36,6 +36,23 @@ def resolve_ref(schema: Any, ref: str) -> Any:
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
+# Keywords whose value is a list of subschemas, and those whose value is one subschema.
+SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SCHEMA_SINGLES = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "additionalItems",
+)
+
+
 # Keywords whose value is data: instances, or property names (dependentRequired's keys).
 DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples", "dependentRequired"})
 
@@ -156,7 +173,9 @@ def _below(node: Any) -> Iterator[Any]:
 
 __all__ = [
     "DATA_KEYWORDS",
+    "SCHEMA_LISTS",
     "SCHEMA_MAPS",
+    "SCHEMA_SINGLES",
     "integer_typed",
     "pointer_token",
     "resolve_ref",

@@ -1,52 +1,23 @@
-"""Tool calling requests: the OpenAI tools, tool_choice and response_format fields, and the
-union schema the decoder is held to.
+"""Tool calling requests: the OpenAI tools, tool_choice and response_format fields, validated
+into ToolSpec, ToolChoice and ResponseFormat. Each error names the offending field.
 
-The model never answers free-form when tools are given: it is constrained to one JSON
-*envelope* described by :func:`union_schema`::
-
-    {"tool": NAME, "arguments": {...}}                  one call
-    {"tool_calls": [{"tool": ..., "arguments": ...}]}   several (parallel_tool_calls)
-    {"answer": "..."}                                    no call (or the response_format value)
-
-Reading that envelope back is runtime/output_parsing.py's business; checking the schemas
-given here is runtime/schema_check.py's.
-
-Decisions a reader may look for:
-
-* with response_format the answer is ``{"answer": <value>}``, never the bare value, so a
-  response schema that accepts objects cannot be mistaken for a call;
-* objects that list properties are closed in the constraint (:func:`closed_schema`), strict
-  or not; the client's schema itself is kept verbatim on the ToolSpec;
-* branches are joined with ``anyOf`` (they are disjoint, so it means ``oneOf``).
+The client's schemas are checked (runtime/schema_check.py) and kept verbatim here; the
+constraint built from them is runtime/union_schema.py's business.
 """
 
 from __future__ import annotations
 
 import copy
 import re
-import urllib.parse
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 
-from runtime.errors import (
-    ConstraintTooComplex,
-    InvalidSchema,
-    InvalidTools,
-    RuntimeInputError,
-    UnknownTool,
-)
+from runtime.errors import InvalidSchema, InvalidTools, RuntimeInputError, UnknownTool
 from runtime.limits import DEFAULT_LIMITS, Limits
-from runtime.schema_check import check_schema, refs_in
-from runtime.schema_walk import (
-    DATA_KEYWORDS,
-    SCHEMA_MAPS,
-    pointer_token,
-    resolve_ref,
-    schema_resources,
-)
+from runtime.schema_check import check_schema
 
 TOOL_NAME_RE = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a final \n in
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -130,185 +101,6 @@ def _tool_parameters(params: Any, param: str, limits: Limits) -> dict[str, Any]:
         )
     check_schema(params, param, limits)
     return _json_copy(params)
-
-
-# --------------------------------------------------------------------------- closed objects
-
-# Subschema-bearing keywords walked when closing objects.
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_SINGLES = (
-    "items",
-    "additionalProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-    "additionalItems",
-)
-_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-
-
-# Subschemas closed_schema may read, and keys it may list, for the keys each object names in
-# place (about 0.15 s): every object re-reads what it composes and lists its keys again, so
-# many objects that each compose one wide allOf, or one $ref requiring thousands of keys, cost
-# their product (2,000,000 keys listed, 5 s and 550 MB from 60 KB), and would be refused as
-# too large only after.
-MAX_IN_PLACE_READS = 50_000
-
-
-def closed_schema(schema: dict[str, Any], *, param: str | None = None) -> dict[str, Any]:
-    """``schema`` with every object that lists ``properties`` closed to exactly those.
-
-    Constraints are built from this, strict or not (as OpenAI's strict mode and xgrammar's
-    default do): left open, a small model fills arguments with invented keys, typically
-    copied from the schema in its prompt ("type", "minLength"...). Objects that say how to
-    treat other keys keep their rule, bare ``{"type": "object"}`` stays free-form, and
-    ``allOf`` members stay open (closing each would make their intersection unsatisfiable).
-    ``anyOf``/``oneOf`` members are closed when they are the object's whole description (a
-    union of variants); under an object that lists properties or an open rule they read the
-    same keys, so they stay open and the object lists the keys they name. A key that
-    ``required`` names and ``properties`` does not is listed, taking any value (as the open
-    object let it), or the closed object could never be valid. Anything valid against the
-    result is valid against ``schema`` (but for ``oneOf``, whose exclusivity no grammar
-    backend enforces anyway: outputs are validated against the tool's own schema).
-
-    A local ``$ref`` counts as the schema it names, written where the ref is: its keys are
-    listed on the object that applies it in place (a ``$ref`` beside ``properties``, in an
-    ``allOf``, in the ``anyOf`` of a described object), and there it points at an open copy
-    of its target (in ``$defs``, ``<name>-open``), since the target closed to its own keys
-    made the composition (OpenAPI's ``allOf: [{$ref: Base}, ...]``) unsatisfiable. Refs
-    used alone (a property's schema, a lone ``allOf`` member, an ``anyOf`` variant) keep
-    the closed target. Refs are first made pointers from the root (:func:`_pointer_refs`).
-
-    Raises ConstraintTooComplex (naming ``param``, the schema's place in the request) past
-    MAX_IN_PLACE_READS.
-    """
-    out = _pointer_refs(schema)
-    pristine = _json_copy(out)  # the targets open copies are made of
-    open_refs: dict[str, str] = {}
-    reads = 0
-
-    def opened(ref: str) -> str:
-        """The ref of an open copy of what ``ref`` names, made once (cycles end there)."""
-        target = resolve_ref(pristine, ref)
-        if ref in open_refs or not isinstance(target, dict):
-            return open_refs.get(ref, ref)
-        defs = out.setdefault("$defs", {})
-        name = f"{ref.rpartition('/')[2].lstrip('#') or 'root'}-open"
-        while name in defs:
-            name += "-"
-        open_refs[ref] = "#/$defs/" + _fragment(pointer_token(name))
-        defs[name] = copy.deepcopy(
-            {k: v for k, v in target.items() if k not in ("$defs", "definitions")}
-        )
-        close(defs[name], keys_ruled=True)
-        return open_refs[ref]
-
-    def close(node: Any, *, keys_ruled: bool = False) -> None:
-        """``keys_ruled``: an object this node applies to in place already rules its keys."""
-        nonlocal reads
-        if not isinstance(node, dict):
-            return
-        described = "properties" in node or any(k in node for k in _OPEN_KEYWORDS)
-        if "properties" in node and not keys_ruled and not any(k in node for k in _OPEN_KEYWORDS):
-            node["additionalProperties"] = False
-            properties = node["properties"]
-            if isinstance(properties, dict):
-                keys, read = _keys_named_in_place(node, pristine)
-                reads += read + len(keys)
-                if reads > MAX_IN_PLACE_READS:
-                    raise ConstraintTooComplex(
-                        f"the schema's objects compose more than {MAX_IN_PLACE_READS:,}"
-                        " subschemas and keys in place (allOf, anyOf, oneOf, then, else,"
-                        " dependentSchemas and $ref beside properties, counted again for each"
-                        " object that composes them); define shared properties once instead"
-                        " of composing them into every object",
-                        param=param,
-                    )
-                for key in keys:
-                    properties.setdefault(key, {})
-        standalone = list(_subschemas(node, skip=_IN_PLACE))  # before opened() adds to $defs
-        in_place = keys_ruled or described
-        conjuncts = node.get("allOf")
-        conjuncts = conjuncts if isinstance(conjuncts, list) else []
-        composed = [node] if in_place else []
-        composed += [m for m in conjuncts if in_place or len(conjuncts) > 1]
-        for part in composed:
-            if isinstance(part, dict) and isinstance(part.get("$ref"), str):
-                part["$ref"] = opened(part["$ref"])
-        for sub in standalone:
-            close(sub)
-        for member in _in_place_members(node):
-            close(member, keys_ruled=in_place)
-
-    close(out)
-    return out
-
-
-# Subschemas that read the same object as the node holding them. Inside ``not`` and ``if``
-# closing would widen what the whole accepts (the negation of a narrower schema), so nothing
-# there is touched; ``allOf`` members stay open (see closed_schema).
-_IN_PLACE = frozenset({"anyOf", "oneOf", "allOf", "not", "if", "then", "else", "dependentSchemas"})
-
-
-def _in_place_members(node: dict[str, Any]) -> Iterable[Any]:
-    """The subschemas closed_schema closes as parts of ``node``'s own object."""
-    for key in ("anyOf", "oneOf"):
-        members = node.get(key)
-        yield from members if isinstance(members, list) else ()
-    yield from (node[key] for key in ("then", "else") if isinstance(node.get(key), dict))
-    dependent = node.get("dependentSchemas")
-    yield from dependent.values() if isinstance(dependent, dict) else ()
-
-
-def _keys_named_in_place(node: dict[str, Any], root: dict[str, Any]) -> tuple[list[str], int]:
-    """Keys ``node`` requires, and those its in-place parts (``allOf``, ``anyOf``, ``oneOf``,
-    ``then``, ``else``, ``dependentSchemas``, the target of its ``$ref`` in ``root``: they
-    read the same object) list or require, at any depth; in the schema's order, so the closed
-    schema's text is stable. With the number of subschemas read: each once, however many
-    refs name it (read once per path, refs that each name the next level twice took 2^depth
-    steps, and a 2 KB schema held the event loop for minutes)."""
-    keys: list[str] = []
-    read: set[int] = set()  # ids of the subschemas read
-
-    def read_part(part: dict[str, Any]) -> None:
-        read.add(id(part))
-        required = part.get("required")
-        if isinstance(required, list):
-            keys.extend(k for k in required if isinstance(k, str))
-        ref = part.get("$ref")
-        conjuncts = part.get("allOf")
-        for sub in (
-            resolve_ref(root, ref) if isinstance(ref, str) else None,
-            *(conjuncts if isinstance(conjuncts, list) else ()),
-            *_in_place_members(part),
-        ):
-            if isinstance(sub, dict) and id(sub) not in read:
-                listed = sub.get("properties")
-                keys.extend(listed if isinstance(listed, dict) else ())
-                read_part(sub)
-
-    read_part(node)
-    return keys, len(read)
-
-
-def _subschemas(node: dict[str, Any], skip: Container[str] = ()) -> Iterable[Any]:
-    for key in SCHEMA_MAPS:
-        sub = node.get(key)
-        if isinstance(sub, dict) and key not in skip:
-            yield from sub.values()
-    for key in _SCHEMA_LISTS:
-        sub = node.get(key)
-        if isinstance(sub, list) and key not in skip:
-            yield from sub
-    for key in _SCHEMA_SINGLES:
-        sub = node.get(key)
-        if isinstance(sub, dict) and key not in skip:
-            yield sub
 
 
 # --------------------------------------------------------------------------- response_format
@@ -457,168 +249,8 @@ def _allowed_tools(spec: Any) -> ToolChoice:
     return ToolChoice(spec["mode"], allowed=tuple(dict.fromkeys(names)))
 
 
-# --------------------------------------------------------------------------- union schema
-
-
-def union_schema(
-    tools: Sequence[ToolSpec],
-    tool_choice: Any = "auto",
-    response_format: ResponseFormat | Mapping[str, Any] | None = None,
-    parallel_tool_calls: bool = False,
-) -> dict[str, Any]:
-    """The one JSON schema the decoder is held to when tools are given.
-
-    Branches are mutually exclusive by their required key ("tool", "tool_calls", "answer")
-    and closed (additionalProperties false), so they are joined with ``anyOf``, which means
-    the same as ``oneOf`` here and which every backend compiles (llguidance refuses a
-    ``oneOf`` it cannot prove disjoint, e.g. across ``$ref``). With
-    ``response_format`` the answer branch is ``{"answer": <response schema>}``: wrapping keeps
-    a response schema that itself accepts objects from ever matching a tool call. A tool whose
-    parameters use ``$ref`` is moved under ``$defs`` with its pointers rewritten, so refs keep
-    resolving once embedded; calls shared by the single and parallel forms live in ``$defs``
-    too, so the schema (and its compile time) does not double.
-    """
-    choice = parse_tool_choice(tool_choice, tools)
-    rf = response_format
-    if isinstance(rf, Mapping):
-        rf = parse_response_format(dict(rf))
-    defs: dict[str, Any] = {}
-    branches: list[dict[str, Any]] = []
-    allowed = (  # each with its index in tools, which errors name
-        [(i, t) for i, t in enumerate(tools) if choice.allows(t.name)]
-        if choice.allows_calls
-        else []
-    )
-    if allowed and parallel_tool_calls:
-        for i, tool in allowed:
-            defs[f"call-{tool.name}"] = _call_branch(tool, i, defs)
-        refs = [{"$ref": f"#/$defs/call-{t.name}"} for _, t in allowed]
-        items = refs[0] if len(refs) == 1 else {"anyOf": refs}
-        branches.extend(refs)
-        branches.append(
-            _closed_object({"tool_calls": {"type": "array", "items": items, "minItems": 1}})
-        )
-    else:
-        branches.extend(_call_branch(t, i, defs) for i, t in allowed)
-    if choice.allows_answer:
-        answer: dict[str, Any] = {"type": "string"}
-        if rf is not None and rf.schema is not None:
-            answer = _embed(closed_schema(rf.schema, param=RESPONSE_SCHEMA_PARAM), "answer", defs)
-        branches.append(_closed_object({"answer": answer}))
-    schema = branches[0] if len(branches) == 1 else {"anyOf": branches}
-    if defs:
-        schema["$defs"] = defs
-    return schema
-
-
-def union_calls(union: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """(tool name, arguments schema) of each single-call branch of a :func:`union_schema`.
-
-    For engines that constrain per tool (vLLM structural tags) and only see the constraint:
-    the union's layout stays this module's business. An arguments schema may ``$ref`` into
-    the union's ``$defs``; carry those along.
-    """
-    defs = union.get("$defs", {})
-    calls = []
-    for branch in union.get("anyOf", [union]):
-        ref = branch.get("$ref", "")
-        if ref.startswith("#/$defs/"):
-            branch = defs[ref.removeprefix("#/$defs/")]
-        props = branch.get("properties", {})
-        if "tool" in props and "arguments" in props:
-            calls.append((props["tool"]["const"], props["arguments"]))
-    return tuple(calls)
-
-
-def _call_branch(tool: ToolSpec, index: int, defs: dict[str, Any]) -> dict[str, Any]:
-    """The envelope of one call of ``tool``, ``tools[index]`` in the request."""
-    parameters = closed_schema(tool.parameters, param=f"tools[{index}].function.parameters")
-    arguments = _embed(parameters, f"tool-{tool.name}", defs)
-    return _closed_object({"tool": {"const": tool.name}, "arguments": arguments})
-
-
-def _closed_object(properties: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
-
-
-def _embed(schema: dict[str, Any], key: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` placed inside the union; with local ``$ref``s it moves to ``$defs[key]``,
-    its refs rewritten as pointers from the union's root (:func:`_pointer_refs`).
-
-    Its root ``$id`` is dropped: kept, it made the embedded schema a resource of its own, and
-    2020-12 resolves the rewritten ``#/$defs/<key>/...`` against that resource, where it
-    dangles. Only local refs are allowed (runtime/schema_check.py), so nothing can name the
-    schema by that URI."""
-    body = {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
-    if not any(True for _ in refs_in(body)):
-        return body
-    defs[key] = _pointer_refs(body, f"#/$defs/{key}")
-    return {"$ref": f"#/$defs/{key}"}
-
-
-def _pointer_refs(schema: dict[str, Any], base: str = "#") -> dict[str, Any]:
-    """A copy of ``schema`` whose local ``$ref``s are JSON pointers from its root, after
-    ``base``, and in which nothing else names a part: 2020-12 resolves ``#/...`` from the
-    nearest ``$id`` (a nested one starts a resource) and ``#name`` to that resource's
-    ``$anchor``; rewritten so, nested ``$id``s and ``$anchor``s are dropped (moved into the
-    union, a pointer re-based by a kept ``$id`` dangled, and two tools' anchors could
-    clash). The refs of ``const``/``enum``/``default`` data are values, left alone."""
-    text = msgspec.json.encode(schema)
-    out = msgspec.json.decode(text)  # a copy (C, a tenth of copy.deepcopy's time)
-    if b'"$id"' not in text and b'"$anchor"' not in text:  # one resource, no anchors
-        if base != "#":
-            _prefix_refs(out, base)
-        return out  # the warm path of most tools: planning runs this per request
-    nodes, anchors = schema_resources(out)
-    for pointer, resource, node in nodes:
-        ref = node.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
-            fragment = ref[1:]
-            if fragment and not fragment.startswith("/"):  # an anchor
-                named = anchors.get((resource, fragment))
-                fragment = _fragment(named[0]) if named else None
-            else:
-                fragment = _fragment(resource) + fragment
-            if fragment is not None:  # else unresolvable: validate_constraint names it
-                node["$ref"] = base + fragment
-        node.pop("$anchor", None)
-        if pointer:
-            node.pop("$id", None)
-    return out
-
-
-def _prefix_refs(node: Any, base: str) -> None:
-    """In place: every schema object's local ``#...`` ref put after ``base``; names in
-    ``properties``-like maps are walked as names, ``const``/``enum`` data left alone."""
-    if isinstance(node, list):
-        for item in node:
-            _prefix_refs(item, base)
-        return
-    if not isinstance(node, dict):
-        return
-    ref = node.get("$ref")
-    if isinstance(ref, str) and ref.startswith("#"):
-        node["$ref"] = base + ref[1:]
-    for key, value in node.items():
-        if key in SCHEMA_MAPS and isinstance(value, dict):
-            for sub in value.values():
-                _prefix_refs(sub, base)
-        elif key not in DATA_KEYWORDS:
-            _prefix_refs(value, base)
-
-
 def _json_copy(value: Any) -> Any:
     return msgspec.json.decode(msgspec.json.encode(value))
-
-
-def _fragment(pointer: str) -> str:
-    """A JSON pointer written as a URI fragment (RFC 6901 section 6: percent-encoded)."""
-    return urllib.parse.quote(pointer, safe="/!$&'()*+,;=:@~")
 
 
 __all__ = [
@@ -626,10 +258,7 @@ __all__ = [
     "ResponseFormat",
     "ToolChoice",
     "ToolSpec",
-    "closed_schema",
     "parse_response_format",
     "parse_tool_choice",
     "parse_tools_field",
-    "union_calls",
-    "union_schema",
 ]

@@ -14,7 +14,7 @@ from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Sampling
 from runtime.errors import EngineUnavailable
 from runtime.thinking import Enforcement
-from runtime.tools import union_calls
+from runtime.union_schema import union_calls
 
 # Structural-tag JSON regions ignore the engine's disable_any_whitespace; without a cap a weak
 # model loops on newlines inside them (measured on SmolLM2). 0 is refused by xgrammar.

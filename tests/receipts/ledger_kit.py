@@ -36,7 +36,7 @@ SEARCH_PARAMS = {
 
 
 def tool_union(**tools: dict[str, Any]) -> dict[str, Any]:
-    """A tool union in the shape runtime.tools.union_schema builds (what binding.py reads)."""
+    """A tool union in the shape runtime.union_schema.union_schema builds (what binding.py reads)."""
     branches = [
         {
             "type": "object",

@@ -27,7 +27,7 @@ EMAIL = {
     "required": ["to", "body"],
     "additionalProperties": False,
 }
-# The shape runtime.tools.union_schema produces: one oneOf branch per tool plus an answer.
+# The shape runtime.union_schema.union_schema produces: one oneOf branch per tool plus an answer.
 UNION = {
     "oneOf": [
         {

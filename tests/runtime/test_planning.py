@@ -27,7 +27,8 @@ from runtime.errors import (
 )
 from runtime.output_parsing import CALL_ID_RE, CallIds
 from runtime.planning import ChatInput, Plan, plan_chat
-from runtime.tools import ToolChoice, union_schema
+from runtime.tools import ToolChoice
+from runtime.union_schema import union_schema
 
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 RF_SCHEMA = {"type": "json_schema", "json_schema": {"name": "report", "schema": ANSWER_SCHEMA}}

@@ -1,5 +1,6 @@
-"""runtime.tools, schema_check and output_parsing: the tools field, the union schema per
-tool_choice, call ids, and parsing output back into calls with defence-in-depth validation."""
+"""runtime.tools, closed_schema, union_schema, schema_check and output_parsing: the tools
+field, closed objects, the union schema per tool_choice, call ids, and parsing output back
+into calls with defence-in-depth validation."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import jsonschema
 import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
+from runtime.closed_schema import closed_schema
 from runtime.constraint import Constraint, validate_constraint
 from runtime.errors import (
     ConstraintTooComplex,
@@ -29,13 +31,8 @@ from runtime.output_parsing import (
 )
 from runtime.planning import ChatInput, plan_chat
 from runtime.schema_check import check_schema, validate
-from runtime.tools import (
-    closed_schema,
-    parse_response_format,
-    parse_tools_field,
-    union_calls,
-    union_schema,
-)
+from runtime.tools import parse_response_format, parse_tools_field
+from runtime.union_schema import union_calls, union_schema
 
 SPECS = parse_tools_field(TOOLS)
 WEATHER_CALL = {"tool": "get_weather", "arguments": {"city": "Paris"}}

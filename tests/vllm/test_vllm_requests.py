@@ -23,7 +23,8 @@ from runtime.engines.vllm import VllmEngine, _json, _status_error
 from runtime.engines.vllm_request import request_body, structured_outputs
 from runtime.errors import EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
-from runtime.tools import parse_tools_field, union_schema
+from runtime.tools import parse_tools_field
+from runtime.union_schema import union_schema
 
 TOOLS = parse_tools_field(
     [
