@@ -14,27 +14,18 @@ an xgrammar *structural tag*, so only the tool-call region (``<tool_call>…</to
 constrained and free text, reasoning included, stays free; with "always" enforcement after
 reasoning, the constraint starts when the reasoning region ends.
 
-Faults fail closed and typed: unreachable, timed out, 5xx, a redirect (never followed: it
-would carry the request and the API key elsewhere), a server that refuses the gateway's own
-credentials, model name or URL (a 404 says which setting), or an answer that breaks the
-contract (usage that is no token count) -> EngineUnavailable (the gateway answers 503 and
-writes no receipt); a 400/413/422 about the request itself -> EngineRejected with vLLM's
-message (bounded), which the gateway passes on as the matching 4xx, except a prompt over the
-model's context window, which is the same ``context_length_exceeded`` the embedded engine
-raises. vLLM refuses a max_tokens over max_model_len outright, so the engine learns the
-window from /v1/models (as readiness checks it) and lowers max_tokens to it first; it learns
-it again after it saw the server unavailable, and when vLLM refuses a max_tokens as over
-its window (a restart with a smaller --max-model-len), then sends the request once more.
-
-The HTTP client is aiohttp: measured against a local server that answers at once, it costs
-0.13 ms of CPU per request where httpx costs 0.62 ms, and 0.08 ms against 2.5 ms with 32
-requests in flight (httpcore polls every pooled connection on each request). On a 2-core host
-that CPU is taken from the vLLM server beside it.
+Faults fail closed and typed: what the server answers is mapped to EngineErrors by the
+transport (runtime.engines.vllm_http), and an answer that breaks the contract (usage that is
+no token count, no single choice) is EngineUnavailable too (the gateway answers 503 and
+writes no receipt). vLLM refuses a max_tokens over max_model_len outright, so the engine
+learns the window from /v1/models (as readiness checks it) and lowers max_tokens to it
+first; it learns it again after it saw the server unavailable, and when vLLM refuses a
+max_tokens as over its window (a restart with a smaller --max-model-len), then sends the
+request once more.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -42,12 +33,9 @@ import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import aiohttp
-import msgspec
 
 from runtime.constraint import Constraint
 from runtime.constraint_checks import ConstraintChecks
@@ -63,22 +51,15 @@ from runtime.engines.base import (
     pinned_order,
 )
 from runtime.engines.vllm_gaps import Served, served_constraint
+from runtime.engines.vllm_http import Exchange, VllmHttp, ends_in_v1, json_object, sse_events
 from runtime.engines.vllm_request import request_body
-from runtime.errors import EngineError, EngineRejected, EngineUnavailable, RuntimeInputError
+from runtime.errors import EngineError, EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.urls import hide_password
 
-# The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
-# vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
-CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
-# How vLLM's prompt length checks (vllm/renderers/params.py) begin their 400 message.
-_CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
 # How vLLM (vllm/renderers/params.py) refuses a max_tokens over the window it serves.
 _WINDOW_WORDS = "cannot be greater than max_model_len"
-KEEPALIVE_S = 4.0
 LIMITS_RETRY_S = 5.0  # how often a request asks /v1/models for the window until it answers
-# How much of vLLM's own error message reaches the agent (as for a raw body).
-MAX_MESSAGE_CHARS = 2000
 # No context window comes near this; a usage figure past it (or negative, or not an integer)
 # is an upstream breaking its contract, which a receipt must not record.
 MAX_USAGE_TOKENS = 2**31 - 1
@@ -88,7 +69,7 @@ log = logging.getLogger(__name__)
 
 class VllmEngine:
     """One vLLM server and one served model, through a pooled async HTTP client (one pool
-    per event loop, see _http)."""
+    per event loop, runtime.engines.vllm_http)."""
 
     def __init__(
         self,
@@ -131,21 +112,15 @@ class VllmEngine:
             backends=(backend,),
         )
         self.think_budget = think_budget
-        self._base_url = base_url.rstrip("/")
-        self._headers = {"Content-Type": "application/json"}
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
-        # `connect` bounds the wait for a pooled connection (all busy) and DNS as well
-        self._timeout = aiohttp.ClientTimeout(
-            total=request_timeout, connect=timeout, sock_connect=connect_timeout, sock_read=timeout
+        self._http = VllmHttp(
+            base_url,
+            model,
+            api_key=api_key,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+            request_timeout=request_timeout,
+            max_connections=max_connections,
         )
-        self._whole_answer_timeout = aiohttp.ClientTimeout(
-            total=request_timeout, connect=timeout, sock_connect=connect_timeout
-        )
-        self._max_connections = max_connections
-        self._client: aiohttp.ClientSession | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
-        self._closed = False
         self._checks = ConstraintChecks()
         # the served model's context window, from /v1/models (None: not known or not listed)
         self._max_model_len: int | None = None
@@ -164,9 +139,9 @@ class VllmEngine:
         pinned_order(self.identity, backend)  # the server has one: nothing to choose
         served = await self._prepare(constraint)
         async with self._completion(
-            messages, served, sampling, enforcement, timeout=self._whole_answer_timeout
+            messages, served, sampling, enforcement, whole_answer=True
         ) as response:
-            data = _json(await response.read())
+            data = json_object(await response.read())
         choice = _only_choice(data)
         prompt_tokens, completion_tokens = _usage(data.get("usage"))
         return Generation(
@@ -198,7 +173,7 @@ class VllmEngine:
         async with self._completion(
             messages, served, sampling, enforcement, stream=True
         ) as response:
-            async for data in _sse_events(response):
+            async for data in sse_events(response):
                 if data.get("usage") is not None:  # vLLM sends null until the last chunk
                     usage = data["usage"]
                 for choice in data.get("choices") or ():
@@ -238,8 +213,8 @@ class VllmEngine:
         return diagnosis is None
 
     async def _model_cards(self) -> dict[str, dict[str, Any]]:
-        async with self._request("GET", "/v1/models") as response:
-            data = _json(await response.read())
+        async with self._http.request("GET", "/v1/models") as response:
+            data = json_object(await response.read())
         cards = data.get("data")
         if not isinstance(cards, list):
             return {}
@@ -249,12 +224,12 @@ class VllmEngine:
         """None when the server serves this engine's model, else a log level and what is
         wrong, for the operator (the URL without its password). Learns the model's
         max_model_len on the way."""
-        url, model, failure = hide_password(self._base_url), self.identity.model, ""
+        url, model, failure = hide_password(self._http.base_url), self.identity.model, ""
         try:
             cards: dict[str, dict[str, Any]] | None = await self._model_cards()
         except EngineError as exc:
             cards, failure = None, str(exc)
-        if (cards is None or model not in cards) and _ends_in_v1(url):
+        if (cards is None or model not in cards) and ends_in_v1(url):
             return logging.ERROR, (
                 f"vllm_url {url} ends in /v1: drop the /v1 (give the vLLM server's root URL;"
                 " the engine adds /v1/... itself)"
@@ -312,16 +287,18 @@ class VllmEngine:
         enforcement: Enforcement | None,
         *,
         stream: bool = False,
-        timeout: aiohttp.ClientTimeout | None = None,
+        whole_answer: bool = False,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """One /v1/chat/completions exchange. A server refusing a max_tokens over its
         max_model_len has a smaller window than the engine knew (it restarted with a smaller
         --max-model-len between two requests): the window is learned again and the request
         sent once more, lowered to it."""
 
-        def call() -> _Exchange:
+        def call() -> Exchange:
             body = self._request_body(messages, served, sampling, enforcement, stream=stream)
-            return self._call(body, timeout=timeout)
+            return self._http.request(
+                "POST", "/v1/chat/completions", body, whole_answer=whole_answer
+            )
 
         try:
             async with contextlib.AsyncExitStack() as stack:
@@ -338,11 +315,8 @@ class VllmEngine:
             raise
 
     async def aclose(self) -> None:
-        self._closed = True
         self._checks.close()
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
-            await client.close()  # a pool of another (finished) loop cannot be closed here
+        await self._http.aclose()
 
     async def __aenter__(self) -> Self:
         return self
@@ -374,160 +348,6 @@ class VllmEngine:
     def _enforced_by(self, constraint: Constraint | None) -> str:
         return self.identity.backend if constraint is not None else NO_BACKEND
 
-    # ------------------------------------------------------------------ transport
-
-    def _call(
-        self, body: dict[str, Any], *, timeout: aiohttp.ClientTimeout | None = None
-    ) -> _Exchange:
-        return self._request("POST", "/v1/chat/completions", body, timeout=timeout)
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None = None,
-        *,
-        timeout: aiohttp.ClientTimeout | None = None,
-    ) -> _Exchange:
-        """One exchange; ``timeout`` replaces the session's (per-read) one. Redirects are not
-        followed: they would carry the request, and the vLLM API key, to another server."""
-        data = None if body is None else msgspec.json.encode(body)
-        options: dict[str, Any] = {"allow_redirects": False}
-        if timeout is not None:
-            options["timeout"] = timeout
-        request = self._http().request(method, self._base_url + path, data=data, **options)
-        return _Exchange(request, self._base_url, self.identity.model)
-
-    def _http(self) -> aiohttp.ClientSession:
-        """The pooled client of the running event loop. Pooled connections belong to the loop
-        that opened them, so a caller on a new loop (a CLI run after startup, a test per
-        asyncio.run) gets a new pool instead of another loop's dead sockets."""
-        if self._closed:
-            raise EngineUnavailable("the vLLM engine is closed")
-        loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = aiohttp.ClientSession(
-                # idle connections are dropped before the server's own keep-alive (uvicorn's
-                # 5 s) closes them, so a request is never sent on a connection being closed
-                connector=aiohttp.TCPConnector(
-                    limit=self._max_connections, keepalive_timeout=KEEPALIVE_S
-                ),
-                headers=self._headers,
-                timeout=self._timeout,
-                raise_for_status=False,
-            )
-            self._client_loop = loop
-        return self._client
-
-
-class _Exchange:
-    """One HTTP exchange as an async context manager that raises only EngineErrors: transport
-    failures and unusable statuses are mapped when the response head arrives; read errors
-    while the body streams are mapped too, so a server dying mid-stream is EngineUnavailable."""
-
-    def __init__(self, request: Any, base_url: str, model: str) -> None:
-        self._request = request  # aiohttp's _RequestContextManager: sent on __aenter__
-        self._response: aiohttp.ClientResponse | None = None
-        self._base_url = base_url  # for what a 404 says
-        self._model = model
-
-    async def __aenter__(self) -> aiohttp.ClientResponse:
-        try:
-            response = await self._request.__aenter__()
-        except TRANSPORT_ERRORS as exc:
-            raise _unavailable(exc) from exc
-        if response.status >= 300:
-            try:
-                raw = await response.read()
-            except TRANSPORT_ERRORS as exc:
-                raw = str(exc).encode()
-            finally:
-                response.release()
-            raise _status_error(response.status, raw, base_url=self._base_url, model=self._model)
-        self._response = response
-        return response
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self._response is not None:
-            self._response.release()
-        if isinstance(exc, TRANSPORT_ERRORS):
-            raise _unavailable(exc) from exc
-
-
-# what aiohttp raises when the server is down, hangs up, times out or sends a broken body
-TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
-
-
-def _unavailable(exc: BaseException) -> EngineUnavailable:
-    if isinstance(exc, TimeoutError):
-        return EngineUnavailable(f"the vLLM server timed out ({type(exc).__name__})")
-    return EngineUnavailable(f"the vLLM server is unreachable: {exc or type(exc).__name__}")
-
-
-def _status_error(
-    status: int, raw: bytes, *, base_url: str = "", model: str = ""
-) -> RuntimeInputError | EngineRejected | EngineUnavailable:
-    message = _error_message(raw)
-    if 300 <= status < 400:
-        return EngineUnavailable(
-            f"the vLLM server answered {status}, a redirect, which the gateway does not follow:"
-            " its vllm_url must name the vLLM server itself"
-        )
-    if status == 404:
-        return EngineUnavailable(_not_found(message, base_url, model))
-    if status in CLIENT_FAULT_STATUSES and _CONTEXT_WINDOW_WORDS in message:
-        # vLLM lowers max_tokens to the room left (the embedded engine does the same), so only
-        # the prompt itself can be too long.
-        return RuntimeInputError(message, param="messages", code="context_length_exceeded")
-    if status in CLIENT_FAULT_STATUSES:
-        return EngineRejected(status, message)
-    # Not the client's fault: its words about the server's insides (traces, paths) are for
-    # the operator, who has the vLLM server's own log; the agent learns the status only.
-    return EngineUnavailable(f"the vLLM server answered {status}")
-
-
-def _not_found(message: str, base_url: str, model: str) -> str:
-    """A 404 is the gateway's configuration (its URL or model name), never the request's:
-    the message says which setting to fix, with vLLM's own words."""
-    said = f"the vLLM server answered 404 ({message})"
-    if _ends_in_v1(base_url):
-        return f"{said}: the gateway's vllm_url ends in /v1; drop it (the server's root URL)"
-    if "model" in message.lower():
-        return f"{said}: it does not serve {model!r}, the model the gateway is configured with"
-    return f"{said}: the gateway's vllm_url is not the root URL of a vLLM server"
-
-
-def _ends_in_v1(url: str) -> bool:
-    """An OpenAI-style base URL (``http://host:8000/v1``), where the engine wants the root."""
-    return urlsplit(url).path.rstrip("/").endswith("/v1")
-
-
-def _error_message(raw: bytes) -> str:
-    """vLLM's own words, at most MAX_MESSAGE_CHARS of them: they reach the agent."""
-    return _full_error_message(raw)[:MAX_MESSAGE_CHARS]
-
-
-def _full_error_message(raw: bytes) -> str:
-    """``{"error": {"message": ...}}`` (or FastAPI's ``{"detail": ...}``), else the body."""
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return raw.decode(errors="replace").strip() or "(empty body)"
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if data.get("detail"):
-            return str(data["detail"])
-        if isinstance(data.get("message"), str):
-            return data["message"]
-    return json.dumps(data)
-
 
 def _usage(usage: Any) -> tuple[int, int]:
     """(prompt, completion) tokens as vLLM reports them. They go into receipts and counters,
@@ -546,46 +366,6 @@ def _usage(usage: Any) -> tuple[int, int]:
             raise EngineUnavailable(f"the vLLM server reported usage.{field} = {shown}")
         counts.append(value)
     return counts[0], counts[1]
-
-
-def _json(raw: bytes) -> dict[str, Any]:
-    try:
-        data = msgspec.json.decode(raw)
-    except ValueError as exc:  # msgspec.DecodeError, or UnicodeDecodeError for bad UTF-8
-        raise EngineUnavailable(f"the vLLM server sent invalid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise EngineUnavailable("the vLLM server sent JSON that is not an object")
-    return data
-
-
-async def _sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON payloads of an OpenAI-style SSE stream, up to ``data: [DONE]``. An error event
-    in the stream (vLLM sends one when generation fails after the head) fails closed."""
-    async for line in _lines(response):
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        data = _json(payload)
-        if "error" in data:
-            raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload)}")
-        yield data
-
-
-async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The body's lines as they arrive, in linear time and without readline's length cap:
-    only each new chunk is searched for newlines."""
-    partial: list[bytes] = []
-    async for chunk in response.content.iter_any():
-        *complete, rest = chunk.split(b"\n")
-        for piece in complete:
-            partial.append(piece)
-            yield b"".join(partial)
-            partial = []
-        partial.append(rest)
-    if any(partial):
-        yield b"".join(partial)
 
 
 def _only_choice(data: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """The pure translation of a plan into vLLM's /v1/chat/completions body: the rendered messages,
 the sampling parameters and the one constraint as vLLM's ``structured_outputs`` (a plain json,
 regex or grammar field, or an xgrammar structural tag for thinking models and tool_choice
-"auto"). Kept apart from the HTTP client in runtime.engines.vllm so it can be read and tested
-without any transport."""
+"auto"). Kept apart from the engine (runtime.engines.vllm) and its HTTP client
+(runtime.engines.vllm_http) so it can be read and tested without any transport."""
 
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ import xgrammar
 
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Generation, Sampling
-from runtime.engines.vllm import VllmEngine, _json, _status_error
+from runtime.engines.vllm import VllmEngine
+from runtime.engines.vllm_http import json_object, status_error
 from runtime.engines.vllm_request import request_body, structured_outputs
 from runtime.errors import EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
@@ -173,7 +174,7 @@ def test_structural_tags_are_refused_for_a_non_xgrammar_server() -> None:
 def test_an_upstream_body_that_is_not_a_json_object_is_engine_unavailable(raw: bytes) -> None:
     """What a broken proxy in front of vLLM may send: a 503 naming the engine, not a 500."""
     with pytest.raises(EngineUnavailable, match="the vLLM server sent"):
-        _json(raw)
+        json_object(raw)
 
 
 def test_a_server_that_trickles_its_answer_is_cut_off_at_the_request_deadline() -> None:
@@ -210,10 +211,10 @@ def test_a_server_that_trickles_its_answer_is_cut_off_at_the_request_deadline() 
 
 def test_a_server_fault_reaches_the_client_as_its_status_only() -> None:
     """The body of a 500 can hold the server's traceback and paths: not for agents."""
-    error = _status_error(500, b'{"error": {"message": "Traceback ... /srv/vllm/engine.py"}}')
+    error = status_error(500, b'{"error": {"message": "Traceback ... /srv/vllm/engine.py"}}')
     assert isinstance(error, EngineUnavailable)
     assert str(error) == "the vLLM server answered 500"
-    assert isinstance(_status_error(400, b'{"error": {"message": "bad n"}}'), EngineRejected)
+    assert isinstance(status_error(400, b'{"error": {"message": "bad n"}}'), EngineRejected)
 
 
 # ---------------------------------------------------------------- odd upstream answers
@@ -409,7 +410,7 @@ def test_vllms_error_message_is_bounded_before_it_reaches_the_agent() -> None:
         json.dumps({"message": long}),
         long,
     ):
-        error = _status_error(400, raw.encode())
+        error = status_error(400, raw.encode())
         assert isinstance(error, EngineRejected) and len(error.message) == 2000
 
 
