@@ -207,25 +207,23 @@ def ends_in_v1(url: str) -> bool:
 
 
 def _error_message(raw: bytes) -> str:
-    """vLLM's own words, at most MAX_MESSAGE_CHARS of them: they reach the agent."""
-    return _full_error_message(raw)[:MAX_MESSAGE_CHARS]
-
-
-def _full_error_message(raw: bytes) -> str:
-    """``{"error": {"message": ...}}`` (or FastAPI's ``{"detail": ...}``), else the body."""
+    """vLLM's own words (``{"error": {"message": ...}}``, FastAPI's ``{"detail": ...}``, else
+    the body), at most MAX_MESSAGE_CHARS of them: they reach the agent."""
     try:
         data = json.loads(raw)
     except ValueError:
-        return raw.decode(errors="replace").strip() or "(empty body)"
-    if isinstance(data, dict):
-        error = data.get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-        if data.get("detail"):
-            return str(data["detail"])
-        if isinstance(data.get("message"), str):
-            return data["message"]
-    return json.dumps(data)
+        return (raw.decode(errors="replace").strip() or "(empty body)")[:MAX_MESSAGE_CHARS]
+    said = data if isinstance(data, dict) else {}
+    error = said.get("error")
+    if isinstance(error, dict) and error.get("message"):
+        message = str(error["message"])
+    elif said.get("detail"):
+        message = str(said["detail"])
+    elif isinstance(said.get("message"), str):
+        message = said["message"]
+    else:
+        message = json.dumps(data)
+    return message[:MAX_MESSAGE_CHARS]
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
