@@ -10,11 +10,15 @@ so local `$ref`s resolve as they did when the call was generated.
 
 Validation uses jsonschema-rs (compiled once per schema, about 60x faster per call than the
 pure-Python jsonschema, which dominated offline verification), strictly offline: a `$ref`
-to anything outside the bound schema is an error, never a network fetch.
+to anything outside the bound schema is an error, never a network fetch. Every bound schema
+is read as Draft 2020-12, as the gateway read it when it enforced and checked the call: its
+`$schema` chooses nothing (a URL there was fetched, and one that never answered or named no
+metaschema failed the chain at that receipt for good).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -26,6 +30,20 @@ from receipts.lru import Lru
 
 SchemaSource = Mapping[str, Mapping[str, Any]] | Callable[[str], Mapping[str, Any] | None]
 SCHEMA_MEMO = 256  # distinct bound schemas whose verdict and validators a binding remembers
+
+
+@functools.cache
+def _metaschema() -> jsonschema_rs.Validator:
+    """Draft 2020-12's metaschema from jsonschema-rs's own copy (runtime.schema_check's too)."""
+    return jsonschema_rs.Draft202012Validator(
+        {"$ref": "https://json-schema.org/draft/2020-12/schema"}, offline=True
+    )
+
+
+def _as_2020_12(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema without the root's `$schema`, which validator_map_for would follow: its
+    default draft is 2020-12."""
+    return {key: value for key, value in schema.items() if key != "$schema"}
 
 
 def tool_pointers(schema: Mapping[str, Any]) -> dict[str, str]:
@@ -116,8 +134,8 @@ class SchemaBinding:
         if actual != bound:
             return _Bound(f"the stored schema {bound} hashes to {actual} (edited)")
         try:
-            jsonschema_rs.meta.validate(schema)
-            compiled = jsonschema_rs.validator_map_for(schema, offline=True)
+            _metaschema().validate(schema)
+            compiled = jsonschema_rs.validator_map_for(_as_2020_12(schema), offline=True)
         except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
             reason = getattr(exc, "message", None) or str(exc).splitlines()[0]
             return _Bound(f"the bound schema {bound} is not a valid JSON schema: {reason}")

@@ -429,6 +429,37 @@ def test_binding_never_fetches_a_remote_ref() -> None:
     assert "Retrieval is disabled" in reason
 
 
+def test_binding_reads_every_schema_as_2020_12_whatever_its_dollar_schema_says() -> None:
+    """A response_format schema keeps its `$schema`; the verifier followed it: a URL an agent
+    chose was fetched by every verifier, and the chain failed at that receipt for good (the
+    URL named no metaschema it knew). Now it is read as the gateway read it, offline."""
+    import socket
+
+    from receipts.binding import SchemaBinding
+    from receipts.manifest import schema_hash
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        meta = f"http://127.0.0.1:{listener.getsockname()[1]}/meta"
+        for declared in (meta, "http://json-schema.org/draft-07/schema#", "file:///etc/hosts"):
+            params = {"type": "object", "properties": {"a": {"type": "integer"}}}
+            branch = {"properties": {"tool": {"const": "f"}, "arguments": params}}
+            bound = {"$schema": declared, "anyOf": [branch]}
+            binding = SchemaBinding({schema_hash(bound): bound})
+            call = {"id": "call_" + "0" * 24, "name": "f", "arguments": {"a": 1}}
+            manifest = {"schema_hash": schema_hash(bound)}
+            assert binding.problem(manifest, {"tool_calls": [call]}, {"valid": True}) is None
+            wrong = {**call, "arguments": {"a": "x"}}
+            reason = SchemaBinding({schema_hash(bound): bound}).problem(
+                manifest, {"tool_calls": [wrong]}, {"valid": True}
+            )
+            assert reason is not None and "do not validate" in reason, (declared, reason)
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody called
+
+
 def test_binding_names_a_subschema_it_cannot_compile_and_survives_deep_values() -> None:
     """A Python-only pattern (not ECMA-262) is reported where it is, not as a missing tool;
     arguments nested deeper than the validator reports still fail with a reason."""
