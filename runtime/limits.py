@@ -18,7 +18,7 @@ from runtime.constraint import Constraint, to_lark
 from runtime.errors import ConstraintTooComplex, InvalidRegex
 from runtime.grammar_lex import grammar_depth, grammar_repeat_copies, lex_grammar
 from runtime.redos import ambiguous_repeat
-from runtime.regex_features import ambiguous_class, regex_nodes, repeated_copies
+from runtime.regex_features import ambiguous_class, group_depth, regex_nodes, repeated_copies
 from runtime.schema_walk import schema_depth, schema_patterns
 from runtime.unicode_properties import python_form
 
@@ -144,6 +144,11 @@ def check_tool_count(count: int, limits: Limits = DEFAULT_LIMITS) -> None:
         raise ConstraintTooComplex(f"{count} tools; max_tools is {limits.max_tools}", param="tools")
 
 
+# The regex module, which checks outputs, recurses per group: 200 nested groups overflowed
+# Python's stack there (a 500, after the model had run). No real pattern nests 32 deep.
+MAX_REGEX_GROUP_DEPTH = 32
+
+
 def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "regex") -> None:
     """Reject long patterns, huge counted repetitions and nested quantifiers. The DFA-based
     backends do not backtrack, but counted repetitions and nested stars blow up their
@@ -152,6 +157,12 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
     if len(pattern) > limits.max_regex_length:
         raise ConstraintTooComplex(
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
+            param=param,
+        )
+    if group_depth(pattern) > MAX_REGEX_GROUP_DEPTH:
+        raise ConstraintTooComplex(
+            f"regex {pattern[:80]!r} nests groups {group_depth(pattern)} deep; at most"
+            f" {MAX_REGEX_GROUP_DEPTH} are read",
             param=param,
         )
     ambiguous = ambiguous_class(pattern)

@@ -132,6 +132,32 @@ def ambiguous_class(pattern: str) -> str | None:
     return None
 
 
+def group_depth(pattern: str) -> int:
+    """How deeply ``pattern``'s groups nest: parentheses outside character classes, escapes
+    skipped (a malformed pattern gets a number all the same; its parse says what is wrong)."""
+    depth = deepest = i = 0
+    in_class = False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = ch != "]"
+        elif ch == "[":
+            in_class = True
+            i += 1 + pattern.startswith("^", i + 1)
+            i += pattern.startswith("]", i)  # a "]" first is the character
+            continue
+        elif ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
 def regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
     """Every node of Python's parse of ``pattern``, nested ones too, as (opcode, argument,
     copies): how many times the counted repetitions around the node repeat it. Nothing when

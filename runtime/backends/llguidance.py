@@ -27,10 +27,12 @@ from runtime.backends.base import (
     special_tokens,
 )
 from runtime.constraint import STRICT_JSON_OPTIONS, Constraint, to_lark
-from runtime.errors import BackendCannotCompile
+from runtime.errors import BackendCannotCompile, ConstraintTooComplex, RuntimeInputError
 from runtime.grammar_lex import with_json_options
 
-_RESOURCE_LIMIT = re.compile(r"too many|\blimit\b", re.IGNORECASE)
+# llguidance's words for its resource limits: parser items and expressions while decoding;
+# lexer fuel, lexer states and grammar size while compiling.
+_RESOURCE_LIMIT = re.compile(r"too many|too big|too large|\bfuel\b|\blimits?\b", re.IGNORECASE)
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -65,6 +67,21 @@ class LLGuidanceMatcher(GrammarMatcher):
         return error[:300] if _RESOURCE_LIMIT.search(error) else None
 
 
+def _refusal(error: str, constraint: Constraint) -> RuntimeInputError:
+    """Why llguidance does not compile ``constraint``. A feature it lacks: the chain's next
+    backend may have it. Its fuel or size limits: a 400, never handed on, since they bound
+    what a compile may cost and the others have no such bound (xgrammar took 6 s, and more
+    under load, for the 999 characters of `.*` x 499 + `b` that llguidance refused in 30 ms)."""
+    error = error.strip()
+    if _RESOURCE_LIMIT.search(error):
+        return ConstraintTooComplex(
+            f"the {constraint.param} is too costly to compile (llguidance: {error[:300]});"
+            " simplify it (fewer unbounded repetitions such as `.*` side by side)",
+            param=constraint.param,
+        )
+    return BackendCannotCompile(f"llguidance: {error}")
+
+
 class LLGuidanceBackend(GrammarBackend):
     name = "llguidance"
     exact_one_of = True  # it refuses a oneOf it cannot prove disjoint itself
@@ -89,12 +106,12 @@ class LLGuidanceBackend(GrammarBackend):
             grammar, self._lltok
         )
         if is_error:  # an unsatisfiable schema never gets here: validate_constraint refuses it
-            raise BackendCannotCompile(f"llguidance: {messages[0].strip()}")
+            raise _refusal(messages[0], constraint)
         if messages:  # warnings name ignored schema keywords: output could break the schema
             raise BackendCannotCompile("llguidance: " + "; ".join(m.strip() for m in messages))
         template = llguidance.LLMatcher(self._lltok, grammar, log_level=0)
         if template.is_error():
-            raise BackendCannotCompile(f"llguidance: {template.get_error()}")
+            raise _refusal(template.get_error(), constraint)
         return CompiledGrammar(
             self.name,
             constraint,

@@ -11,7 +11,12 @@ from grammar_testkit import matches, smol_tokenizer
 from runtime.backends import BackendChain, available_backends, backend_order, make_backend
 from runtime.backends.base import allocate_bitmask, bitmask_to_bool
 from runtime.constraint import Constraint
-from runtime.errors import BackendCannotCompile, EngineConfigError, InvalidGrammar
+from runtime.errors import (
+    BackendCannotCompile,
+    ConstraintTooComplex,
+    EngineConfigError,
+    InvalidGrammar,
+)
 from runtime.schema_keywords import overlapping_one_of, schema_keywords
 
 BACKENDS = available_backends()
@@ -543,3 +548,20 @@ def test_xgrammar_enforces_multiple_of_on_whole_integer_steps():
         Constraint.json_schema({"type": "integer", "multipleOf": 5})
     )
     assert matches(compiled.matcher(), "10") and not matches(compiled.matcher(), "7")
+
+
+def test_a_constraint_past_llguidances_compile_bounds_is_refused_not_handed_on():
+    """llguidance's lexer fuel bounds what a compile may cost; xgrammar, next in the chain,
+    has no bound and took 6 s (13 s under load) for this 999-character regex, on each new
+    text. A feature llguidance lacks still falls through (possessive quantifiers aside, a
+    format xgrammar enforces: the backend tests above)."""
+    chain = BackendChain(smol_tokenizer())
+    for constraint in (
+        Constraint.regex(".*" * 499 + "b"),
+        Constraint.json_schema({"type": "string", "pattern": ".*" * 499 + "b"}),
+    ):
+        started = time.perf_counter()
+        with pytest.raises(ConstraintTooComplex, match="too costly to compile") as info:
+            chain.compile(constraint)
+        assert time.perf_counter() - started < 3.0
+        assert info.value.status == 400 and info.value.param == constraint.param

@@ -113,3 +113,14 @@ def test_a_chain_of_defs_written_last_first_is_measured_whole() -> None:
     assert schema_depth(schema) > n
     with pytest.raises(ConstraintTooComplex, match="max_schema_depth"):
         check_constraint(Constraint.json_schema(schema))
+
+
+def test_groups_nested_past_the_depth_the_output_check_reads_are_refused() -> None:
+    """The regex module that checks a regex output recursed once per group: 200 nested
+    groups overflowed the stack after the model had run (a 500). Parentheses inside a
+    character class or escaped are characters, not groups."""
+    deep = "(?:" * 33 + "a" + ")" * 33
+    with pytest.raises(ConstraintTooComplex, match="nests groups 33 deep"):
+        check_regex(deep)
+    check_regex("(?:" * 32 + "a" + ")" * 32)
+    check_regex("[(]" * 40 + r"\(" * 40 + "[^]((((]" + "(a)")
