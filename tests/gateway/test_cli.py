@@ -313,6 +313,10 @@ def test_a_database_password_is_never_shown(tmp_path: Path) -> None:
         assert done.returncode == 3 and "s3cret" not in done.stderr, done.stderr
         said.append(done.stderr)
     assert "ledger at postgresql+psycopg://auditor:***@127.0.0.1:1/ledger" in said[0], said
+    in_query = "postgresql+psycopg://auditor@127.0.0.1:1/ledger?sslmode=disable&PassWord=s3cret"
+    done = callproof("ledger", "migrate", "--db", in_query, data_dir=tmp_path)
+    assert done.returncode == 3 and "s3cret" not in done.stderr, done.stderr
+    assert "ledger?sslmode=disable&PassWord=***" in done.stderr, done.stderr
 
 
 @pytest.mark.model
