@@ -131,7 +131,7 @@ def require_role(role: Role, *, strict_query: bool = False) -> Guard:
 
     async def guard(connection: ASGIConnection, _: BaseRouteHandler) -> None:
         authenticator: Authenticator = connection.app.state.authenticator
-        key = await authenticator.authenticate(connection.headers.get("authorization"))
+        key = await authenticator.authenticate(_authorization(connection))
         if key.role != role:
             raise APIError(
                 403,
@@ -144,6 +144,19 @@ def require_role(role: Role, *, strict_query: bool = False) -> Guard:
         connection.scope["auth"] = key  # where Litestar keeps it: `request.auth`
 
     return guard
+
+
+def _authorization(connection: ASGIConnection) -> str | None:
+    """The one Authorization header. Two are refused: a proxy that reads the first and a
+    server that reads the last would each act for a different caller."""
+    sent = connection.headers.getall("authorization", [])
+    if len(sent) > 1:
+        raise APIError(
+            401,
+            f"{len(sent)} Authorization headers: send one, Authorization: Bearer cp_...",
+            code="invalid_api_key",
+        )
+    return sent[0] if sent else None
 
 
 def current_principal(request: Request) -> ApiKey:

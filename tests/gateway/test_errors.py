@@ -732,6 +732,19 @@ def test_missing_and_bad_keys_are_401(gateway: Any) -> None:
         openai.OpenAI(base_url=gateway.url + "/v1", api_key="cp_wrong", max_retries=0).models.list()
 
 
+def test_two_authorization_headers_are_401_whichever_comes_first(gateway: Any) -> None:
+    """The first was used without a word: a proxy reading the last header would have
+    checked another caller than the one the gateway acted for."""
+    keys = [f"Bearer {gateway.secrets[role]}" for role in ("agent", "auditor")]
+    with gateway.http(None) as client:
+        for pair in (keys, keys[::-1], keys[:1] * 2):
+            headers = [("Authorization", value) for value in pair]
+            response = client.get("/v1/models", headers=headers)
+            err = error_of(response, 401)
+            assert err["code"] == "invalid_api_key" and "2 Authorization headers" in err["message"]
+        assert client.get("/v1/models", headers={"Authorization": keys[0]}).status_code == 200
+
+
 @pytest.mark.parametrize("role", ["auditor", "admin"])
 def test_non_agent_keys_cannot_call_v1(gateway: Any, role: str) -> None:
     err = error_of(post_chat(gateway, role=role), 403)
