@@ -270,6 +270,9 @@ class ChainLinker:
         while self.saved and (last, self.saved[0]["tree_size"]) in self._consistency:
             self._check_consistent(self.saved.pop(0), last)
         if self.saved:
+            # Its chain and signature first: a forged or foreign checkpoint's size claims
+            # nothing, and "truncated" would blame the ledger for it.
+            self._check_trusted(self.saved[0], "saved checkpoint")
             size = self.saved[0]["tree_size"]
             raise VerificationError(
                 f"a saved checkpoint covers {size} receipts but only {self.next_seq - 1} are"

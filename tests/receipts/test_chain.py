@@ -215,6 +215,13 @@ def test_checkpoints_the_verifier_saved_are_each_checked(chain, ring, signer) ->
     assert report.first_failure_seq == 7 and "truncated since it was saved" in report.reason
     other = make_checkpoint("globex", 4, saved[0]["root_hash"], signer)
     assert "for chain 'globex'" in verify(chain, ring, saved=[other]).reason
+    # Past the chain's end, a checkpoint's size is believed only once it is the chain's own
+    # and signed: "truncated" blamed the ledger for another tenant's or a forged checkpoint.
+    beyond = make_checkpoint("globex", 999, saved[0]["root_hash"], signer)
+    assert "for chain 'globex'" in verify(chain, ring, saved=[beyond]).reason
+    forged = {**make_checkpoint("acme", 999, saved[0]["root_hash"], signer), "signature": "AA=="}
+    reason = verify(chain, ring, saved=[forged]).reason
+    assert "saved checkpoint at tree size 999" in reason and "truncated" not in reason, reason
 
 
 def test_rewritten_history_does_not_match_the_checkpoint(chain, ring, signer) -> None:
