@@ -41,11 +41,11 @@ from receipts.chain import (
     saved_checkpoints_note,
 )
 from receipts.errors import (
-    BundleError,
     CanonicalizationError,
     ReceiptFormatError,
     SigningKeyError,
     VerificationError,
+    VerifierInputError,
 )
 from receipts.manifest import is_hex64
 from receipts.merkle import leaf_hash
@@ -92,13 +92,13 @@ def verify_bundle(
     `chain`: the chain the verifier expects; a bundle of any other (a look-alike name
     included) fails.
 
-    Raises BundleError when `path` is not a file or `pinned` holds no usable key (and
+    Raises VerifierInputError when `path` is not a file or `pinned` holds no usable key (and
     SigningKeyError for a PEM block that is not an Ed25519 public key); everything wrong with
     the bundle itself is a failed report.
     """
     path = Path(path)
     if not path.is_file():
-        raise BundleError(f"no bundle at {path}")
+        raise VerifierInputError(f"no bundle at {path}")
     try:
         contents = BundleContents(path)
     except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
@@ -128,7 +128,7 @@ def _failed(exc: Exception) -> VerificationReport:
     traceback is no verdict), as a bug of callproof, with the traceback in the log."""
     if isinstance(exc, VerificationError):
         return VerificationReport.failed(exc.reason, seq=exc.seq)
-    if isinstance(exc, (BundleError, SigningKeyError)) or not CONTAIN_UNEXPECTED:
+    if isinstance(exc, (VerifierInputError, SigningKeyError)) or not CONTAIN_UNEXPECTED:
         raise exc
     log.error("verifying a bundle failed unexpectedly", exc_info=exc)
     return VerificationReport.failed(

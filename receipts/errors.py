@@ -73,5 +73,7 @@ class BundleTooLarge(ReceiptsError):
     many distinct schemas, or too many bytes of them): the caller asks for a shorter range."""
 
 
-class BundleError(ReceiptsError):
-    """An export bundle cannot be read at all (missing file, not a tar.gz, unsafe member)."""
+class VerifierInputError(ReceiptsError):
+    """A verifier's own input is unusable, so there is nothing to verify (exit 2): no file at
+    the bundle's path, pinned keys that hold no public key, a file that is not even gzip.
+    What is wrong inside a bundle (not a tar.gz, an unsafe member) is a failed report."""

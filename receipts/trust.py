@@ -1,5 +1,5 @@
-"""Which keys a verifier trusts: the keys it pins (--public-key) or, unpinned, the keys the
-evidence carries; and the note a report gives saying on what authority it passed."""
+"""Which keys a verifier trusts: the keys it pins or, unpinned, the keys the evidence
+carries; and the note a report gives saying on what authority it passed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from receipts.errors import BundleError, ReceiptsError, VerificationError
+from receipts.errors import ReceiptsError, VerificationError, VerifierInputError
 from receipts.signing import KeyRing
 
 
@@ -20,11 +20,13 @@ def pinned_keys(pinned: str | bytes) -> KeyRing:
         try:
             return KeyRing.from_public_keys(json.loads(text))
         except (ValueError, ReceiptsError) as exc:
-            raise BundleError(f"--public-key is not the JSON of GET /audit/keys: {exc}") from None
+            raise VerifierInputError(
+                f"the pinned keys are not the JSON of GET /audit/keys: {exc}"
+            ) from None
     blocks = re.findall(r"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
     if not blocks:
-        raise BundleError(
-            "--public-key holds no PEM public key (nor the JSON list of GET /audit/keys)"
+        raise VerifierInputError(
+            "the pinned keys hold no PEM public key (nor the JSON list of GET /audit/keys)"
         )
     ring = KeyRing()
     for block in blocks:

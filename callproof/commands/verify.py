@@ -82,12 +82,12 @@ def _check_gzip(bundle: Path) -> None:
     """A file that is not even gzip (keys.json given as the bundle) is a mistake on the
     command line, exit 2; an archive that fails its checks is a failed verification, exit 1.
     A missing file is left to verify_bundle, which says so."""
-    from receipts.errors import BundleError
+    from receipts.errors import VerifierInputError
 
     if bundle.is_file():
         with bundle.open("rb") as file:
             if file.read(2) != b"\x1f\x8b":
-                raise BundleError(f"{bundle} is not an export bundle (a .tar.gz archive)")
+                raise VerifierInputError(f"{bundle} is not an export bundle (a .tar.gz archive)")
 
 
 def saved_checkpoints(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from receipts.bundle_archive import MAX_SMALL_FILE
 from receipts.bundle_verify import verify_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
-from receipts.errors import BundleError, BundleTooLarge, ReceiptFormatError
+from receipts.errors import BundleTooLarge, ReceiptFormatError, VerifierInputError
 from receipts.manifest import schema_hash
 from receipts.merkle import MerkleTree
 from receipts.record import BODY_FIELDS, GENESIS_PREV_HASH, Receipt, entry_hash_of
@@ -650,7 +650,7 @@ def test_forged_checkpoint(bundle: Path, signer) -> None:
 
 
 def test_unreadable_and_foreign_archives(tmp_path: Path, bundle: Path) -> None:
-    with pytest.raises(BundleError):
+    with pytest.raises(VerifierInputError):
         verify_bundle(tmp_path / "nope.tar.gz")
     junk = tmp_path / "junk.tar.gz"
     junk.write_bytes(b"not a gzip file")
