@@ -518,7 +518,7 @@ class LedgerWriter:
             if all(pending.future.cancelled() for pending in by_chain[chain]):
                 continue  # nobody waits: not even a new chain's head row is made for them
             try:
-                head = self._heads[chain].kept() if kept else self._locked_head(conn, chain)
+                head = self._heads[chain].kept() if kept else self._head_for_batch(conn, chain)
             except ChainBehind as exc:  # this chain's drafts alone: the others go on
                 self._heads.pop(chain, None)  # stale: the next batch must lock and refuse it
                 write.outcomes.extend((p, exc) for p in by_chain[chain] if p.claim())
@@ -533,10 +533,11 @@ class LedgerWriter:
             write.committing = True
             self._sql.write_and_commit(cursor, tables, [head.row() for head in write.heads])
 
-    def _locked_head(self, conn: sa.Connection, chain: str) -> ChainHead:
-        """The chain's head, read under its lock; a head that moved since this writer last
-        committed it marks the chain as shared with another writer."""
-        head = self._lock_head(conn, chain)
+    def _head_for_batch(self, conn: sa.Connection, chain: str) -> ChainHead:
+        """The head a batch seals onto (`_lock_and_read_head`); a head that moved since this
+        writer last committed it marks the chain as shared with another writer, so later
+        batches lock it up front rather than seal onto the head kept in memory."""
+        head = self._lock_and_read_head(conn, chain)
         known = self._heads.get(chain)
         if known is not None and known.seq != head.seq:
             self._shared.add(chain)  # another writer extends it too: lock up front
@@ -589,8 +590,9 @@ class LedgerWriter:
             write.rows[CheckpointRow].append(_checkpoint_row(self._sign_checkpoint(head)))
         write.heads.append(head)
 
-    def _lock_head(self, conn: sa.Connection, chain: str) -> ChainHead:
-        """Lock the chain's head row (creating the chain on its first append) and read it."""
+    def _lock_and_read_head(self, conn: sa.Connection, chain: str) -> ChainHead:
+        """Lock the chain's head row (creating the chain on its first append) and read it;
+        a head below its own checkpoint or this ledger's high-water mark raises ChainBehind."""
         with closing(_cursor(conn)) as cursor:
             row = self._sql.lock_head(cursor, chain)
             if row is None:
@@ -665,7 +667,7 @@ class LedgerWriter:
         if self._file is not None:
             self._file.check()
         with transaction(self._engine, "could not commit") as conn:
-            head = self._lock_head(conn, tenant)
+            head = self._lock_and_read_head(conn, tenant)
             if head.seq == 0:
                 raise OutOfRange(f"chain {tenant!r} has no receipts to checkpoint")
             latest = queries.latest_checkpoint(conn, tenant)
@@ -685,7 +687,7 @@ class LedgerWriter:
             try:
                 conn = self._connection()
                 with self._busy(), conn.begin():
-                    head = self._lock_head(conn, chain)
+                    head = self._lock_and_read_head(conn, chain)
                     if head.key_id != self.signer.key_id:
                         # Another replica's key signed the head (a rolling restart): its
                         # checkpoints are that replica's; ours would pass our key's range.
