@@ -17,8 +17,8 @@ from typing import Literal
 
 from gateway.apikeys import KeyStore
 from gateway.settings import Settings, SettingsError
-from receipts.errors import SigningKeyError
-from receipts.identity import KeyAlreadyListed, first_signing_key
+from receipts.errors import KeyAlreadyListed, SigningKeyError
+from receipts.first_key import first_signing_key
 from receipts.ledger import Ledger
 from receipts.ledger_file import sqlite_file
 from receipts.signing import Signer, load_or_create_signer, signer_from_env

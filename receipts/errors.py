@@ -24,6 +24,14 @@ class SigningKeyError(ReceiptsError):
     """A signing or public key cannot be loaded (bad PEM, not Ed25519, unreadable file)."""
 
 
+class KeyAlreadyListed(SigningKeyError):
+    """The ledger lists signing keys already: a generated key would be a second identity."""
+
+    def __init__(self, key_ids: list[str]):
+        super().__init__(f"the ledger already lists the signing keys {', '.join(key_ids)}")
+        self.key_ids = key_ids
+
+
 class OutOfRange(ReceiptsError):
     """A request names seqs, tree sizes or times the chain does not have (an empty chain
     included): the caller's to fix, not damage and not a malformed receipt."""

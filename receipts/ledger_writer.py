@@ -69,7 +69,7 @@ from receipts.errors import (
 )
 from receipts.ledger_file import LedgerFile
 from receipts.merkle import CompactRange
-from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft, utc_now
+from receipts.record import GENESIS_PREV_HASH, Receipt, ReceiptDraft
 from receipts.seal import seal
 from receipts.signing import Signer
 from receipts.store import (
@@ -81,10 +81,10 @@ from receipts.store import (
     MerkleNodeRow,
     ReceiptRow,
     SchemaRow,
-    SigningKeyRow,
     create_engine,
     insert_ignore,
     receipt_text,
+    register_signing_key,
     short_error,
     transaction,
 )
@@ -513,7 +513,7 @@ class LedgerWriter:
         for pending in batch:
             by_chain.setdefault(pending.draft.tenant, []).append(pending)
         if not self._key_registered:
-            self._register_key(conn)
+            register_signing_key(conn, self.signer)
         for chain in sorted(by_chain):  # one lock order in every process: no deadlock
             if all(pending.future.cancelled() for pending in by_chain[chain]):
                 continue  # nobody waits: not even a new chain's head row is made for them
@@ -627,18 +627,9 @@ class LedgerWriter:
             row["checkpoint_at"],
         )
 
-    def _register_key(self, conn: sa.Connection) -> None:
-        """List this writer's key among the ledger's signing keys (if not yet there)."""
-        row = {
-            "key_id": self.signer.key_id,
-            "public_key_pem": self.signer.public_key_pem(),
-            "created_at": utc_now(),
-        }
-        _insert_ignore(conn, SigningKeyRow, [row])
-
     def _save_checkpoint_and_commit(self, conn: sa.Connection, head: ChainHead) -> dict[str, Any]:
         if head.key_id != self.signer.key_id:  # a key rotated in signs before its first receipt
-            self._register_key(conn)
+            register_signing_key(conn, self.signer)
         checkpoint = self._sign_checkpoint(head)
         with closing(_cursor(conn)) as cursor:
             self._sql.write_and_commit(

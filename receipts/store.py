@@ -28,7 +28,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from receipts.canonical import sorted_json
 from receipts.errors import LedgerUnavailable
-from receipts.record import Receipt
+from receipts.record import Receipt, utc_now
+from receipts.signing import Signer
 
 HASH = String(64)
 """A SHA-256 digest in lowercase hex."""
@@ -307,6 +308,17 @@ def receipt_text(receipt: Receipt) -> str:
     and the verifier recomputes the entry hash over its RFC 8785 form, so any edit shows.
     """
     return sorted_json(receipt.to_json_obj()).decode()
+
+
+def register_signing_key(conn: sa.Connection, signer: Signer) -> None:
+    """List ``signer``'s key among the ledger's signing keys (if not yet there): a key is
+    listed before it signs, so the ledger can hand out every key that signed it."""
+    row = {
+        "key_id": signer.key_id,
+        "public_key_pem": signer.public_key_pem(),
+        "created_at": utc_now(),
+    }
+    conn.execute(insert_ignore(SigningKeyRow.__table__, conn.dialect), [row])
 
 
 @contextmanager

@@ -13,21 +13,12 @@ from collections.abc import Callable
 
 import sqlalchemy as sa
 
-from receipts.errors import SigningKeyError
-from receipts.record import utc_now
+from receipts.errors import KeyAlreadyListed
 from receipts.signing import Signer
-from receipts.store import SigningKeyRow, create_engine, insert_ignore, transaction
+from receipts.store import SigningKeyRow, create_engine, register_signing_key, transaction
 
 # Any constant shared by every callproof process (the migrations' lock is another).
 _FIRST_KEY_LOCK = 0x63616C6C6B657931  # "callkey1"
-
-
-class KeyAlreadyListed(SigningKeyError):
-    """The ledger lists signing keys already: a generated key would be a second identity."""
-
-    def __init__(self, key_ids: list[str]):
-        super().__init__(f"the ledger already lists the signing keys {', '.join(key_ids)}")
-        self.key_ids = key_ids
 
 
 def first_signing_key(url: str, generate: Callable[[], Signer]) -> Signer:
@@ -44,12 +35,7 @@ def first_signing_key(url: str, generate: Callable[[], Signer]) -> Signer:
             if listed:
                 raise KeyAlreadyListed(listed)
             signer = generate()
-            row = {
-                "key_id": signer.key_id,
-                "public_key_pem": signer.public_key_pem(),
-                "created_at": utc_now(),
-            }
-            conn.execute(insert_ignore(SigningKeyRow.__table__, conn.dialect), [row])
+            register_signing_key(conn, signer)
         return signer
     finally:
         engine.dispose()
