@@ -8,7 +8,6 @@ receipts.chain.
 from __future__ import annotations
 
 import base64
-from datetime import datetime
 
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import manifest_hash
@@ -18,7 +17,6 @@ from receipts.record import (
     Receipt,
     ReceiptDraft,
     entry_hash_of,
-    format_timestamp,
     new_receipt_id,
     utc_now,
 )
@@ -31,7 +29,6 @@ def seal(
     seq: int,
     prev_hash: str,
     signer: Signer,
-    created_at: datetime | None = None,
     receipt_id: str | None = None,
 ) -> Receipt:
     """The receipt for `draft` at `seq` after the receipt whose entry hash is `prev_hash`."""
@@ -45,7 +42,7 @@ def seal(
         "chain": draft.tenant,
         "seq": seq,
         "prev_hash": prev_hash,
-        "created_at": utc_now() if created_at is None else format_timestamp(created_at),
+        "created_at": utc_now(),
         "tenant": draft.tenant,
         "key_id": signer.key_id,
         "manifest_hash": manifest_hash(draft.manifest),
