@@ -105,8 +105,6 @@ def verify_bundle(
         return _failed(exc)
     try:
         report = _verify_contents(contents, pinned, progress, workers, saved, chain)
-    except VerificationError as exc:
-        return VerificationReport.failed(exc.reason, seq=exc.seq)
     except Exception as exc:  # noqa: BLE001 - _failed raises what is not the bundle's fault
         return _failed(exc)
     finally:
