@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 from receipts.errors import ProofError
 
@@ -21,6 +22,7 @@ HASH_SIZE = 32
 EMPTY_ROOT = hashlib.sha256(b"").digest()  # MTH({}) (section 2.1.1)
 
 SubtreeHasher = Callable[[int, int], bytes]
+T = TypeVar("T")
 
 
 def leaf_hash(entry: bytes) -> bytes:
@@ -36,6 +38,23 @@ def node_hash(left: bytes, right: bytes) -> bytes:
 def split_point(n: int) -> int:
     """k, the largest power of two smaller than n (n > 1)."""
     return 1 << ((n - 1).bit_length() - 1)
+
+
+def fold_subtree(
+    start: int, end: int, perfect: Callable[[int, int], T], join: Callable[[T, T], T]
+) -> T:
+    """MTH(D[start:end]) as section 2.1.1 builds it, down to perfect subtrees: a range of 2^k
+    leaves aligned on 2^k is `perfect(k, start >> k)` (the node stored at level k, index
+    start >> k); any other splits at split_point, its halves `join`ed. With `join` node_hash
+    it is the hash; with list concatenation, the perfect subtrees the hash is made of."""
+    n = end - start
+    if n & (n - 1) == 0 and start % n == 0:
+        level = n.bit_length() - 1
+        return perfect(level, start >> level)
+    k = split_point(n)
+    return join(
+        fold_subtree(start, start + k, perfect, join), fold_subtree(start + k, end, perfect, join)
+    )
 
 
 class MerkleTree:
@@ -73,12 +92,7 @@ class MerkleTree:
         """MTH(D[start:end]) for 0 <= start < end <= size."""
         if not 0 <= start < end <= self.size:
             raise ValueError(f"subtree [{start}, {end}) outside a tree of size {self.size}")
-        n = end - start
-        if n & (n - 1) == 0 and start % n == 0:
-            level = n.bit_length() - 1
-            return self.levels[level][start >> level]
-        k = split_point(n)
-        return node_hash(self.subtree(start, start + k), self.subtree(start + k, end))
+        return fold_subtree(start, end, lambda level, idx: self.levels[level][idx], node_hash)
 
     def root(self, size: int | None = None) -> bytes:
         size = self.size if size is None else size

@@ -6,6 +6,7 @@ turns stored receipt JSON back into receipts; none of them writes.
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from receipts.errors import ChainDamaged, ReceiptFormatError, Stopped
-from receipts.merkle import SubtreeHasher, leaf_hash, node_hash, split_point
+from receipts.merkle import SubtreeHasher, fold_subtree, leaf_hash, node_hash
 from receipts.record import Receipt, format_timestamp
 from receipts.signing import PublicKeyEntry
 from receipts.store import (
@@ -668,25 +669,14 @@ def with_stored_tree(conn: sa.Connection, tenant: str, build: Callable[[SubtreeH
         )
 
     def subtree(start: int, end: int) -> bytes:
-        n = end - start
-        if n & (n - 1) == 0 and start % n == 0:
-            level = n.bit_length() - 1
-            return hashes[(level, start >> level)]
-        k = split_point(n)
-        return node_hash(subtree(start, start + k), subtree(start + k, end))
+        return fold_subtree(start, end, lambda level, idx: hashes[(level, idx)], node_hash)
 
     return build(subtree)
 
 
 def _pieces(start: int, end: int) -> list[tuple[int, int]]:
-    """(level, idx) of the stored perfect subtrees MTH(D[start:end]) is made of (the
-    RFC 9162 section 2.1.1 split, down to aligned powers of two)."""
-    n = end - start
-    if n & (n - 1) == 0 and start % n == 0:
-        level = n.bit_length() - 1
-        return [(level, start >> level)]
-    k = split_point(n)
-    return _pieces(start, start + k) + _pieces(start + k, end)
+    """(level, idx) of the stored perfect subtrees MTH(D[start:end]) is made of."""
+    return fold_subtree(start, end, lambda level, idx: [(level, idx)], operator.add)
 
 
 def _leaf_pieces(
