@@ -4,7 +4,7 @@
 
 The bundle is built through the real sealing path (bench.ledger's DraftFactory: tool calls
 with union schemas from runtime.union_schema, answers, linked follow-ups; receipts.chain.seal with a
-fresh Ed25519 key; the Merkle tree; a signed checkpoint; receipts.bundle.write_bundle) and
+fresh Ed25519 key; the Merkle tree; a signed checkpoint; receipts.bundle_writer.write_bundle) and
 cached under /tmp with its public key, since signing 100,000 receipts takes a while. Then
 verify_bundle runs pinned to that key: once with the default worker processes (one per CPU)
 and once in a single process, the baseline of the same run. Also measured: canonical JSON of
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import rfc8785
 
-from receipts.bundle import write_bundle
 from receipts.bundle_verify import verify_bundle
+from receipts.bundle_writer import write_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
 from receipts.merkle import MerkleTree, leaf_hash

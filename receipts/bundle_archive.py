@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from receipts.bundle import (
+from receipts.bundle_format import (
     DIRECTORIES,
     MANIFEST,
     MAX_MEMBERS,

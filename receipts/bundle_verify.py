@@ -1,4 +1,4 @@
-"""The offline verifier of export bundles (receipts.bundle has the format): file hashes,
+"""The offline verifier of export bundles (receipts.bundle_format has the format): file hashes,
 every signature by a trusted key, every chain link, the Merkle root against the signed
 checkpoint, the schema binding; the first failing seq and why.
 
@@ -20,17 +20,18 @@ from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
-from receipts.bundle import (
+from receipts.bundle_archive import BundleContents
+from receipts.bundle_format import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     MANIFEST,
+    MAX_SMALL_FILE,
     RECEIPTS,
     SMALL_FILES,
     announced,
     key_file,
     value_count_problem,
 )
-from receipts.bundle_archive import MAX_SMALL_FILE, BundleContents
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.chain import (
     ChainLinker,

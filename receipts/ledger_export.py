@@ -1,4 +1,4 @@
-"""Export of a chain's receipts as a bundle (receipts.bundle) that verifies offline."""
+"""Export of a chain's receipts as a bundle (receipts.bundle_writer) that verifies offline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import IO, Any
 import sqlalchemy as sa
 
 from receipts import queries
-from receipts.bundle import ReceiptLine, write_bundle
+from receipts.bundle_writer import ReceiptLine, write_bundle
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import compact_range

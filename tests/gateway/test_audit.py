@@ -980,14 +980,14 @@ def test_an_export_too_large_for_one_bundle_is_a_400_naming_what_to_do(
     in tests/receipts/test_ledger_export.py)."""
     import time
 
-    import receipts.bundle
+    import receipts.bundle_writer
     from receipts.bundle_verify import verify_bundle
 
     tenant = "distinct-tool-sets"
     _slow_chain(gateway, audited, tenant, 30)  # a tool union of some 14 KB each
     time.sleep(0.01)
     _slow_chain(gateway, audited, tenant, 10)
-    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", 256 << 10)
+    monkeypatch.setattr(receipts.bundle_writer, "MAX_SMALL_TOTAL", 256 << 10)
     with gateway.auditor_of(tenant) as client:
         error = error_of(client.get("/audit/export"), 400)
         assert (error["code"], error["param"]) == ("bundle_too_large", None)

@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 from receipt_samples import SCHEMAS, UNION, UNION_HASH, build_chain, draft
 
-import receipts.bundle
 import receipts.bundle_archive
+import receipts.bundle_format
 import receipts.bundle_verify
-from receipts.bundle import MANIFEST, RECEIPTS, ReceiptLine, key_file, write_bundle
-from receipts.bundle_archive import MAX_SMALL_FILE
+import receipts.bundle_writer
+from receipts.bundle_format import MANIFEST, MAX_SMALL_FILE, RECEIPTS, key_file
 from receipts.bundle_verify import verify_bundle
+from receipts.bundle_writer import ReceiptLine, write_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import make_checkpoint
 from receipts.errors import BundleTooLarge, ReceiptFormatError, VerifierInputError
@@ -296,7 +297,7 @@ def test_the_writer_keeps_within_the_bounds_a_reader_holds_a_bundle_to(
     """A chain of many distinct tool sets was exported as a bundle that `callproof verify`
     refused (past 256 MiB of schemas, or 100,000 files). The writer refuses it, before
     writing, with BundleTooLarge; the largest bundle it writes verifies under the same bound."""
-    for module in (receipts.bundle, receipts.bundle_archive):
+    for module in (receipts.bundle_writer, receipts.bundle_archive):
         monkeypatch.setattr(module, bound, limit)
     written = None
     for count in range(1, 200):
@@ -344,13 +345,13 @@ def test_the_writer_accepts_no_bundle_its_reader_refuses_even_at_the_exact_bound
     low, high = 1, 1 << 20  # the writer refuses at low, accepts at high
     while high - low > 1:
         middle = (low + high) // 2
-        monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", middle)
+        monkeypatch.setattr(receipts.bundle_writer, "MAX_SMALL_TOTAL", middle)
         try:
             write_bundle(path, chain, schemas, keys_of(signer), checkpoint)
             high = middle
         except BundleTooLarge:
             low = middle
-    monkeypatch.setattr(receipts.bundle, "MAX_SMALL_TOTAL", high)
+    monkeypatch.setattr(receipts.bundle_writer, "MAX_SMALL_TOTAL", high)
     write_bundle(path, chain, schemas, keys_of(signer), checkpoint)
     monkeypatch.setattr(receipts.bundle_archive, "MAX_SMALL_TOTAL", high)
     report = verify_bundle(path, signer.public_key_pem())
@@ -363,7 +364,7 @@ def test_a_receipt_longer_than_a_bundle_may_hold_is_refused_by_name(
     """A retained payload can make one receipt longer than a verifier reads (max_body_bytes
     has no ceiling): no range holds it, and the refusal says which receipt and why."""
     lengths = [len(ReceiptLine.of(r).text) for r in chain]
-    monkeypatch.setattr(receipts.bundle, "MAX_RECEIPT_LINE", max(lengths) - 1)
+    monkeypatch.setattr(receipts.bundle_writer, "MAX_RECEIPT_LINE", max(lengths) - 1)
     longest = lengths.index(max(lengths)) + 1
     path = tmp_path / "bundle.tar.gz"
     with pytest.raises(BundleTooLarge, match=f"receipt seq {longest} of chain 'acme' is "):
@@ -386,7 +387,7 @@ def test_a_manifest_of_many_schemas_is_encoded_in_linear_time(
         finally:
             longest[0] = max(longest[0], time.perf_counter() - started)
 
-    monkeypatch.setattr(receipts.bundle, "canonical_json", timed)
+    monkeypatch.setattr(receipts.bundle_writer, "canonical_json", timed)
     schemas = {**SCHEMAS, **distinct_schemas(60_000, 0)}
     checkpoint = whole_chain_checkpoint(chain, signer)
     write_bundle(io.BytesIO(), chain, schemas, keys_of(signer), checkpoint)
@@ -814,7 +815,9 @@ def test_the_writer_puts_no_file_or_receipt_too_dense_to_verify_in_a_bundle(
     dense = {"ab" * 32: {"enum": [0] * 2_000_000}}  # a schema no gateway's default limits take
     with pytest.raises(BundleTooLarge, match=f"schemas/{'ab' * 32}.json, which may hold 2,000,"):
         write_bundle(path, chain, {**SCHEMAS, **dense}, keys_of(signer), checkpoint)
-    monkeypatch.setattr(receipts.bundle, "MAX_JSON_VALUES", 40)  # a receipt's retained payload
+    monkeypatch.setattr(
+        receipts.bundle_format, "MAX_JSON_VALUES", 40
+    )  # a receipt's retained payload
     with pytest.raises(BundleTooLarge, match="receipt seq 1 of chain 'acme' may hold 40 JSON"):
         write_bundle(path, chain, SCHEMAS, keys_of(signer), checkpoint)
     assert not path.exists()
@@ -825,7 +828,7 @@ def test_writer_and_verifier_draw_the_json_value_bound_at_the_same_byte(
 ) -> None:
     """The rule is a count of bytes an independent verifier reproduces: 199 of `[ { , :` pass
     a bound of 200, and 200 do not, for the writer and the reader alike."""
-    monkeypatch.setattr(receipts.bundle, "MAX_JSON_VALUES", 200)
+    monkeypatch.setattr(receipts.bundle_format, "MAX_JSON_VALUES", 200)
     union = sum(map(canonical_json(UNION).count, (b"[", b"{", b",", b":")))
     # UNION's own bytes, then "," ":" "[" and k - 1 commas for k examples
     counted = {n: {**UNION, "examples": [0] * (n - union - 2)} for n in (199, 200)}

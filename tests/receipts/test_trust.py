@@ -13,8 +13,8 @@ from ledger_kit import attacker, fill, ledger, migrated
 from receipt_samples import SCHEMAS, draft
 from test_bundle import read, rewrite
 
-from receipts.bundle import write_bundle
 from receipts.bundle_verify import verify_bundle
+from receipts.bundle_writer import write_bundle
 from receipts.canonical import canonical_json
 from receipts.checkpoint import checkpoint_problem, make_checkpoint
 from receipts.merkle import MerkleTree
