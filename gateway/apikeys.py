@@ -19,8 +19,8 @@ from typing import Literal, get_args
 import sqlalchemy as sa
 
 from gateway.shapes import PRINTABLE, TENANT
-from receipts.record import format_timestamp
 from receipts.store import create_engine, short_error
+from receipts.times import format_timestamp
 
 Role = Literal["agent", "auditor", "admin"]
 ROLES: tuple[str, ...] = get_args(Role)

@@ -35,6 +35,7 @@ from receipts.errors import ChainDamaged, ReceiptFormatError
 from receipts.ledger_proofs import ConsistencyProof, InclusionProof
 from receipts.record import Receipt
 from receipts.signing import PublicKeyEntry
+from receipts.times import parse_time
 
 T = TypeVar("T")
 Timestamp = Annotated[str | None, shaped(TIME)]
@@ -46,7 +47,7 @@ def _window(since: str | None, until: str | None) -> tuple[datetime | None, date
     bounds = []
     for name, value in (("since", since), ("until", until)):
         try:
-            bounds.append(queries.parse_time(value) if value is not None else None)
+            bounds.append(parse_time(value) if value is not None else None)
         except ReceiptFormatError as exc:
             raise APIError(400, f"{name}: {exc}", code="invalid_value", param=name) from None
     start, end = bounds

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from receipts import queries, record
+from receipts import record, times
 from runtime.messages import ANSWERED_CALL_ID
 
 
@@ -43,7 +43,7 @@ PRINTABLE = Shape(
     r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]{1,200}$(?!\n)",
     "1-200 printable characters",
 )
-TIME = Shape(queries.RFC3339_TIME, queries.TIME_WORDS)
+TIME = Shape(times.RFC3339_TIME, times.TIME_WORDS)
 
 
 _MISMATCH = {

@@ -15,8 +15,9 @@ from typing import TypedDict
 from receipts.canonical import canonical_json
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import is_hex64
-from receipts.record import KEY_ID, format_timestamp, is_timestamp, utc_now
+from receipts.record import KEY_ID
 from receipts.signing import KeyRing, Signer, decode_signature
+from receipts.times import format_timestamp, is_timestamp, utc_now
 
 
 class Checkpoint(TypedDict):

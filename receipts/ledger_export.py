@@ -16,8 +16,8 @@ from receipts.bundle_writer import ReceiptLine, write_bundle
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
 from receipts.merkle import compact_range
-from receipts.queries import rfc3339
 from receipts.record import GENESIS_PREV_HASH
+from receipts.times import rfc3339
 
 
 def export_bundle(

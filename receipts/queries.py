@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import json
 import operator
-import re
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
 
 from receipts.errors import ChainDamaged, ReceiptFormatError, Stopped
 from receipts.merkle import SubtreeHasher, fold_subtree, leaf_hash, node_hash
-from receipts.record import Receipt, format_timestamp
+from receipts.record import Receipt
 from receipts.signing import PublicKeyEntry
 from receipts.store import (
     CallRow,
@@ -30,6 +29,7 @@ from receipts.store import (
     SchemaRow,
     SigningKeyRow,
 )
+from receipts.times import rfc3339
 
 MAX_PAGE = 1000
 PAGE_BYTES = 4 * 2**20
@@ -72,44 +72,6 @@ class ReceiptPage:
     next_cursor: int | None = None
     """Pass as ``after_seq`` to get the next page; None on the last page. A page ends at
     ``limit`` receipts or after the one that passes PAGE_BYTES, whichever comes first."""
-
-
-RFC3339_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$(?!\n)"
-"""A time bound as RFC 3339 writes it, with its offset (also an ECMA pattern, for OpenAPI).
-A time without one, a Unix time or a space for the T would be guessed at: an auditor in
-another time zone would get another window than they meant, and no word of it."""
-TIME_WORDS = "an RFC 3339 time with its offset, such as 2026-11-22T16:00:00Z"
-_RFC3339_TIME = re.compile(RFC3339_TIME, re.ASCII)  # \d as ECMA reads it
-_MICROSECOND = timedelta(microseconds=1)
-
-
-def parse_time(text: str) -> datetime:
-    """An RFC 3339 time with its offset, in UTC; anything else is ReceiptFormatError.
-
-    Receipts are stamped to the microsecond, so a bound written finer is the next
-    microsecond: `since` (included) and `until` (excluded) then select exactly what the
-    finer time would."""
-    found = _RFC3339_TIME.match(text)
-    if not found:
-        raise ReceiptFormatError(f"{text!r} is not {TIME_WORDS}")
-    digits = (found.group(1) or ".")[1:]
-    try:
-        moment = datetime.fromisoformat(f"{text[:19]}.{digits[:6]:0<6}{found.group(2)}")
-        moment = moment.astimezone(UTC)
-        return moment + _MICROSECOND if digits[6:].strip("0") else moment
-    except ValueError as exc:  # month 13, February 30, second 60
-        raise ReceiptFormatError(f"{text!r} is not a valid time: {exc}") from None
-    except OverflowError:  # 9999-12-31T23:59:59-23:59 is in year 10000 in UTC
-        raise ReceiptFormatError(f"{text!r} is outside years 1-9999 in UTC") from None
-
-
-def rfc3339(value: datetime | str) -> str:
-    """The fixed-width UTC form receipts store (``...T..:..:..ffffffZ``), so that a text
-    comparison in SQL is a time comparison. A string must be RFC 3339 with its offset
-    (parse_time); a naive datetime is taken as UTC."""
-    if isinstance(value, str):
-        value = parse_time(value)
-    return format_timestamp(value if value.tzinfo else value.replace(tzinfo=UTC))
 
 
 def receipt_from_body(body: str) -> Receipt:

@@ -12,13 +12,13 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import UTC, date, datetime
 from functools import cache
 from typing import Any
 
 from receipts.canonical import canonical_json, hash_json, sha256_hex
 from receipts.errors import ReceiptFormatError
 from receipts.manifest import check_manifest, is_hex64, schema_hash
+from receipts.times import is_timestamp
 
 FORMAT_VERSION = 1
 GENESIS_PREV_HASH = "0" * 64
@@ -26,12 +26,6 @@ GENESIS_PREV_HASH = "0" * 64
 RECEIPT_ID = re.compile(r"rcpt_[0-9a-f]{24}")
 CALL_ID = re.compile(r"call_[0-9a-f]{24}")
 KEY_ID = re.compile(r"ed25519:[0-9a-f]{32}")
-# RFC 3339 UTC with microseconds: ASCII digits ([0-9]; \d also takes other scripts' digits)
-# and every field in range; is_timestamp also refuses a day its month lacks (30 February).
-TIMESTAMP = re.compile(
-    r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-    r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z"
-)
 OUTPUT_KINDS = frozenset({"tool_calls", "answer", "parsed", "text"})
 # Where a receipt keeps its request itself (retention on): the JSON text of messages and
 # params in the client's member order, each checked against its digest.
@@ -46,29 +40,6 @@ CALLER_MEMBERS = {
 def new_receipt_id() -> str:
     """ "rcpt_" + 24 lowercase hex from the OS CSPRNG."""
     return "rcpt_" + secrets.token_hex(12)
-
-
-def format_timestamp(moment: datetime) -> str:
-    """RFC 3339 UTC with microseconds and a "Z" suffix, e.g. 2026-11-21T23:15:00.123456Z."""
-    if moment.tzinfo is None:
-        raise ReceiptFormatError("timestamps must be timezone-aware (UTC)")
-    moment = moment.astimezone(UTC)  # the year padded (strftime's %Y is not), so text sorts
-    return f"{moment.year:04d}{moment:-%m-%dT%H:%M:%S.%f}Z"  # as time: SQL compares it so
-
-
-def utc_now() -> str:
-    return format_timestamp(datetime.now(UTC))
-
-
-def is_timestamp(value: object) -> bool:
-    """Whether `value` is a timestamp of this format naming a real moment."""
-    if not isinstance(value, str) or not TIMESTAMP.fullmatch(value):
-        return False
-    try:  # the pattern bounds every field but the day (and year 0): the date alone is left
-        date.fromisoformat(value[:10])  # (strptime of the whole: 35x the time, every parse)
-    except ValueError:  # a day its month lacks, or year 0
-        return False
-    return True
 
 
 def _fail(path: str, want: str) -> ReceiptFormatError:

@@ -18,9 +18,9 @@ from receipts.record import (
     ReceiptDraft,
     entry_hash_of,
     new_receipt_id,
-    utc_now,
 )
 from receipts.signing import Signer
+from receipts.times import utc_now
 
 
 def seal(

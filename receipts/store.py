@@ -28,8 +28,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from receipts.canonical import sorted_json
 from receipts.errors import LedgerUnavailable
-from receipts.record import Receipt, utc_now
+from receipts.record import Receipt
 from receipts.signing import Signer
+from receipts.times import utc_now
 
 HASH = String(64)
 """A SHA-256 digest in lowercase hex."""

@@ -167,7 +167,7 @@ def _export(args: argparse.Namespace) -> int:
 def _time(text: str) -> datetime:
     """An argparse type: a bad time is a usage error (exit 2), before any database opens."""
     from receipts.errors import ReceiptFormatError
-    from receipts.queries import parse_time
+    from receipts.times import parse_time
 
     try:
         return parse_time(text)

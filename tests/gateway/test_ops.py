@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import ServerLoop, served_again
 
-from receipts.record import is_timestamp
+from receipts.times import is_timestamp
 
 pytestmark = pytest.mark.model
 
