@@ -21,7 +21,7 @@ from typing import IO, Any, Self
 
 import sqlalchemy as sa
 
-from receipts import ledger_proofs, queries
+from receipts import key_ranges, ledger_proofs, queries
 from receipts.chain import VerificationReport
 from receipts.errors import LedgerUnavailable, ReadOnlyLedger, ReceiptFormatError
 from receipts.ledger_export import export_bundle
@@ -199,7 +199,7 @@ class Ledger:
     def public_keys(self, tenant: str | None = None) -> list[PublicKeyEntry]:
         """Registered keys with the seq ranges each signed (``KeyRing.from_public_keys``)."""
         with self._reading() as conn:
-            return queries.public_keys(conn, tenant)
+            return key_ranges.public_keys(conn, tenant)
 
     def chain_keys(self, tenant: str) -> list[PublicKeyEntry]:
         """The keys an auditor pins for ``tenant``'s chain: those that signed it, with their
@@ -214,7 +214,7 @@ class Ledger:
                         ranges=[],
                     )
                 ]
-            return queries.public_keys(conn, tenant)
+            return key_ranges.public_keys(conn, tenant)
 
     def reach(self, tenant: str) -> int:
         """How far the chain reaches (queries.reach): not only the highest stored seq, so a

@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import sqlalchemy as sa
 
-from receipts import queries
+from receipts import key_ranges, queries
 from receipts.bundle_writer import ReceiptLine, write_bundle
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
@@ -84,7 +84,7 @@ def export_bundle(
                 compact_range(last, checkpoint["tree_size"], subtree),
             ),
         )
-        public_keys = queries.public_keys(conn, tenant)
+        public_keys = key_ranges.public_keys(conn, tenant)
 
     def receipts() -> Iterator[ReceiptLine]:
         """The range's rows, read anew on each call (write_bundle reads them twice)."""

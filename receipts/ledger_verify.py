@@ -14,6 +14,7 @@ from receipts import queries
 from receipts.chain import VerificationReport, saved_checkpoints_note, verify_receipts
 from receipts.checkpoint import check_checkpoint, checkpoint_problem
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptFormatError, ReceiptsError
+from receipts.key_ranges import public_keys
 from receipts.merkle import CompactRange, compact_range, consistency_proof, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
@@ -60,7 +61,7 @@ def verify_stored(
     pinned = keyring is not None
     if keyring is None:
         try:
-            keyring = KeyRing.from_public_keys(queries.public_keys(conn, tenant))
+            keyring = KeyRing.from_public_keys(public_keys(conn, tenant))
         except ReceiptsError as exc:  # a key row that lies is damage to report, not a crash
             return VerificationReport.failed(f"stored signing keys: {exc}", chain=tenant)
     checkpoint = _covering_checkpoint(conn, tenant, start, to_seq)

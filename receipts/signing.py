@@ -195,7 +195,7 @@ class PublicKeyEntry(_KeyAndRanges, total=False):
 
 def superseded_key(public_keys: list[PublicKeyEntry], key_id: str) -> dict[str, str]:
     """Chains ``key_id`` signed whose newest range another key holds (it signed since, or a
-    rotation handed it the chain: queries.public_keys), with that key: a gateway starting on
+    rotation handed it the chain: key_ranges.public_keys), with that key: a gateway starting on
     such a key is a stale replica or a rolled-back secret, and signing again reopens the old
     key's range (rotation docs: restart every replica on the new key)."""
     newest: dict[str, tuple[int, str]] = {}
