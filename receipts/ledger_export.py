@@ -15,6 +15,7 @@ from receipts import key_ranges, queries
 from receipts.bundle_writer import ReceiptLine, write_bundle
 from receipts.canonical import canonical_json, canonical_plain, loads_plain
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptsError
+from receipts.ledger_proofs import with_stored_tree
 from receipts.merkle import compact_range
 from receipts.record import GENESIS_PREV_HASH
 from receipts.times import rfc3339
@@ -76,7 +77,7 @@ def export_bundle(
                 f"receipt seq {first - 1} of chain {tenant!r} is missing:"
                 " the range cannot be tied to the chain"
             )
-        left, right = queries.with_stored_tree(
+        left, right = with_stored_tree(
             conn,
             tenant,
             lambda subtree: (

@@ -4,13 +4,17 @@ proof at any tree size reads O(log n) rows."""
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+import operator
+from collections.abc import Callable
+from typing import Any, TypedDict, TypeVar
 
 import sqlalchemy as sa
 
 from receipts import merkle, queries
 from receipts.checkpoint import Checkpoint
 from receipts.errors import ChainDamaged, OutOfRange
+from receipts.merkle import SubtreeHasher, fold_subtree, leaf_hash, node_hash
+from receipts.store import MerkleNodeRow, ReceiptRow
 
 
 class InclusionProof(TypedDict):
@@ -50,7 +54,7 @@ def inclusion_proof(
     checkpoint, tree_size = _proof_target(conn, tenant, tree_size)
     if not 1 <= seq <= tree_size:
         raise OutOfRange(f"seq {seq} is outside the tree of size {tree_size}")
-    proof, root = queries.with_stored_tree(
+    proof, root = with_stored_tree(
         conn,
         tenant,
         lambda subtree: (
@@ -81,7 +85,7 @@ def consistency_proof(
     checkpoint, size2 = _proof_target(conn, tenant, size2)
     if not 1 <= size1 <= size2:
         raise OutOfRange(f"need 1 <= size1 <= size2, got {size1} and {size2}")
-    proof, root1, root2 = queries.with_stored_tree(
+    proof, root1, root2 = with_stored_tree(
         conn,
         tenant,
         lambda subtree: (
@@ -118,3 +122,67 @@ def _proof_target(
     if not 1 <= size <= head_seq:
         raise OutOfRange(f"tree size {size} is outside chain {tenant!r} (1..{head_seq})")
     return queries.checkpoint_at(conn, tenant, size), size
+
+
+T = TypeVar("T")
+
+
+def with_stored_tree(conn: sa.Connection, tenant: str, build: Callable[[SubtreeHasher], T]) -> T:
+    """Run a receipts.merkle proof builder (``build(subtree) -> result``) on the stored tree.
+
+    A dry run records which subtrees the builder asks for; their perfect pieces (level 0:
+    entry hashes, level >= 1: merkle_nodes) are fetched in two queries; the real run folds
+    them. So a proof at a million leaves costs O(log^2 n) small row reads, not a tree rebuild.
+    """
+    asked: list[tuple[int, int]] = []
+    build(lambda start, end: asked.append((start, end)) or bytes(32))
+    wanted = {piece for span in set(asked) for piece in _pieces(*span)}
+    hashes = _leaf_pieces(conn, tenant, [idx for level, idx in wanted if level == 0])
+    hashes |= _node_pieces(conn, tenant, [piece for piece in wanted if piece[0] > 0])
+    missing = wanted - hashes.keys()
+    if missing:
+        level, idx = min(missing)
+        raise ChainDamaged(
+            f"chain {tenant!r}: stored Merkle tree lacks the subtree at level"
+            f" {level}, index {idx} (seq {idx * 2**level + 1} onwards)"
+        )
+
+    def subtree(start: int, end: int) -> bytes:
+        return fold_subtree(start, end, lambda level, idx: hashes[(level, idx)], node_hash)
+
+    return build(subtree)
+
+
+def _pieces(start: int, end: int) -> list[tuple[int, int]]:
+    """(level, idx) of the stored perfect subtrees MTH(D[start:end]) is made of."""
+    return fold_subtree(start, end, lambda level, idx: [(level, idx)], operator.add)
+
+
+def _leaf_pieces(
+    conn: sa.Connection, tenant: str, indexes: list[int]
+) -> dict[tuple[int, int], bytes]:
+    r = ReceiptRow.__table__.c
+    found: dict[tuple[int, int], bytes] = {}
+    for chunk in queries.chunks(sorted(indexes)):
+        rows = conn.execute(
+            sa.select(r.seq, r.entry_hash).where(
+                r.chain == tenant, r.seq.in_([i + 1 for i in chunk])
+            )
+        )
+        found |= {(0, row.seq - 1): leaf_hash(bytes.fromhex(row.entry_hash)) for row in rows}
+    return found
+
+
+def _node_pieces(
+    conn: sa.Connection, tenant: str, nodes: list[tuple[int, int]]
+) -> dict[tuple[int, int], bytes]:
+    m = MerkleNodeRow.__table__.c
+    found: dict[tuple[int, int], bytes] = {}
+    for chunk in queries.chunks(sorted(nodes)):
+        rows = conn.execute(
+            sa.select(m.level, m.idx, m.hash).where(
+                m.chain == tenant, sa.tuple_(m.level, m.idx).in_(chunk)
+            )
+        )
+        found |= {(row.level, row.idx): bytes(row.hash) for row in rows}
+    return found

@@ -15,6 +15,7 @@ from receipts.chain import VerificationReport, saved_checkpoints_note, verify_re
 from receipts.checkpoint import check_checkpoint, checkpoint_problem
 from receipts.errors import ChainDamaged, OutOfRange, ReceiptFormatError, ReceiptsError
 from receipts.key_ranges import public_keys
+from receipts.ledger_proofs import with_stored_tree
 from receipts.merkle import CompactRange, compact_range, consistency_proof, leaf_hash
 from receipts.record import GENESIS_PREV_HASH
 from receipts.signing import KeyRing
@@ -206,7 +207,7 @@ def _consistency_proofs(
     empty tree: it is a prefix of every tree)."""
     if not spans:
         return {}
-    return queries.with_stored_tree(
+    return with_stored_tree(
         conn,
         tenant,
         lambda subtree: {
@@ -244,7 +245,7 @@ def _range_context(
     want_right = to_seq is not None and size > end
     if start == 1 and not want_right:
         return None, None
-    return queries.with_stored_tree(
+    return with_stored_tree(
         conn,
         tenant,
         lambda subtree: (

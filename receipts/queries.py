@@ -6,16 +6,14 @@ turns stored receipt JSON back into receipts; none of them writes.
 from __future__ import annotations
 
 import json
-import operator
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import sqlalchemy as sa
 
 from receipts.errors import ChainDamaged, ReceiptFormatError, Stopped
-from receipts.merkle import SubtreeHasher, fold_subtree, leaf_hash, node_hash
 from receipts.record import Receipt
 from receipts.store import (
     CallRow,
@@ -480,70 +478,6 @@ def seq_range(
         stmt = stmt.where(r.created_at < until)
     first, last = conn.execute(stmt).one()
     return None if first is None else (first, last)
-
-
-T = TypeVar("T")
-
-
-def with_stored_tree(conn: sa.Connection, tenant: str, build: Callable[[SubtreeHasher], T]) -> T:
-    """Run a receipts.merkle proof builder (``build(subtree) -> result``) on the stored tree.
-
-    A dry run records which subtrees the builder asks for; their perfect pieces (level 0:
-    entry hashes, level >= 1: merkle_nodes) are fetched in two queries; the real run folds
-    them. So a proof at a million leaves costs O(log^2 n) small row reads, not a tree rebuild.
-    """
-    asked: list[tuple[int, int]] = []
-    build(lambda start, end: asked.append((start, end)) or bytes(32))
-    wanted = {piece for span in set(asked) for piece in _pieces(*span)}
-    hashes = _leaf_pieces(conn, tenant, [idx for level, idx in wanted if level == 0])
-    hashes |= _node_pieces(conn, tenant, [piece for piece in wanted if piece[0] > 0])
-    missing = wanted - hashes.keys()
-    if missing:
-        level, idx = min(missing)
-        raise ChainDamaged(
-            f"chain {tenant!r}: stored Merkle tree lacks the subtree at level"
-            f" {level}, index {idx} (seq {idx * 2**level + 1} onwards)"
-        )
-
-    def subtree(start: int, end: int) -> bytes:
-        return fold_subtree(start, end, lambda level, idx: hashes[(level, idx)], node_hash)
-
-    return build(subtree)
-
-
-def _pieces(start: int, end: int) -> list[tuple[int, int]]:
-    """(level, idx) of the stored perfect subtrees MTH(D[start:end]) is made of."""
-    return fold_subtree(start, end, lambda level, idx: [(level, idx)], operator.add)
-
-
-def _leaf_pieces(
-    conn: sa.Connection, tenant: str, indexes: list[int]
-) -> dict[tuple[int, int], bytes]:
-    r = ReceiptRow.__table__.c
-    found: dict[tuple[int, int], bytes] = {}
-    for chunk in chunks(sorted(indexes)):
-        rows = conn.execute(
-            sa.select(r.seq, r.entry_hash).where(
-                r.chain == tenant, r.seq.in_([i + 1 for i in chunk])
-            )
-        )
-        found |= {(0, row.seq - 1): leaf_hash(bytes.fromhex(row.entry_hash)) for row in rows}
-    return found
-
-
-def _node_pieces(
-    conn: sa.Connection, tenant: str, nodes: list[tuple[int, int]]
-) -> dict[tuple[int, int], bytes]:
-    m = MerkleNodeRow.__table__.c
-    found: dict[tuple[int, int], bytes] = {}
-    for chunk in chunks(sorted(nodes)):
-        rows = conn.execute(
-            sa.select(m.level, m.idx, m.hash).where(
-                m.chain == tenant, sa.tuple_(m.level, m.idx).in_(chunk)
-            )
-        )
-        found |= {(row.level, row.idx): bytes(row.hash) for row in rows}
-    return found
 
 
 def chunks(items: list[Any], size: int = 400) -> Iterator[list[Any]]:
