@@ -114,7 +114,7 @@ def _proof_target(
         checkpoint = queries.latest_checkpoint(conn, tenant)
         if checkpoint is not None:
             return checkpoint, checkpoint["tree_size"]
-    head = queries.chain_head(conn, tenant)
+    head = queries.head_row(conn, tenant)
     head_seq = head.head_seq if head else 0
     size = head_seq if tree_size is None else tree_size
     if head_seq == 0:

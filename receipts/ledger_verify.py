@@ -49,7 +49,7 @@ def verify_stored(
     ``should_stop`` is asked between receipts; when it says so, Stopped is raised. A range
     that is reversed or ends past the chain's reach (queries.reach) raises OutOfRange.
     """
-    head = queries.chain_head(conn, tenant)
+    head = queries.head_row(conn, tenant)
     head_seq = head.head_seq if head else 0
     last = queries.last_seq(conn, tenant)
     reach = max(head_seq, last)  # queries.reach, from the two parts the tail checks need

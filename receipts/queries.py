@@ -320,7 +320,10 @@ def bound_schemas(
         after = hashes[-1]
 
 
-def chain_head(conn: sa.Connection, tenant: str) -> ChainRow | None:
+def head_row(conn: sa.Connection, tenant: str) -> ChainRow | None:
+    """The chain's row in `chains` (head seq and hash, Merkle frontier, signing key, latest
+    checkpoint's size and time), or None before its first append; not to be confused with
+    receipts.chain_head.ChainHead, the writer's in-memory copy of that row."""
     return conn.execute(sa.select(ChainRow).where(ChainRow.chain == tenant)).first()
 
 
@@ -441,7 +444,7 @@ def merkle_nodes_ending(
 def reach(conn: sa.Connection, tenant: str) -> int:
     """How far the chain reaches (0: no chain yet): its head row's seq, or a higher stored
     receipt's. Deleting a receipt moves neither, so a range check on this cannot hide one."""
-    head = chain_head(conn, tenant)
+    head = head_row(conn, tenant)
     return max(head.head_seq if head else 0, last_seq(conn, tenant))
 
 
