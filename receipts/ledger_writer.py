@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import select
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -88,11 +87,11 @@ from receipts.store import (
     short_error,
     transaction,
 )
+from receipts.writer_connection import WriterConnection, driver_cursor, link_broke
 
 log = logging.getLogger("receipts.ledger")
 
 _STOP = object()
-IDLE_PING_S = 1.0  # the writer pings its connection before using it after this long idle
 
 
 @dataclass(eq=False)
@@ -155,9 +154,12 @@ class LedgerWriter:
         self._sql = AppendSQL(self._engine.dialect)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # The writer thread's own state:
-        self._conn: sa.Connection | None = None
-        self._conn_used_at = 0.0
         self._heads: dict[str, ChainHead] = {}  # as this writer last committed them
+        # a dropped connection drops the heads kept on it: whatever made it go may have
+        # moved the chains back, and a kept head would seal past a gap no primary key notices
+        self._link = WriterConnection(
+            self._engine, self._sql.dbapi_errors, file, on_drop=self._heads.clear
+        )
         # chain -> the highest head (seq, entry hash) seen committed on it, never dropped: a
         # head found below it, or at its seq with another hash, means the database went
         # back in time under this ledger
@@ -230,7 +232,7 @@ class LedgerWriter:
                 thread.join()
                 self._checkpoint_quiet_chains(closing=True)
         finally:
-            self._drop_connection()
+            self._link.drop()
             self._engine.dispose()
 
     def _run(self) -> None:
@@ -288,7 +290,7 @@ class LedgerWriter:
         conn: sa.Connection | None = None
         write = _BatchWrite()
         try:
-            conn = self._connection()  # first: a replaced connection drops the kept heads
+            conn = self._link.get()  # first: a replaced connection drops the kept heads
             kept = chains <= self._heads.keys() and chains.isdisjoint(self._shared)
             try:
                 with conn.begin():
@@ -307,7 +309,7 @@ class LedgerWriter:
             return
         except (SQLAlchemyError, self._sql.dbapi_errors) as exc:
             error = LedgerUnavailable(f"the ledger database could not commit: {short_error(exc)}")
-            if write.committing and _link_broke(conn):
+            if write.committing and link_broke(conn):
                 self._doubt(batch, write, error, exc)
             else:
                 log.warning(
@@ -397,9 +399,9 @@ class LedgerWriter:
         if not self._doubts:
             return
         try:
-            conn = self._connection()
+            conn = self._link.get()
             with self._busy(), conn.begin():
-                with closing(_cursor(conn)) as cursor:
+                with closing(driver_cursor(conn)) as cursor:
                     for chain in sorted({receipt.chain for _, receipt, _ in self._doubts}):
                         self._sql.lock_head(cursor, chain)
                 stored = [
@@ -407,7 +409,7 @@ class LedgerWriter:
                     for _, receipt, _ in self._doubts
                 ]
         except (SQLAlchemyError, self._sql.dbapi_errors, LedgerUnavailable) as exc:
-            self._drop_connection()
+            self._link.drop()
             if not last_try:
                 return
             for pending, receipt, error in self._doubts:
@@ -443,13 +445,13 @@ class LedgerWriter:
         if time.monotonic() < self._unsigned_scan_at:
             return
         try:
-            conn = self._connection()
+            conn = self._link.get()
             with self._busy(), conn.begin():
                 found = queries.unsigned_chains(conn, self.signer.key_id)
         except (SQLAlchemyError, self._sql.dbapi_errors, LedgerUnavailable) as exc:
             # appends say what is wrong with the database; the next tick asks again
             log.debug("chains left unsigned could not be looked up: %s", short_error(exc))
-            self._drop_connection()
+            self._link.drop()
             return
         for chain, checkpoint_at in found.items():
             due = checkpoint_at / 1000 + self.checkpoint_interval_s
@@ -459,44 +461,10 @@ class LedgerWriter:
     def _fail(self, batch: list[_Pending], error: Exception) -> None:
         """Refuse the whole batch. Whether its transaction committed may be unknown (the
         connection broke during COMMIT), so the kept heads and the connection go too."""
-        self._drop_connection()
+        self._link.drop()
         for pending in batch:
             if pending.claim():  # a cancelled future would refuse it, killing this thread
                 pending.future.set_exception(error)
-
-    def _connection(self) -> sa.Connection:
-        """The writer's connection, held between batches: a pool checkout with its pre-ping
-        costs more than a whole append with a kept head. It is pinged first after an idle
-        spell, or at once when the server has spoken on it unasked, so a database that
-        restarted or cut its sessions meanwhile costs no failed append."""
-        if self._file is not None:  # before any connection: a new one would create it
-            self._file.check()
-        now = time.monotonic()
-        if self._conn is not None and (
-            now - self._conn_used_at > IDLE_PING_S
-            or _server_spoke(self._conn.connection.dbapi_connection, self._sql.dbapi_errors)
-        ):
-            try:
-                self._engine.dialect.do_ping(self._conn.connection.dbapi_connection)
-            except self._sql.dbapi_errors:
-                self._drop_connection()
-        if self._conn is None:
-            self._conn = self._engine.connect()
-        self._conn_used_at = now
-        return self._conn
-
-    def _drop_connection(self) -> None:
-        """Drop the connection and the heads kept on it: whatever made the connection go (a
-        restart, a failover, a restore from backup) may have moved the chains back, and a
-        kept head would seal past a gap that no primary key notices."""
-        self._heads.clear()
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                conn.invalidate()  # do not hand a possibly broken connection back to the pool
-            except (SQLAlchemyError, self._sql.dbapi_errors):
-                pass
-            conn.close()
 
     def _append_batch(
         self,
@@ -529,7 +497,7 @@ class LedgerWriter:
             refused = _refuse_duplicate_calls(conn, chain, live) if check_calls else {}
             self._seal_onto(head, live, refused, write)
         tables = {table.__table__: values for table, values in write.rows.items()}
-        with closing(_cursor(conn)) as cursor:  # nothing may follow: this commits
+        with closing(driver_cursor(conn)) as cursor:  # nothing may follow: this commits
             write.committing = True
             self._sql.write_and_commit(cursor, tables, [head.row() for head in write.heads])
 
@@ -593,7 +561,7 @@ class LedgerWriter:
     def _lock_and_read_head(self, conn: sa.Connection, chain: str) -> ChainHead:
         """Lock the chain's head row (creating the chain on its first append) and read it;
         a head below its own checkpoint or this ledger's high-water mark raises ChainBehind."""
-        with closing(_cursor(conn)) as cursor:
+        with closing(driver_cursor(conn)) as cursor:
             row = self._sql.lock_head(cursor, chain)
             if row is None:
                 _insert_ignore(
@@ -631,7 +599,7 @@ class LedgerWriter:
         if head.key_id != self.signer.key_id:  # a key rotated in signs before its first receipt
             register_signing_key(conn, self.signer)
         checkpoint = self._sign_checkpoint(head)
-        with closing(_cursor(conn)) as cursor:
+        with closing(driver_cursor(conn)) as cursor:
             self._sql.write_and_commit(
                 cursor, {CheckpointRow.__table__: [_checkpoint_row(checkpoint)]}, [head.row()]
             )
@@ -676,7 +644,7 @@ class LedgerWriter:
             if due > now and not closing:
                 continue
             try:
-                conn = self._connection()
+                conn = self._link.get()
                 with self._busy(), conn.begin():
                     head = self._lock_and_read_head(conn, chain)
                     if head.key_id != self.signer.key_id:
@@ -693,7 +661,7 @@ class LedgerWriter:
                 self._heads.pop(chain, None)
             except (SQLAlchemyError, self._sql.dbapi_errors, ReceiptsError) as exc:  # next tick
                 log.warning("checkpoint of chain %r failed: %s", chain, short_error(exc))
-                self._drop_connection()
+                self._link.drop()
 
 
 def _resolve(pending: _Pending, outcome: Receipt | Exception) -> None:
@@ -783,43 +751,6 @@ def _checkpoint_row(checkpoint: Mapping[str, Any]) -> dict[str, Any]:
         "key_id": checkpoint["key_id"],
         "body": canonical_json(checkpoint).decode(),
     }
-
-
-def _server_spoke(dbapi_connection: Any, dbapi_errors: type[Exception]) -> bool:
-    """Whether an idle client-server connection has something to read (no wait: one poll).
-
-    Between transactions a server sends nothing unasked but the notice that it is ending the
-    session (a restart, a failover, ``pg_terminate_backend``) before it closes the socket;
-    so data or EOF here means the connection is gone. SQLite has no socket: never.
-    """
-    fileno = getattr(dbapi_connection, "fileno", None)
-    if fileno is None:
-        return False
-    try:
-        if not hasattr(select, "poll"):  # Windows: select() takes sockets, and any fd number
-            return bool(select.select([fileno()], [], [], 0)[0])
-        poller = select.poll()  # unlike select(), not limited to fd numbers below 1024
-        poller.register(fileno(), select.POLLIN)
-        return bool(poller.poll(0))
-    except (OSError, ValueError, dbapi_errors):  # closed or unusable: the ping that follows tells
-        return True
-
-
-def _link_broke(conn: sa.Connection | None) -> bool:
-    """Whether the connection to the server broke (psycopg's ``broken``), so that a COMMIT
-    sent on it may have landed unseen; a server that answered with an error rolled back.
-    SQLite commits in-process: its errors are answers."""
-    if conn is None:
-        return False
-    try:
-        return conn.invalidated or bool(getattr(conn.connection.dbapi_connection, "broken", 0))
-    except SQLAlchemyError:  # closed under it
-        return True
-
-
-def _cursor(conn: sa.Connection) -> Any:
-    """A cursor of the driver's connection under `conn`, inside the same transaction."""
-    return conn.connection.dbapi_connection.cursor()
 
 
 def _insert_ignore(conn: sa.Connection, table: type, values: list[dict[str, Any]]) -> None:

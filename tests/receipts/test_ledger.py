@@ -702,7 +702,7 @@ def test_writer_notices_at_once_that_the_server_closed_its_connection(
 ) -> None:
     """A session the server cut moments ago (a failover, pg_terminate_backend) is noticed
     before the next append uses it, not by failing that append: no idle ping helps here."""
-    monkeypatch.setattr("receipts.ledger_writer.IDLE_PING_S", 3600.0)
+    monkeypatch.setattr("receipts.writer_connection.IDLE_PING_S", 3600.0)
     if not has_poll:
         monkeypatch.delattr("select.poll")
     migrated(fresh_postgres_url)
