@@ -69,13 +69,13 @@ class ReceiptPage:
     ``limit`` receipts or after the one that passes PAGE_BYTES, whichever comes first."""
 
 
-def receipt_from_body(body: str) -> Receipt:
-    """A stored receipt; one that no longer parses is damage to the chain (ChainDamaged),
-    not a fault in the request that read it."""
+def receipt_from_body(body: str, seq: int) -> Receipt:
+    """The receipt stored at ``seq``; one that no longer parses is damage to the chain
+    (ChainDamaged, naming the seq), not a fault in the request that read it."""
     try:
         return Receipt.from_json_obj(json.loads(body))
     except (ValueError, ReceiptFormatError) as exc:
-        raise ChainDamaged(f"a stored receipt is malformed ({exc})") from None
+        raise ChainDamaged(f"the receipt stored at seq {seq} is malformed ({exc})") from None
 
 
 def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
@@ -105,7 +105,7 @@ def query(conn: sa.Connection, q: ReceiptQuery) -> ReceiptPage:
     last = sizes[taken - 1].seq
     within = _filters(q, since, until, through=last)
     rows = conn.execute(sa.select(r.seq, r.body).where(*within).order_by(r.seq).limit(taken))
-    items = ((row.seq, receipt_from_body(row.body)) for row in rows)
+    items = ((row.seq, receipt_from_body(row.body, row.seq)) for row in rows)
     matching = [i for seq, i in items if _body_matches(i, seq, q, since, until)]
     return ReceiptPage(matching, last if taken < len(sizes) else None)
 
@@ -211,7 +211,7 @@ def _one(
     row = conn.execute(stmt, params).first()
     if row is None:
         return None
-    receipt = receipt_from_body(row.body)
+    receipt = receipt_from_body(row.body, row.seq)
     return receipt if _stored_as(receipt, tenant, row.seq) else None
 
 
@@ -253,7 +253,7 @@ def issuers(conn: sa.Connection, tenant: str, call_ids: Collection[str]) -> dict
     for chunk in chunks(list(dict.fromkeys(call_ids)), CALLS_PER_QUERY):
         for row in conn.execute(_ISSUED, {"tenant": tenant, "call_ids": chunk}):
             if row.seq not in issued_by:
-                receipt = receipt_from_body(row.body)
+                receipt = receipt_from_body(row.body, row.seq)
                 issued_by[row.seq] = (
                     (receipt.id, frozenset(c["id"] for c in receipt.tool_calls))
                     if _stored_as(receipt, tenant, row.seq)

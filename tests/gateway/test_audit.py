@@ -836,6 +836,21 @@ def test_a_receipt_that_does_not_verify_is_not_replayed(
     assert intact.status_code == 200, intact.text
 
 
+def test_a_stored_receipt_that_no_longer_parses_is_named_by_its_seq(
+    gateway: Any, audited: dict[str, Any], server_loop: Any, tmp_path: Path
+) -> None:
+    """The 500 said "a stored receipt is malformed" and no more: every listing page holding
+    it failed with nothing to tell the auditor where to look."""
+    tamper = 'UPDATE receipts SET body = replace(body, \'"seq":2\', \'"seq":"2"\') WHERE seq = 2'
+    with _tampered_copy(gateway, audited, server_loop, tmp_path, tamper) as (base, ids, headers):
+        listing = httpx.get(f"{base}/audit/receipts", headers=headers, timeout=60)
+        one = httpx.get(f"{base}/audit/receipts/{ids[1]}", headers=headers, timeout=60)
+    for response in (listing, one):
+        error = error_of(response, 500)
+        assert error["code"] == "chain_damaged", error
+        assert "the receipt stored at seq 2 is malformed" in error["message"], error
+
+
 def test_a_tenant_without_receipts_can_pin_the_key_that_will_sign(gateway: Any) -> None:
     secret = gateway.keys.create("auditor", "initech")[1]
     headers = {"Authorization": f"Bearer {secret}"}
