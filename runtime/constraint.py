@@ -215,6 +215,11 @@ def to_lark(grammar: str) -> str:
         return gbnf_to_lark(_GBNF_UNICODE_ESCAPE.sub(_kept_escape, grammar))
     except GbnfToLarkError as exc:
         raise ValueError(f"cannot read the GBNF grammar: {exc}") from None
+    except RecursionError:  # the converter recurses once per nested group
+        raise ValueError(
+            "cannot convert the GBNF grammar: its groups nest deeper than the converter"
+            " follows; name the inner parts as rules"
+        ) from None
     # The converter raises a bare Exception for a missing or unknown rule.
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"cannot convert the GBNF grammar: {exc}") from None

@@ -114,6 +114,14 @@ def test_a_gbnf_escape_of_no_character_is_an_invalid_grammar():
         BackendChain(smol_tokenizer()).compile(Constraint.ebnf('root ::= "\\uD83D\\uDE00"'))
 
 
+def test_a_gbnf_grammar_nested_past_the_converter_says_so_in_words():
+    """3,000 nested groups: the message was Python's "maximum recursion depth exceeded"."""
+    nested = "root ::= " + "(" * 3000 + '"a"' + ")" * 3000
+    with pytest.raises(InvalidGrammar, match="nest deeper than the converter follows") as info:
+        BackendChain(smol_tokenizer()).compile(Constraint.ebnf(nested))
+    assert "recursion" not in info.value.message
+
+
 EMBEDDED = '{"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}'
 
 
