@@ -28,9 +28,9 @@ from typing import Any
 from bench.measure import percentile
 from bench.toolsets import union_for
 from runtime.backends import BackendChain, available_backends
-from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.grammar_cache import GrammarCache
 
 
 def strip_keywords(schema: Any, keywords: frozenset[str]) -> Any:

@@ -1,6 +1,6 @@
 """Constrained decoding for transformers: grammar-masked logits, and the post-hoc fallback.
 
-``processor_of(compiled, tokenizer)`` wraps a grammar the cache compiled (runtime/cache.py)
+``processor_of(compiled, tokenizer)`` wraps a grammar the cache compiled (runtime/grammar_cache.py)
 in a ``ConstrainedLogitsProcessor`` for one generation: the embedded engine calls it from its
 decode loop, and it fits ``model.generate(logits_processor=[...])`` as well. A processor holds
 one generation's state: make a new one per generation (``compiled.matcher()`` is cheap; the

@@ -25,7 +25,6 @@ from typing import Any
 
 from runtime.backends.base import CompiledGrammar, special_tokens
 from runtime.backends.registry import BackendChain
-from runtime.cache import GrammarCache
 from runtime.constrained import post_hoc_retry_json, processor_of
 from runtime.constraint import Constraint
 from runtime.deep_stack import DeepStackExecutor
@@ -47,6 +46,7 @@ from runtime.errors import (
     EngineUnavailable,
     RuntimeInputError,
 )
+from runtime.grammar_cache import GrammarCache
 from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.model_store import ensure_bundled_model, model_digests
 from runtime.thinking import Enforcement

@@ -8,8 +8,8 @@ from typing import Any
 
 from runtime.backends.base import CompiledGrammar, GrammarMatcher
 from runtime.backends.registry import BackendChain
-from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
+from runtime.grammar_cache import GrammarCache
 
 
 @functools.cache

@@ -12,7 +12,6 @@ import pytest
 from embedded_model import run, shared_engine
 
 from runtime.backends.registry import BackendChain
-from runtime.cache import GrammarCache
 from runtime.constraint import Constraint, ConstraintKind
 from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.embedded import EmbeddedEngine
@@ -24,6 +23,7 @@ from runtime.errors import (
     RuntimeInputError,
     StructuredOutputInvalid,
 )
+from runtime.grammar_cache import GrammarCache
 from runtime.model_store import bundled_model_dir, model_digests
 
 pytestmark = pytest.mark.model

@@ -11,9 +11,9 @@ import pytest
 from grammar_testkit import matches, smol_tokenizer
 
 from runtime.backends import BackendChain
-from runtime.cache import GrammarCache
 from runtime.constraint import Constraint
 from runtime.errors import InvalidSchema
+from runtime.grammar_cache import GrammarCache
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,7 @@ import sys
 sys.path.insert(0, "tests/runtime")
 from grammar_testkit import smol_tokenizer
 from runtime.backends import BackendChain
-from runtime.cache import GrammarCache
+from runtime.grammar_cache import GrammarCache
 from runtime.constraint import Constraint
 from runtime.limits import Limits
 chain = BackendChain(smol_tokenizer(), "llguidance", Limits(max_grammar_depth=10**6))
