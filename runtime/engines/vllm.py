@@ -58,7 +58,7 @@ from runtime.thinking import Enforcement
 from runtime.urls import hide_password
 
 # How vLLM (vllm/renderers/params.py) refuses a max_tokens over the window it serves.
-_WINDOW_WORDS = "cannot be greater than max_model_len"
+_MAX_TOKENS_PAST_WINDOW = "cannot be greater than max_model_len"
 LIMITS_RETRY_S = 5.0  # how often a request asks /v1/models for the window until it answers
 # No context window comes near this; a usage figure past it (or negative, or not an integer)
 # is an upstream breaking its contract, which a receipt must not record.
@@ -305,7 +305,7 @@ class VllmEngine:
                 try:
                     response = await stack.enter_async_context(call())
                 except EngineRejected as exc:
-                    if _WINDOW_WORDS not in exc.message:
+                    if _MAX_TOKENS_PAST_WINDOW not in exc.message:
                         raise
                     await self._diagnose()
                     response = await stack.enter_async_context(call())

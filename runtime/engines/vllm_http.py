@@ -33,7 +33,7 @@ from runtime.errors import EngineRejected, EngineUnavailable, RuntimeInputError
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 # How vLLM's prompt length checks (vllm/renderers/params.py) begin their 400 message.
-_CONTEXT_WINDOW_WORDS = "This model's maximum context length is"
+_PROMPT_PAST_WINDOW = "This model's maximum context length is"
 KEEPALIVE_S = 4.0
 # How much of vLLM's own error message reaches the agent (as for a raw body).
 MAX_MESSAGE_CHARS = 2000
@@ -179,7 +179,7 @@ def status_error(
         )
     if status == 404:
         return EngineUnavailable(_not_found(message, base_url, model))
-    if status in CLIENT_FAULT_STATUSES and _CONTEXT_WINDOW_WORDS in message:
+    if status in CLIENT_FAULT_STATUSES and _PROMPT_PAST_WINDOW in message:
         # vLLM lowers max_tokens to the room left (the embedded engine does the same), so only
         # the prompt itself can be too long.
         return RuntimeInputError(message, param="messages", code="context_length_exceeded")
