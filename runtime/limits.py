@@ -55,7 +55,7 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
             if constraint.kind == "tools"
             else None
         )
-        _check_schema(constraint.source.encode(), limits, param, what)
+        _check_schema_limits(constraint.source.encode(), limits, param, what)
     elif constraint.kind == "regex":
         check_regex(constraint.source, limits)
     else:
@@ -77,7 +77,7 @@ def check_constraint(constraint: Constraint, limits: Limits = DEFAULT_LIMITS) ->
         if lark is None:
             return  # not a grammar at all: validation says why
         for text in lexed.schemas:
-            _check_schema(text, limits, param, what="%json schema in the grammar")
+            _check_schema_limits(text, limits, param, what="%json schema in the grammar")
         depth = grammar_depth(lexed)
         if depth > limits.max_grammar_depth:
             raise ConstraintTooComplex(
@@ -122,7 +122,9 @@ def _depth_of_text(text: bytes) -> int:
         return 0  # a %json block that is not JSON: validation says why
 
 
-def _check_schema(text: bytes, limits: Limits, param: str, what: str | None = None) -> None:
+def _check_schema_limits(text: bytes, limits: Limits, param: str, what: str | None = None) -> None:
+    """The size and depth bounds, then every `pattern` as a regex constraint is limited
+    (schema_check.check_schema is the other check: valid, local refs, exact)."""
     check_schema_bounds(text, limits, param, what)
     try:
         schema = msgspec.json.decode(text)
