@@ -15,7 +15,11 @@ from typing import Any, NamedTuple, Protocol
 
 from receipts.binding import SchemaBinding, SchemaSource
 from receipts.canonical import canonical_json, sha256_hex
-from receipts.checkpoint import check_checkpoint, checkpoint_problem
+from receipts.checkpoint import (
+    check_checkpoint,
+    checkpoint_problem,
+    checkpoint_signature_problem,
+)
 from receipts.errors import (
     CanonicalizationError,
     ProofError,
@@ -270,15 +274,7 @@ class ChainLinker:
         while self.saved and (last, self.saved[0]["tree_size"]) in self._consistency:
             self._check_consistent(self.saved.pop(0), last)
         if self.saved:
-            # Its chain and signature first: a forged or foreign checkpoint's size claims
-            # nothing, and "truncated" would blame the ledger for it.
-            self._check_trusted(self.saved[0], "saved checkpoint")
-            size = self.saved[0]["tree_size"]
-            raise VerificationError(
-                f"a saved checkpoint covers {size} receipts but only {self.next_seq - 1} are"
-                " present (truncated since it was saved)",
-                self.next_seq,
-            )
+            self._check_truncation(self.saved[0])
         cp = self.checkpoint
         if cp is None or self.root_checked:
             if right:
@@ -310,12 +306,37 @@ class ChainLinker:
                 f"Merkle root at tree size {self.tree.size} does not match the {what}", seq
             )
 
+    def _check_truncation(self, cp: Mapping[str, Any]) -> None:
+        """A saved checkpoint past the last receipt: the chain was cut since it was saved, if
+        the checkpoint is this chain's and its signature holds (a forged or foreign one's size
+        claims nothing). Its key may be gone with the receipts it signed: then it is named,
+        and the signature is left unchecked; its recorded turns, gone too, are not asked."""
+        self._check_chain(cp, "saved checkpoint")
+        size, known = cp["tree_size"], cp["key_id"] in self.keyring
+        problem = checkpoint_signature_problem(cp, self.keyring) if known else None
+        if problem is not None:
+            raise VerificationError(f"saved checkpoint at tree size {size}: {problem}")
+        unchecked = (
+            ""
+            if known
+            else f"; its key {cp['key_id']} is not among the keys given, so its signature is"
+            " unchecked"
+        )
+        raise VerificationError(
+            f"a saved checkpoint covers {size} receipts but only {self.next_seq - 1} are"
+            f" present (truncated since it was saved){unchecked}",
+            self.next_seq,
+        )
+
+    def _check_chain(self, cp: Mapping[str, Any], what: str) -> None:
+        if cp["chain"] != self.chain:
+            raise VerificationError(f"{what} is for chain {cp['chain']!r}, not {self.chain!r}")
+
     def _check_trusted(self, cp: Mapping[str, Any], what: str) -> None:
         """The checkpoint is of this chain and signed by a key trusted for it. The chain comes
         first: the key's turns are recorded per chain, so a checkpoint of another chain
         would otherwise read as signed by a retired key."""
-        if cp["chain"] != self.chain:
-            raise VerificationError(f"{what} is for chain {cp['chain']!r}, not {self.chain!r}")
+        self._check_chain(cp, what)
         reason = checkpoint_problem(cp, self.keyring)
         if reason:
             raise VerificationError(f"{what} at tree size {cp['tree_size']}: {reason}")

@@ -86,6 +86,21 @@ def check_checkpoint(cp: object) -> None:
 def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
     """Why `cp` cannot be trusted (malformed, unknown key, bad signature, a key outside its
     recorded ranges), or None."""
+    problem = checkpoint_signature_problem(cp, keyring)
+    if problem is not None:
+        return problem
+    assert isinstance(cp, Mapping)
+    if not keyring.allows_checkpoint(cp["key_id"], cp["chain"], cp["tree_size"]):
+        return (
+            f"checkpoint of tree size {cp['tree_size']} signed by key {cp['key_id']}, whose"
+            f" recorded turns on chain {cp['chain']!a} all end before that size (a retired key)"
+        )
+    return None
+
+
+def checkpoint_signature_problem(cp: object, keyring: KeyRing) -> str | None:
+    """Why `cp` is not a checkpoint signed by a key of `keyring` (malformed, unknown key, bad
+    signature), or None; whether the key's recorded turns cover it is checkpoint_problem's."""
     try:
         check_checkpoint(cp)
     except ReceiptFormatError as exc:
@@ -99,9 +114,4 @@ def checkpoint_problem(cp: object, keyring: KeyRing) -> str | None:
     unsigned = {k: cp[k] for k in CHECKPOINT_FIELDS if k != "signature"}
     if not keyring.verify(cp["key_id"], canonical_json(unsigned), signature):
         return "checkpoint signature does not verify"
-    if not keyring.allows_checkpoint(cp["key_id"], cp["chain"], cp["tree_size"]):
-        return (
-            f"checkpoint of tree size {cp['tree_size']} signed by key {cp['key_id']}, whose"
-            f" recorded turns on chain {cp['chain']!a} all end before that size (a retired key)"
-        )
     return None
