@@ -104,44 +104,48 @@ def ambiguous_class(pattern: str) -> str | None:
     ``regex`` (llguidance) reads a nested class or a set operation there, Python's ``re`` and
     ECMA patterns the characters themselves (``[a-z&&[^aeiou]]``: consonants to one, any of
     ``a-z&[^aeiou`` then ``]`` to the other)."""
-    i, in_class = 0, False
-    while i < len(pattern):
-        ch = pattern[i]
-        if ch == "\\":
-            i += 2
+    for i, ch, in_class in _unescaped(pattern):
+        if not in_class or ch == "]":
             continue
-        if not in_class:
-            if ch == "[":
-                in_class = True
-                i += 1 + pattern.startswith("^", i + 1)
-                i += pattern.startswith("]", i)  # a "]" first is the character
-                continue
-        elif ch == "]":
-            in_class = False
-        elif ch == "[":
+        if ch == "[":
             return (
                 f"a '[' inside a character class at {i} (a nested class to some regex"
                 " engines, the character to others): write \\[ for the character"
             )
-        elif pattern.startswith(_CLASS_OPERATORS, i):
+        if pattern.startswith(_CLASS_OPERATORS, i):
             return (
                 f"{pattern[i : i + 2]!r} inside a character class at {i} (a set operation to some"
                 f" regex engines, two characters to others): escape them, as \\{ch}\\{ch}"
             )
-        i += 1
     return None
 
 
 def group_depth(pattern: str) -> int:
     """How deeply ``pattern``'s groups nest: parentheses outside character classes, escapes
     skipped (a malformed pattern gets a number all the same; its parse says what is wrong)."""
-    depth = deepest = i = 0
-    in_class = False
+    depth = deepest = 0
+    for _, ch, in_class in _unescaped(pattern):
+        if in_class:
+            continue
+        if ch == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch == ")":
+            depth -= 1
+    return deepest
+
+
+def _unescaped(pattern: str) -> Iterator[tuple[int, str, bool]]:
+    """(position, character, inside a character class) of each character no backslash
+    escapes. A class's opening ``[`` comes as outside it, its closing ``]`` as inside; the
+    ``^`` and a first ``]`` just after the opening (characters of the class) are skipped."""
+    i, in_class = 0, False
     while i < len(pattern):
         ch = pattern[i]
         if ch == "\\":
             i += 2
             continue
+        yield i, ch, in_class
         if in_class:
             in_class = ch != "]"
         elif ch == "[":
@@ -149,13 +153,7 @@ def group_depth(pattern: str) -> int:
             i += 1 + pattern.startswith("^", i + 1)
             i += pattern.startswith("]", i)  # a "]" first is the character
             continue
-        elif ch == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch == ")":
-            depth -= 1
         i += 1
-    return deepest
 
 
 def regex_nodes(pattern: str) -> Iterator[tuple[Any, Any, int]]:
