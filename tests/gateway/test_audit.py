@@ -573,20 +573,27 @@ def test_replay_needs_the_retained_payload(gateway: Any, audited: dict[str, Any]
     assert refused.json()["error"]["code"] == "payload_not_retained"
 
 
+def _recorded_with_params(gateway: Any, audited: dict[str, Any], **params: Any) -> str:
+    """A copy of the audited receipt whose retained request has ``params`` changed (its
+    digest recomputed, so the receipt verifies): what an older release, or a laxer limit,
+    recorded."""
+    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
+    payload = original.request["payload_json"]
+    changed = {**json.loads(payload["params"]), **params}
+    request = {
+        **original.request,
+        "params_sha256": hash_json(changed),
+        "payload_json": {**payload, "params": json.dumps(changed)},
+    }
+    return _recorded_elsewhere(gateway, original.id, request=request)
+
+
 def test_replay_of_a_request_this_gateway_no_longer_accepts_is_a_409(
     gateway: Any, audited: dict[str, Any]
 ) -> None:
     """A request recorded by a release that read requests more loosely (here a named
     tool_choice without its "type", which OpenAI requires) is refused as such, not a 500."""
-    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    payload = original.request["payload_json"]
-    params = {**json.loads(payload["params"]), "tool_choice": {"function": {"name": "x"}}}
-    request = {
-        **original.request,
-        "params_sha256": hash_json(params),
-        "payload_json": {**payload, "params": json.dumps(params)},
-    }
-    receipt_id = _recorded_elsewhere(gateway, original.id, request=request)
+    receipt_id = _recorded_with_params(gateway, audited, tool_choice={"function": {"name": "x"}})
     with gateway.http("auditor") as client:
         error = error_of(client.post(f"/audit/replay/{receipt_id}", json={}), 409)
     assert error["code"] == "request_not_replayable"
@@ -598,20 +605,12 @@ def test_replay_of_a_request_past_a_limit_lowered_since_is_a_409(
 ) -> None:
     """A request recorded with more tools than max_tools allows now (the limit lowered after
     it was recorded) was a 400 `constraint_too_complex` to an auditor who sent `{}`."""
-    original = gateway.ledger.get(gateway.tenant, audited["receipt"]["id"])
-    payload = original.request["payload_json"]
     tool = TOOL["function"]
     tools = [
         {"type": "function", "function": {**tool, "name": f"{tool['name']}_{i}"}}
         for i in range(gateway.settings.max_tools + 1)
     ]
-    params = {**json.loads(payload["params"]), "tools": tools, "tool_choice": "auto"}
-    request = {
-        **original.request,
-        "params_sha256": hash_json(params),
-        "payload_json": {**payload, "params": json.dumps(params)},
-    }
-    receipt_id = _recorded_elsewhere(gateway, original.id, request=request)
+    receipt_id = _recorded_with_params(gateway, audited, tools=tools, tool_choice="auto")
     with gateway.http("auditor") as client:
         error = error_of(client.post(f"/audit/replay/{receipt_id}", json={}), 409)
     assert error["code"] == "request_not_replayable", error
