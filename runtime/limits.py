@@ -161,9 +161,9 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
             f"regex is {len(pattern)} characters; max_regex_length is {limits.max_regex_length}",
             param=param,
         )
-    if group_depth(pattern) > MAX_REGEX_GROUP_DEPTH:
+    if (depth := group_depth(pattern)) > MAX_REGEX_GROUP_DEPTH:
         raise ConstraintTooComplex(
-            f"regex {pattern[:80]!r} nests groups {group_depth(pattern)} deep; at most"
+            f"regex {pattern[:80]!r} nests groups {depth} deep; at most"
             f" {MAX_REGEX_GROUP_DEPTH} are read",
             param=param,
         )
