@@ -17,10 +17,13 @@ TIMESTAMP = re.compile(
     r"T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]\.[0-9]{6}Z"
 )
 
-RFC3339_TIME = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$(?!\n)"
+RFC3339_TIME = (
+    r"^\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d(\.\d+)?([Zz]|[+-](?:[01]\d|2[0-3]):[0-5]\d)$(?!\n)"
+)
 """A time bound as RFC 3339 writes it, with its offset (also an ECMA pattern, for OpenAPI).
 A time without one, a Unix time or a space for the T would be guessed at: an auditor in
-another time zone would get another window than they meant, and no word of it."""
+another time zone would get another window than they meant, and no word of it. RFC 3339
+section 5.6 allows "t" and "z" in lower case."""
 TIME_WORDS = "an RFC 3339 time with its offset, such as 2026-11-22T16:00:00Z"
 _RFC3339_TIME = re.compile(RFC3339_TIME, re.ASCII)  # \d as ECMA reads it
 _MICROSECOND = timedelta(microseconds=1)
@@ -60,7 +63,8 @@ def parse_time(text: str) -> datetime:
         raise ReceiptFormatError(f"{text!r} is not {TIME_WORDS}")
     digits = (found.group(1) or ".")[1:]
     try:
-        moment = datetime.fromisoformat(f"{text[:19]}.{digits[:6]:0<6}{found.group(2)}")
+        offset = found.group(2).upper()  # fromisoformat takes only "T" and "Z"
+        moment = datetime.fromisoformat(f"{text[:10]}T{text[11:19]}.{digits[:6]:0<6}{offset}")
         moment = moment.astimezone(UTC)
         return moment + _MICROSECOND if digits[6:].strip("0") else moment
     except ValueError as exc:  # month 13, February 30, second 60

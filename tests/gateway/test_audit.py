@@ -158,6 +158,8 @@ def test_time_windows_are_rfc3339_with_an_offset_and_in_order(
     assert later in listed_ids(gateway, until=just_after)
     assert later not in listed_ids(gateway, since=just_after)
     assert first in listed_ids(gateway, since="0999-01-01T00:00:00Z")  # a year before 1000
+    lower = listed_ids(gateway, since=created.lower(), until=created_later.lower())
+    assert first in lower and later not in lower  # RFC 3339 section 5.6 allows "t" and "z"
     assert listed_ids(gateway, until="0999-01-01T00:00:00Z") == []  # sorts as a time
     with gateway.http("auditor") as client:
         for path in ("/audit/receipts", "/audit/export"):
