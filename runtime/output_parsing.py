@@ -8,51 +8,23 @@ Everything the constrained decoder produced is validated again here with jsonsch
 (defence in depth: a backend bug must not turn into a receipt for arguments that fail their
 schema).
 
-Call ids are minted per call *index* by a request's :class:`CallIds`, so re-parsing the same
-output (retry, stream then final parse) keeps every id.
+Each call's id comes from the request's :class:`runtime.call_ids.CallIds`, by call index, so
+re-parsing the same output (retry, stream then final parse) keeps every id.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from runtime.call_ids import CallIds
 from runtime.errors import StructuredOutputInvalid
 from runtime.exact_json import EXACT_JSON, load_json
 from runtime.schema_check import validate
 from runtime.tools import ToolSpec
-
-CALL_ID_RE = re.compile(r"call_[0-9a-f]{24}")  # fullmatch: `$` would let a final \n in
-
-
-# --------------------------------------------------------------------------- call ids
-
-
-def new_call_id() -> str:
-    """``call_`` + 24 lowercase hex from the OS CSPRNG (96 bits: collisions are not a concern)."""
-    return "call_" + secrets.token_hex(12)
-
-
-@dataclass
-class CallIds:
-    """Ids by call index, minted on first use and then stable.
-
-    One instance lives as long as one request: a post-hoc retry, the stream decoder and the
-    final parse all ask it for call ``i`` and get the same id, so an id is minted once per
-    call no matter how many times its text is parsed.
-    """
-
-    _ids: list[str] = field(default_factory=list)
-
-    def for_index(self, index: int) -> str:
-        while len(self._ids) <= index:
-            self._ids.append(new_call_id())
-        return self._ids[index]
-
 
 # --------------------------------------------------------------------------- parsed output
 
@@ -319,11 +291,8 @@ def parse_native_tool_call(
 
 
 __all__ = [
-    "CALL_ID_RE",
-    "CallIds",
     "ParsedResponse",
     "ToolCall",
-    "new_call_id",
     "parse_envelope",
     "parse_native_tool_call",
 ]

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import regex as regex_engine
 
+from runtime.call_ids import CallIds
 from runtime.closed_schema import closed_schema
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
@@ -30,7 +31,6 @@ from runtime.exact_json import load_json
 from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.messages import parse_messages
 from runtime.output_parsing import (
-    CallIds,
     ParsedResponse,
     ToolCall,
     parse_envelope,

@@ -15,8 +15,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from runtime.call_ids import CallIds
 from runtime.errors import StructuredOutputInvalid
-from runtime.output_parsing import CallIds, ParsedResponse
+from runtime.output_parsing import ParsedResponse
 from runtime.planning import Plan, split_thinking
 from runtime.thinking import THINK_CLOSE, THINK_OPEN
 

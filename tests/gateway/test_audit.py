@@ -29,7 +29,7 @@ from receipts.ledger import Ledger
 from receipts.merkle import MerkleTree, leaf_hash, verify_consistency, verify_inclusion
 from receipts.record import ReceiptDraft
 from receipts.signing import KeyRing
-from runtime.output_parsing import new_call_id
+from runtime.call_ids import new_call_id
 
 pytestmark = pytest.mark.model
 

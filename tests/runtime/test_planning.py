@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from tool_samples import ANSWER_SCHEMA, TOOLS
 
+from runtime.call_ids import CALL_ID_RE, CallIds
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage
 from runtime.errors import (
@@ -25,7 +26,6 @@ from runtime.errors import (
     UnknownTool,
     UnsupportedParameter,
 )
-from runtime.output_parsing import CALL_ID_RE, CallIds
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.tools import ToolChoice
 from runtime.union_schema import union_schema

@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tool_samples import ANSWER_SCHEMA, TOOLS
 
+from runtime.call_ids import CallIds
 from runtime.errors import StructuredOutputInvalid
-from runtime.output_parsing import CallIds, ParsedResponse
+from runtime.output_parsing import ParsedResponse
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import (
     AnswerDelta,

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 from tool_samples import ANSWER_SCHEMA, BOOKING_PARAMS, TOOLS, WEATHER_PARAMS, function_tool
 
+from runtime.call_ids import CALL_ID_RE, CallIds, new_call_id
 from runtime.closed_schema import closed_schema
 from runtime.constraint import Constraint, validate_constraint
 from runtime.errors import (
@@ -21,14 +22,7 @@ from runtime.errors import (
     UnknownTool,
 )
 from runtime.limits import check_constraint
-from runtime.output_parsing import (
-    CALL_ID_RE,
-    CallIds,
-    ToolCall,
-    new_call_id,
-    parse_envelope,
-    parse_native_tool_call,
-)
+from runtime.output_parsing import ToolCall, parse_envelope, parse_native_tool_call
 from runtime.planning import ChatInput, plan_chat
 from runtime.schema_check import check_schema, validate
 from runtime.tools import parse_response_format, parse_tools_field
