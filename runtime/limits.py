@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import msgspec
 
 from runtime.bounded_cache import size_bounded
-from runtime.constraint import Constraint, to_lark
+from runtime.constraint import Constraint
 from runtime.errors import ConstraintTooComplex, InvalidRegex
+from runtime.gbnf import to_lark
 from runtime.grammar_lex import grammar_depth, grammar_repeat_copies, lex_grammar
 from runtime.redos import ambiguous_repeat
 from runtime.regex_features import ambiguous_class, group_depth, regex_nodes, repeated_copies

@@ -26,8 +26,9 @@ from runtime.backends.base import (
     GrammarMatcher,
     special_tokens,
 )
-from runtime.constraint import STRICT_JSON_OPTIONS, Constraint, to_lark
+from runtime.constraint import STRICT_JSON_OPTIONS, Constraint
 from runtime.errors import BackendCannotCompile, ConstraintTooComplex, RuntimeInputError
+from runtime.gbnf import to_lark
 from runtime.grammar_lex import with_json_options
 
 # llguidance's words for its resource limits: parser items and expressions while decoding;

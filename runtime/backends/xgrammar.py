@@ -22,8 +22,9 @@ from runtime.backends.base import (
     GrammarBackend,
     MaskReadingMatcher,
 )
-from runtime.constraint import Constraint, is_gbnf
+from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
+from runtime.gbnf import is_gbnf
 from runtime.schema_walk import schema_nodes
 from runtime.xgrammar_gaps import UNENFORCED, literal_escape, weakened
 

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from runtime.constraint import Constraint, to_lark
+from runtime.constraint import Constraint
 from runtime.errors import ConstraintTooComplex, InvalidRegex
+from runtime.gbnf import to_lark
 from runtime.grammar_lex import grammar_depth, grammar_repeat_copies, lex_grammar
 from runtime.limits import Limits, check_constraint, check_regex, check_schema_bounds
 from runtime.regex_features import repeated_copies
