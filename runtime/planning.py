@@ -8,7 +8,6 @@ so every input error surfaces as a typed 4xx before a token is spent, and the pl
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -45,7 +44,7 @@ from runtime.renderers import (
 )
 from runtime.renderers.base import json_answer_note
 from runtime.schema_check import validate
-from runtime.thinking import THINK_CLOSE, THINK_OPEN, Enforcement
+from runtime.thinking import Enforcement, split_thinking
 from runtime.tools import (
     RESPONSE_SCHEMA_PARAM,
     ResponseFormat,
@@ -58,16 +57,6 @@ from runtime.tools import (
 from runtime.union_schema import union_schema
 
 Mode = Literal["tools", "json", "regex", "ebnf", "text"]
-_THINK = re.compile(rf"\s*{THINK_OPEN}(?P<reasoning>.*?)(?:{THINK_CLOSE}|\Z)", re.DOTALL)
-
-
-def split_thinking(text: str) -> tuple[str | None, str]:
-    """(reasoning, rest) of an output that opens with a ``<think>`` region, else (None, text).
-    A region never closed (cut off mid-thought) is all reasoning: none of it is content."""
-    thinking = _THINK.match(text)
-    if thinking is None:
-        return None, text
-    return thinking["reasoning"].strip(), text[thinking.end() :]
 
 
 @dataclass(frozen=True)
@@ -379,4 +368,4 @@ def _as_envelope(calls: Sequence[ToolCall]) -> dict[str, Any]:
     return items[0] if len(items) == 1 else {"tool_calls": items}
 
 
-__all__ = ["ChatInput", "Mode", "Plan", "plan_chat", "split_thinking"]
+__all__ = ["ChatInput", "Mode", "Plan", "plan_chat"]

@@ -18,8 +18,8 @@ from typing import Literal
 from runtime.call_ids import CallIds
 from runtime.errors import StructuredOutputInvalid
 from runtime.output_parsing import ParsedResponse
-from runtime.planning import Plan, split_thinking
-from runtime.thinking import THINK_CLOSE, THINK_OPEN
+from runtime.planning import Plan
+from runtime.thinking import THINK_CLOSE, THINK_OPEN, split_thinking
 
 _WS = " \t\n\r"
 

@@ -20,6 +20,7 @@ the text of every token generated while the grammar is suspended.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,6 +37,16 @@ class Phase(enum.Enum):
 
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a thinking model's reasoning region
+_THINK = re.compile(rf"\s*{THINK_OPEN}(?P<reasoning>.*?)(?:{THINK_CLOSE}|\Z)", re.DOTALL)
+
+
+def split_thinking(text: str) -> tuple[str | None, str]:
+    """(reasoning, rest) of an output that opens with a ``<think>`` region, else (None, text).
+    A region never closed (cut off mid-thought) is all reasoning: none of it is content."""
+    thinking = _THINK.match(text)
+    if thinking is None:
+        return None, text
+    return thinking["reasoning"].strip(), text[thinking.end() :]
 
 
 @dataclass(frozen=True)
