@@ -94,12 +94,7 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
                     self.machine.grammar_complete()
                 return
             if token != self._end_tag_token:
-                if limit := self.matcher.limit_reached():
-                    raise ConstraintTooComplex(
-                        f"the constraint went over its grammar backend's limits while decoding"
-                        f" ({limit}); make it smaller (fewer or shorter repetitions)",
-                        param=self._param,
-                    )
+                self._raise_if_limit()
                 raise GrammarViolation(f"token {token} rejected by the grammar it was masked to")
             self.machine.grammar_complete()  # the model chose to close the tool call here
         elif self.machine.phase is Phase.DONE:
@@ -146,6 +141,7 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
                     set_token_bit(row, eos, True)
         allowed = bitmask_to_bool(row, self.vocab_size)
         if not allowed.any():  # sampling from nothing: NaN probabilities, or token 0 picked
+            self._raise_if_limit()  # the mask came out empty because the backend gave up
             raise ConstraintUnsatisfiable(
                 "the constraint allows no next token: it admits no output this model can write"
                 " (a schema or grammar with no way to finish, or one asking for a special token"
@@ -155,6 +151,16 @@ class ConstrainedLogitsProcessor(LogitsProcessor):
         scores[:, : self.vocab_size].masked_fill_(~allowed, float("-inf"))
         scores[:, self.vocab_size :] = float("-inf")  # padding rows of the embedding
         return scores
+
+    def _raise_if_limit(self) -> None:
+        """ConstraintTooComplex when the matcher stopped at one of its backend's resource
+        limits (llguidance's items per step), which a smaller constraint stays under."""
+        if limit := self.matcher.limit_reached():
+            raise ConstraintTooComplex(
+                f"the constraint went over its grammar backend's limits while decoding"
+                f" ({limit}); make it smaller (fewer or shorter repetitions)",
+                param=self._param,
+            )
 
     def _first_token(self, text: str) -> int:
         return self.tokenizer.encode(text, add_special_tokens=False)[0]

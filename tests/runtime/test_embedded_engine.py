@@ -17,6 +17,7 @@ from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.embedded import EmbeddedEngine
 from runtime.errors import (
     BackendCannotCompile,
+    ConstraintTooComplex,
     EngineConfigError,
     EngineUnavailable,
     InvalidRegex,
@@ -307,6 +308,18 @@ def test_no_fallback_for_a_regex_no_backend_compiles(engine: EmbeddedEngine) -> 
     with pytest.raises(BackendCannotCompile):  # look-ahead: valid Python, beyond llguidance
         run(llguidance_only.generate(FRANCE, Constraint.regex("(?=P)P[a-z]+"), Sampling()))
     run(llguidance_only.aclose())
+
+
+def test_a_grammar_past_llguidances_item_limit_mid_output_is_too_complex(
+    engine: EmbeddedEngine,
+) -> None:
+    """llguidance gives up on a mask past its 50,000 items (60 overlapping stars side by
+    side, once "hello" is written): an empty mask, which said "the constraint allows no
+    next token: it admits no output", blaming a satisfiable grammar. It is the limit."""
+    grammar = 'root ::= "hello" ' + " ".join(["[a-z ]*"] * 60) + ' "!"'
+    with pytest.raises(ConstraintTooComplex, match="limits while decoding") as info:
+        run(engine.generate(FRANCE, Constraint.ebnf(grammar), Sampling(max_tokens=20)))
+    assert info.value.status == 400 and info.value.param == "grammar"
 
 
 def test_closed_engine_refuses_requests(engine: EmbeddedEngine) -> None:
