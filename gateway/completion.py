@@ -197,7 +197,10 @@ class Completions:
             raise withheld(exc, prepared) from None
         self.count_tokens(generation)
         try:
-            return generation, parse_output(plan, generation.text, cut=cut_off(generation))
+            parsed = parse_output(
+                plan, generation.text, cut=generation.cut, enforced_by=generation.backend
+            )
+            return generation, parsed
         except StructuredOutputInvalid as exc:
             raise withheld(cut_short(exc, generation, prepared), prepared) from None
 
@@ -332,12 +335,6 @@ def let_go(links: asyncio.Future[list[Link]]) -> None:
     its error marked as seen if it failed unawaited (asyncio would log it as lost)."""
     if not links.cancel() and not links.cancelled():
         links.exception()
-
-
-def cut_off(generation: Generation) -> bool:
-    """Whether the token limit or a stop string ended the output (before whatever
-    constrained it was done, if the parse fails)."""
-    return generation.finish_reason == "length" or generation.matched_stop is not None
 
 
 def cut_short(

@@ -24,7 +24,6 @@ from gateway.apikeys import ApiKey
 from gateway.completion import (
     Completions,
     PreparedChat,
-    cut_off,
     cut_short,
     let_go,
     receipt_ref,
@@ -123,7 +122,7 @@ async def stream_completion(
             raise EngineFault("the engine's stream ended without its final result")
         completions.count_tokens(generation)
         try:
-            rest, parsed = decoder.finish(cut=cut_off(generation))
+            rest, parsed = decoder.finish(cut=generation.cut, enforced_by=generation.backend)
         except StructuredOutputInvalid as exc:
             raise withheld(cut_short(exc, generation, prepared), prepared) from None
         chunks = _live(writer, rest, held)

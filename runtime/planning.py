@@ -27,6 +27,7 @@ from runtime.errors import (
     StructuredOutputInvalid,
 )
 from runtime.exact_json import load_json
+from runtime.grammar_check import GRAMMAR_READERS, grammar_mismatch
 from runtime.limits import DEFAULT_LIMITS, Limits
 from runtime.messages import parse_messages
 from runtime.output_parsing import (
@@ -94,20 +95,39 @@ class Plan:
     tool_call_ids_answered: tuple[str, ...] = ()
     enforcement: Enforcement | None = None  # None: the constraint holds from the first token
 
-    def parse(self, text: str, ids: CallIds | None = None, *, cut: bool = False) -> ParsedResponse:
+    def parse(
+        self,
+        text: str,
+        ids: CallIds | None = None,
+        *,
+        cut: bool = False,
+        enforced_by: str | None = None,
+    ) -> ParsedResponse:
         """The meaning of the model's ``text``; validates again and raises
         StructuredOutputInvalid when it does not hold. Pass the request's ``ids`` so a retry
         or a streamed parse gives each call the id it already has. ``cut``: the token limit
-        or a stop string ended it, so grammar output (which nothing re-checks here) is
-        marked incomplete.
+        or a stop string ended it, so grammar output is marked incomplete (and need only
+        begin the grammar's output). ``enforced_by``: the backend that enforced the
+        constraint; grammar output is read again only when that was llguidance
+        (runtime.grammar_check says why).
         """
         reasoning, body = split_thinking(text)
+        if self.mode == "ebnf" and enforced_by in GRAMMAR_READERS:
+            self._check_grammar_output(body, cut=cut)
         result = self._parse_body(body, ids or CallIds())
         if reasoning is not None:
             result = dataclasses.replace(result, reasoning=reasoning)
         if cut and self.mode == "ebnf":
             result = dataclasses.replace(result, complete=False)
         return result
+
+    def _check_grammar_output(self, body: str, *, cut: bool) -> None:
+        assert self.constraint is not None
+        problem = grammar_mismatch(self.constraint.source, body, cut=cut)
+        if problem:
+            raise StructuredOutputInvalid(
+                problem, schema=None, raw_output=body, pointer="", param="grammar"
+            )
 
     @property
     def answer_schema(self) -> dict[str, Any] | None:

@@ -75,13 +75,15 @@ class _Capture:
     text: list[str] = field(default_factory=list)  # name mode: decoded so far
 
 
-def parse_output(plan: Plan, text: str, *, cut: bool) -> ParsedResponse:
+def parse_output(
+    plan: Plan, text: str, *, cut: bool, enforced_by: str | None = None
+) -> ParsedResponse:
     """The meaning of a whole output, as ``plan.parse`` gives it. One that the token limit or
     a stop string cut off (``cut``) before its constraint was done is what a stream of it
     would have shown (EnvelopeStreamDecoder.finish), as OpenAI returns it; ``plan.parse``'s
     error is raised only when that is nothing either (a tool call never leaves incomplete)."""
     try:
-        return plan.parse(text, cut=cut)
+        return plan.parse(text, cut=cut, enforced_by=enforced_by)
     except StructuredOutputInvalid as exc:
         if not cut:
             raise
@@ -132,8 +134,11 @@ class EnvelopeStreamDecoder:
             self._step(ch)
         return self._drain()
 
-    def finish(self, *, cut: bool = False) -> tuple[list[EnvelopeEvent], ParsedResponse]:
-        """The remaining events and the authoritative parse (raises as ``plan.parse`` does).
+    def finish(
+        self, *, cut: bool = False, enforced_by: str | None = None
+    ) -> tuple[list[EnvelopeEvent], ParsedResponse]:
+        """The remaining events and the authoritative parse (raises as ``plan.parse`` does,
+        ``enforced_by`` as it takes it).
 
         ``cut``: the token limit or a stop string ended the output. OpenAI returns such an
         output as far as it got, and so does this for text: the answer streamed so far, or
@@ -145,7 +150,7 @@ class EnvelopeStreamDecoder:
             events.append(ContentDelta(held))
         text = "".join(self._text)
         try:
-            result = self._plan.parse(text, self._ids, cut=cut)
+            result = self._plan.parse(text, self._ids, cut=cut, enforced_by=enforced_by)
         except StructuredOutputInvalid:
             partial = self._cut_text(text) if cut else None
             if partial is None:

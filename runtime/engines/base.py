@@ -96,6 +96,12 @@ class Generation:
     """The stop string that ended the output (finish_reason "stop"); None when EOS, the
     grammar or the token limit ended it: only this says the output was cut short."""
 
+    @property
+    def cut(self) -> bool:
+        """Whether the token limit or a stop string ended the output (before whatever
+        constrained it was done, if it fails its check)."""
+        return self.finish_reason == "length" or self.matched_stop is not None
+
 
 @dataclass(frozen=True)
 class TextDelta:

@@ -331,6 +331,44 @@ def test_regex_output_is_checked_again_after_decoding() -> None:
         assert info.value.param == "regex" and info.value.raw_output == output
 
 
+def test_grammar_output_is_read_again_where_llguidance_enforced_it() -> None:
+    """vLLM's guidance backend, past llguidance's item limit mid-output, ended the output
+    there with finish_reason "stop", and the receipt said valid: llguidance's own reading of
+    the output (byte by byte) now makes that a 422. xgrammar reads some grammars otherwise
+    ([a-z]+ "ing" admits "singing" there, not in llguidance's lexer): its output is not
+    read again."""
+    g = plan(grammar='root ::= "hello" ' + " ".join(["[a-z ]*"] * 60) + ' "!"')
+    assert g.parse("hello there!", enforced_by="guidance").content == "hello there!"
+    for backend in ("guidance", "llguidance"):
+        with pytest.raises(StructuredOutputInvalid, match="ends before the grammar") as info:
+            g.parse("hello", enforced_by=backend)
+        assert info.value.param == "grammar" and info.value.raw_output == "hello"
+    assert g.parse("hello", enforced_by="xgrammar").content == "hello"
+    assert g.parse("hello", enforced_by="guidance", cut=True).complete is False
+    with pytest.raises(StructuredOutputInvalid, match="from character 4"):
+        g.parse("hellO!", enforced_by="guidance", cut=True)  # cut: a beginning, still checked
+    singing = plan(grammar='start: /[a-z]+/ "ing"')
+    assert singing.parse("singing", enforced_by="xgrammar").content == "singing"
+    with pytest.raises(StructuredOutputInvalid):
+        singing.parse("singing", enforced_by="llguidance")
+    thinking = plan(grammar='start: "yes" | "no"', model="Qwen3-8B")
+    assert thinking.parse("<think>hm</think>yes", enforced_by="guidance").content == "yes"
+
+
+def test_grammar_output_is_not_read_again_where_bytes_are_not_its_tokens() -> None:
+    """A rule's attributes (a hidden stop string, a token count) are about the model's
+    tokens and text the output does not hold: such a grammar is left to its backend."""
+    stop = plan(grammar='start: "a" x "b"\nx[stop="."]: /[a-z]*/')
+    assert stop.parse("aqqb", enforced_by="guidance").content == "aqqb"
+
+
+def test_grammar_output_past_the_readers_limits_is_refused_not_vouched_for() -> None:
+    wide = plan(grammar='root ::= [a-z]* "b" ' + " ".join(["[a-z]*"] * 400) + ' "c"')
+    with pytest.raises(ConstraintTooComplex, match="too costly to check") as info:
+        wide.parse("abc", enforced_by="llguidance")
+    assert info.value.status == 400 and info.value.param == "grammar"
+
+
 def test_formats_are_checked_after_decoding() -> None:
     """Decoders enforce a format's shape, not its meaning: llguidance wrote 2023-02-29 and
     xgrammar 2023-02-31 for a "date"; such output is a 422, not a 200 whose call fails."""
