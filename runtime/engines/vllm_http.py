@@ -240,7 +240,9 @@ def json_object(raw: bytes) -> dict[str, Any]:
 
 async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
     """The JSON payloads of an OpenAI-style SSE stream, up to ``data: [DONE]``. An error event
-    in the stream (vLLM sends one when generation fails after the head) fails closed."""
+    in the stream (vLLM sends one when generation fails after the head, and for a request
+    it refuses once streaming began) fails closed: with the 4xx it names, as without
+    streaming, else EngineUnavailable."""
     async for line in _lines(response):
         if not line.startswith(b"data:"):
             continue
@@ -249,6 +251,10 @@ async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str
             return
         data = json_object(payload)
         if "error" in data:
+            error = data["error"]
+            status = error.get("code") if isinstance(error, dict) else None
+            if type(status) is int and status in CLIENT_FAULT_STATUSES:
+                raise status_error(status, payload)
             raise EngineUnavailable(f"the vLLM stream failed: {_error_message(payload)}")
         yield data
 

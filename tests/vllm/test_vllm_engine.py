@@ -291,6 +291,25 @@ def test_a_bad_request_is_rejected_with_vllms_message(vllm_server: VllmServer) -
     assert "seed" in info.value.message  # vLLM's own words
 
 
+def test_a_request_refused_once_its_stream_began_is_the_same_4xx(vllm_server: VllmServer) -> None:
+    """vLLM compiles a grammar after a stream's head: its refusal comes as an error event,
+    which was a 503 engine_unavailable (the SDK retried a request that cannot succeed)
+    where the same request without streaming is vLLM's 400."""
+    constraint = Constraint.regex("(?i)abc")  # xgrammar: group modifier flags unsupported
+
+    async def go(streaming: bool) -> None:
+        async with engine_for(vllm_server) as engine:
+            if streaming:
+                [_ async for _ in engine.stream(ask("hi"), constraint, SHORT)]
+            else:
+                await engine.generate(ask("hi"), constraint, SHORT)
+
+    for streaming in (False, True):
+        with pytest.raises(EngineRejected) as info:
+            run(go(streaming))
+        assert info.value.status == 400 and "modifier" in info.value.message, streaming
+
+
 # The prober's schemas: vLLM's xgrammar backend refused the first five with a 400 naming
 # neither keyword nor place, and decoded the others with the keyword ignored.
 XGRAMMAR_GAPS = {
