@@ -12,7 +12,8 @@ from typing import Any
 
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Sampling
-from runtime.errors import EngineUnavailable
+from runtime.errors import BackendCannotCompile, EngineUnavailable
+from runtime.gbnf import is_gbnf
 from runtime.thinking import Enforcement
 from runtime.union_schema import union_calls
 
@@ -130,6 +131,13 @@ def _tag_content(constraint: Constraint) -> dict[str, Any]:
         }
     if constraint.kind == "regex":
         return {"type": "regex", "pattern": constraint.source}
+    if not is_gbnf(constraint.source):  # vLLM converts Lark in its plain grammar field only
+        raise BackendCannotCompile(
+            "after a reasoning region the vLLM server reads a grammar as GBNF only (its"
+            " structural tags do not convert Lark): write the grammar in GBNF"
+            " (`root ::= ...`)",
+            param="grammar",
+        )
     return {"type": "grammar", "grammar": constraint.source}
 
 

@@ -264,6 +264,25 @@ def test_reasoning_stays_free_then_the_constraint_applies(vllm_server: VllmServe
     assert parsed.kind == "tool_calls" and parsed.reasoning is not None, text
 
 
+def test_a_lark_grammar_after_reasoning_is_refused_naming_gbnf(vllm_server: VllmServer) -> None:
+    """After a reasoning region the grammar goes in a structural tag, which vLLM reads as
+    GBNF only: Lark was vLLM's 400 "Invalid structured_outputs structural_tag
+    specification". GBNF works; Lark is refused saying so."""
+    always = Enforcement(mode="always", reasoning=True)
+
+    async def go(grammar: str) -> Generation:
+        async with engine_for(vllm_server, think_budget=8) as engine:
+            return await engine.generate(
+                ask("Yes or no?"), Constraint.ebnf(grammar), SHORT, enforcement=always
+            )
+
+    text = run(go('root ::= "yes" | "no"')).text
+    assert text.startswith("<think>") and text.endswith(("yes", "no")), text
+    with pytest.raises(BackendCannotCompile, match="GBNF") as info:
+        run(go('start: "yes" | "no"'))
+    assert info.value.param == "grammar" and info.value.status == 400
+
+
 def test_identity_ready_and_served_models(vllm_server: VllmServer) -> None:
     digests = model_digests(vllm_server.config.model_dir)
 
