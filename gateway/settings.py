@@ -62,6 +62,7 @@ class Settings:
     max_schema_depth: int = DEFAULT_LIMITS.max_schema_depth
     max_regex_length: int = DEFAULT_LIMITS.max_regex_length
     max_regex_repeat: int = DEFAULT_LIMITS.max_regex_repeat
+    max_regex_loops: int = DEFAULT_LIMITS.max_regex_loops
     max_grammar_bytes: int = DEFAULT_LIMITS.max_grammar_bytes
     max_grammar_depth: int = DEFAULT_LIMITS.max_grammar_depth
     checkpoint_every: int = 1000
@@ -412,6 +413,7 @@ HELP = {
     "max_schema_depth": "deeper schemas are a 400",
     "max_regex_length": "longer regexes are a 400",
     "max_regex_repeat": "more copies asked by counted repetitions (regexes and grammars) is a 400",
+    "max_regex_loops": "more unbounded repetitions in a regex (or a schema's patterns) is a 400",
     "max_grammar_bytes": "larger grammars are a 400",
     "max_grammar_depth": "grammars whose rule references nest deeper are a 400",
     "checkpoint_every": "sign a checkpoint every N receipts of a chain",

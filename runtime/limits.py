@@ -19,7 +19,13 @@ from runtime.errors import ConstraintTooComplex, InvalidRegex
 from runtime.gbnf import to_lark
 from runtime.grammar_lex import grammar_depth, grammar_repeat_copies, lex_grammar
 from runtime.redos import ambiguous_repeat
-from runtime.regex_features import ambiguous_class, group_depth, regex_nodes, repeated_copies
+from runtime.regex_features import (
+    ambiguous_class,
+    group_depth,
+    regex_loops,
+    regex_nodes,
+    repeated_copies,
+)
 from runtime.schema_walk import schema_depth, schema_patterns
 from runtime.unicode_properties import python_form
 
@@ -31,6 +37,10 @@ class Limits:
     max_tools: int = 64
     max_regex_length: int = 1024
     max_regex_repeat: int = 1000  # copies all counted repetitions ask for, summed (nested multiply)
+    # Unbounded repetitions (*, +, {n,}) in a regex, or in all of a schema's patterns: side by
+    # side, they cost xgrammar's compile quadratic time (.* x 64: 0.1 s; x 256: 1.6 s; x 499:
+    # 6 s, on a vLLM server every agent shares, where llguidance's fuel bound is not applied).
+    max_regex_loops: int = 64
     max_grammar_bytes: int = 64 * 1024
     # Rule references followed from the start rule, each weighted by the ( and [ around it:
     # llguidance recurses through them, and about 2,000 of them overflow a thread's stack.
@@ -131,8 +141,21 @@ def _check_schema_limits(text: bytes, limits: Limits, param: str, what: str | No
         schema = msgspec.json.decode(text)
     except msgspec.DecodeError:
         return  # a %json block that is not JSON: validation says why
-    for pattern in schema_patterns(schema):
+    patterns = schema_patterns(schema)
+    for pattern in patterns:
         check_regex(pattern, limits, param)
+    loops = sum(regex_loops(pattern) for pattern in patterns)
+    _check_loops(loops, limits, param, f"the patterns of {what or repr(param)} together")
+
+
+def _check_loops(loops: int, limits: Limits, param: str, what: str) -> None:
+    if loops > limits.max_regex_loops:
+        raise ConstraintTooComplex(
+            f"{what}: {loops} unbounded repetitions (*, + or {{n,}}, each counted as often as"
+            f" the repetitions around it repeat it); max_regex_loops is"
+            f" {limits.max_regex_loops}: side by side they make compiling the grammar slow",
+            param=param,
+        )
 
 
 def _lark_or_none(grammar: str) -> str | None:
@@ -179,6 +202,7 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
         ) from None
     except re.error:
         pass  # validation says why
+    _check_loops(regex_loops(pattern), limits, param, f"regex {pattern[:80]!r}")
     copies = repeated_copies(pattern)
     if copies > limits.max_regex_repeat:
         raise ConstraintTooComplex(

@@ -31,6 +31,17 @@ def repeated_copies(pattern: str) -> int:
     )
 
 
+def regex_loops(pattern: str) -> int:
+    """How many unbounded repetitions (``*``, ``+``, ``{n,}``) ``pattern`` holds, each
+    counted as often as the counted repetitions around it repeat it (``(a*b+){3}`` is 6).
+    0 when Python cannot parse it (validation says why)."""
+    return sum(
+        copies
+        for op, argument, copies in regex_nodes(pattern)
+        if op in REPEATS and argument[1] == re_constants.MAXREPEAT
+    )
+
+
 def constraint_patterns(constraint: Constraint) -> list[str]:
     """The regexes an automaton is built from: a regex constraint, or a JSON schema's
     patterns (none for a grammar, whose terminals its own parser reads)."""
@@ -198,6 +209,7 @@ __all__ = [
     "ambiguous_class",
     "constraint_patterns",
     "misread_construct",
+    "regex_loops",
     "regex_nodes",
     "regex_problem",
     "repeated_copies",

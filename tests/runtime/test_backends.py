@@ -17,6 +17,7 @@ from runtime.errors import (
     EngineConfigError,
     InvalidGrammar,
 )
+from runtime.limits import Limits
 from runtime.schema_keywords import overlapping_one_of, schema_keywords
 
 BACKENDS = available_backends()
@@ -562,8 +563,9 @@ def test_a_constraint_past_llguidances_compile_bounds_is_refused_not_handed_on()
     """llguidance's lexer fuel bounds what a compile may cost; xgrammar, next in the chain,
     has no bound and took 6 s (13 s under load) for this 999-character regex, on each new
     text. A feature llguidance lacks still falls through (possessive quantifiers aside, a
-    format xgrammar enforces: the backend tests above)."""
-    chain = BackendChain(smol_tokenizer())
+    format xgrammar enforces: the backend tests above). max_regex_loops refuses these
+    before any backend sees them; raised here, llguidance's bound is what is left."""
+    chain = BackendChain(smol_tokenizer(), limits=Limits(max_regex_loops=1000))
     for constraint in (
         Constraint.regex(".*" * 499 + "b"),
         Constraint.json_schema({"type": "string", "pattern": ".*" * 499 + "b"}),

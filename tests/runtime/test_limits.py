@@ -14,7 +14,7 @@ from runtime.errors import ConstraintTooComplex, InvalidRegex
 from runtime.gbnf import to_lark
 from runtime.grammar_lex import grammar_depth, grammar_repeat_copies, lex_grammar
 from runtime.limits import Limits, check_constraint, check_regex, check_schema_bounds
-from runtime.regex_features import repeated_copies
+from runtime.regex_features import regex_loops, repeated_copies
 from runtime.schema_walk import schema_depth
 
 SCHEMA = Constraint.json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
@@ -26,6 +26,17 @@ def _lexed(grammar: Constraint) -> Any:
     return lex_grammar(to_lark(grammar.source))
 
 
+# Unbounded repetitions in two patterns: 2 + 3, each under a limit of 4, together over it.
+PATTERNS = Constraint.json_schema(
+    {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "^x+y*$"},
+            "b": {"type": "string", "pattern": "^[a-z]+-[0-9]+/.*$"},
+        },
+    }
+)
+
 CASES: list[tuple[str, Callable[[Limits], None], int]] = [
     ("max_schema_bytes", lambda lim: check_constraint(SCHEMA, lim), len(SCHEMA.source.encode())),
     (
@@ -35,6 +46,8 @@ CASES: list[tuple[str, Callable[[Limits], None], int]] = [
     ),
     ("max_regex_length", lambda lim: check_regex("abcd", lim), 4),
     ("max_regex_repeat", lambda lim: check_regex("a{5}", lim), repeated_copies("a{5}")),
+    ("max_regex_loops", lambda lim: check_regex("(?:ab*){2}c+", lim), regex_loops("(?:ab*){2}c+")),
+    ("max_regex_loops", lambda lim: check_constraint(PATTERNS, lim), 5),
     ("max_grammar_bytes", lambda lim: check_constraint(GRAMMAR, lim), len(GRAMMAR.source.encode())),
     (
         "max_grammar_depth",
