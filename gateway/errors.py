@@ -20,6 +20,7 @@ from gateway.schemas import ErrorBody
 from gateway.shapes import in_words
 from receipts.errors import ChainBehind, ChainDamaged, LedgerUnavailable
 from runtime.errors import (
+    EngineConfigError,
     EngineError,
     EngineFault,
     EngineUnavailable,
@@ -192,9 +193,9 @@ def _framework_error(exc: Exception) -> tuple[int, dict[str, Any]] | None:
 
 
 RETRY_AFTER_S = "1"  # a 503 is a passing outage; the OpenAI SDK honours Retry-After
-# A 503 no retry can heal (a chain an operator must look at): the OpenAI SDK obeys
-# `x-should-retry: false` instead of sending the request twice more.
-_LASTING = (ChainBehind,)
+# A 503 no retry can heal (a chain an operator must look at, the engine's settings): the
+# OpenAI SDK obeys `x-should-retry: false` instead of sending the request twice more.
+_LASTING = (ChainBehind, EngineConfigError)
 
 
 def handle_exception(_: Request, exc: Exception) -> Response[dict[str, Any]]:

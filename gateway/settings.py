@@ -23,6 +23,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from urllib.parse import urlsplit
 
 from runtime.limits import DEFAULT_LIMITS, Limits
+from runtime.renderers import detect_reasoning
 from runtime.urls import hide_password
 
 ENV_PREFIX = "CALLPROOF_"
@@ -338,6 +339,18 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
             f" {ENV_PREFIX}VLLM_URL and {ENV_PREFIX}MODEL"
         )
     if (
+        {"engine", "vllm_backend", "model", "reasoning"} <= used
+        and settings.engine == "vllm"
+        and settings.vllm_backend == "guidance"
+        and _thinking(settings)
+    ):  # every constrained request was a 503 after a start that said ready
+        raise SettingsError(
+            f"model {settings.model!r} is a thinking model (setting 'reasoning'), whose"
+            " constraint starts after its reasoning region: vLLM takes that as a structural"
+            " tag, which its guidance backend cannot enforce; serve it with the xgrammar"
+            " backend and set 'vllm_backend' to xgrammar (or 'reasoning' to false)"
+        )
+    if (
         {"vllm_url", "vllm_api_key"} <= used
         and settings.vllm_api_key
         and settings.vllm_url
@@ -347,6 +360,12 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
             "setting 'vllm_url' carries a password and 'vllm_api_key' is set: the vLLM"
             " server takes one of them (its --api-key is the API key), remove the other"
         )
+
+
+def _thinking(settings: Settings) -> bool:
+    if settings.reasoning is not None:
+        return settings.reasoning
+    return bool(settings.model) and detect_reasoning(settings.model)
 
 
 # CALLPROOF_ variables that are not settings but are read elsewhere (docs/configuration.md).

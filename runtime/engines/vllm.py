@@ -53,7 +53,7 @@ from runtime.engines.base import (
 from runtime.engines.vllm_gaps import Served, served_constraint
 from runtime.engines.vllm_http import Exchange, VllmHttp, ends_in_v1, json_object, sse_events
 from runtime.engines.vllm_request import request_body
-from runtime.errors import EngineError, EngineRejected, EngineUnavailable
+from runtime.errors import EngineConfigError, EngineError, EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.urls import hide_password
 
@@ -227,6 +227,8 @@ class VllmEngine:
         url, model, failure = hide_password(self._http.base_url), self.identity.model, ""
         try:
             cards: dict[str, dict[str, Any]] | None = await self._model_cards()
+        except EngineConfigError as exc:  # its credentials: never heals by itself
+            return logging.ERROR, f"the vLLM server at {url} is not usable: {exc}"
         except EngineError as exc:
             cards, failure = None, str(exc)
         if (cards is None or model not in cards) and ends_in_v1(url):

@@ -27,7 +27,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from runtime.errors import EngineRejected, EngineUnavailable, RuntimeInputError
+from runtime.errors import (
+    EngineConfigError,
+    EngineRejected,
+    EngineUnavailable,
+    RuntimeInputError,
+)
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
@@ -170,7 +175,7 @@ def _unavailable(exc: BaseException) -> EngineUnavailable:
 
 def status_error(
     status: int, raw: bytes, *, base_url: str = "", model: str = ""
-) -> RuntimeInputError | EngineRejected | EngineUnavailable:
+) -> RuntimeInputError | EngineRejected | EngineUnavailable | EngineConfigError:
     message = _error_message(raw)
     if 300 <= status < 400:
         return EngineUnavailable(
@@ -179,6 +184,11 @@ def status_error(
         )
     if status == 404:
         return EngineUnavailable(_not_found(message, base_url, model))
+    if status in (401, 403):  # never heals by itself: the operator's setting
+        return EngineConfigError(
+            f"the vLLM server answered {status}: it refuses the gateway's credentials; set"
+            " vllm_api_key to the server's --api-key"
+        )
     if status in CLIENT_FAULT_STATUSES and _PROMPT_PAST_WINDOW in message:
         # vLLM lowers max_tokens to the room left (the embedded engine does the same), so only
         # the prompt itself can be too long.

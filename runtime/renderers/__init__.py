@@ -64,6 +64,7 @@ __all__ = [
     "Renderer",
     "ToolPrompt",
     "detect_family",
+    "detect_reasoning",
     "get_renderer",
     "json_answer_note",
 ]

@@ -64,6 +64,17 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
             {"CALLPROOF_VLLM_API_KEY": "k"},
             "'vllm_url' carries a password and 'vllm_api_key' is set",
         ),
+        (  # vLLM's guidance backend cannot enforce a constraint after a reasoning region:
+            # every constrained request was a 503, after a start that said ready
+            {"engine": "vllm", "vllm_url": "http://v:8000", "model": "Qwen/Qwen3-8B"},
+            {"CALLPROOF_VLLM_BACKEND": "guidance"},
+            "'Qwen/Qwen3-8B' is a thinking model .* set 'vllm_backend' to xgrammar",
+        ),
+        (
+            {"engine": "vllm", "vllm_url": "http://v:8000", "model": "m", "reasoning": "true"},
+            {"CALLPROOF_VLLM_BACKEND": "guidance"},
+            "is a thinking model",
+        ),
         ({"db": "postgresql+psycopg://u@h:notaport/d"}, {}, "'db': .* port is not a number$"),
         ({"weights_digest": "nothex"}, {}, "must be a SHA-256 digest: 64 lowercase hex"),
         ({"weights_digest": "AB" * 32}, {}, "64 lowercase hex"),
@@ -72,6 +83,12 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
 def test_bad_values_are_named(flags: dict, env: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         load_settings(flags, env)
+
+
+def test_guidance_serves_a_model_that_does_not_think() -> None:
+    vllm = {"engine": "vllm", "vllm_url": "http://v:8000", "vllm_backend": "guidance"}
+    for flags in ({"model": "Qwen/Qwen3-8B", "reasoning": "false"}, {"model": "SmolLM2"}):
+        assert load_settings({**vllm, **flags}, {}).vllm_backend == "guidance"
 
 
 def test_a_key_cache_ttl_of_zero_turns_the_cache_off() -> None:

@@ -22,7 +22,7 @@ from runtime.engines.base import ChatMessage, Generation, Sampling
 from runtime.engines.vllm import VllmEngine
 from runtime.engines.vllm_http import json_object, status_error
 from runtime.engines.vllm_request import request_body, structured_outputs
-from runtime.errors import EngineRejected, EngineUnavailable
+from runtime.errors import EngineConfigError, EngineRejected, EngineUnavailable
 from runtime.thinking import Enforcement
 from runtime.tools import parse_tools_field
 from runtime.union_schema import union_schema
@@ -272,6 +272,36 @@ async def upstream(handler: Handler, pause_s: float = 0.0) -> AsyncIterator[tupl
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", seen
     finally:
         server.close()
+
+
+def test_a_server_refusing_the_gateways_key_is_its_setting_to_fix(caplog) -> None:
+    """A wrong vllm_api_key never heals by itself: an ERROR naming the setting (it was a
+    WARNING, "not ready: answered 401"), and a 503 the SDK is told not to retry."""
+    from gateway.errors import error_response
+
+    async def go() -> tuple[bool, BaseException]:
+        refused = answer({"error": "Unauthorized"}, "401 Unauthorized")
+        async with upstream(lambda head: _replied(refused)) as (url, _):
+            engine = VllmEngine(url, "m", api_key="wrong", connect_timeout=2, timeout=5)
+            try:
+                ready = await engine.ready()
+                with pytest.raises(EngineConfigError) as info:
+                    await generate_or_stream(engine, streaming=False)
+                return ready, info.value
+            finally:
+                await engine.aclose()
+
+    with caplog.at_level("ERROR"):
+        ready, error = asyncio.run(go())
+    assert not ready and "set vllm_api_key" in str(error)
+    assert any("vllm_api_key" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    response = error_response(error)  # type: ignore[arg-type]
+    assert response.status_code == 503 and response.headers["x-should-retry"] == "false"
+    assert "Retry-After" not in response.headers
+
+
+async def _replied(writes: list[bytes]) -> list[bytes]:
+    return writes
 
 
 async def generate_or_stream(engine: VllmEngine, streaming: bool) -> Generation:
