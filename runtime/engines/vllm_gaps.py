@@ -92,6 +92,11 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
             gaps.append(Gap(pointer, keyword, why))
             if keyword != "oneOf":
                 node.pop(keyword, None)
+            if keyword == "patternProperties":
+                # additionalProperties reads "keys no pattern matches", and xgrammar reads a
+                # missing one as false: either way, without the patterns the object would be
+                # closed to the keys they allow ({} alone, or a 400 with minProperties)
+                node["additionalProperties"] = True
     if not gaps:
         return Served(constraint)
     return Served(Constraint.json_schema(schema, kind=constraint.kind), tuple(gaps))

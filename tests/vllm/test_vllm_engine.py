@@ -372,11 +372,21 @@ def gap_schema(keywords: str) -> dict[str, Any]:
             "required": ["w"],
             "dependentRequired": {"w": ["z"]},
         }
+    if keywords == "patternProperties":  # additionalProperties, sent alone, closed the
+        return {  # object to every key: an xgrammar 400 naming its own source line
+            "type": "object",
+            "patternProperties": {"^n_": {"type": "integer"}},
+            "additionalProperties": False,
+            "minProperties": 1,
+        }
     properties = XGRAMMAR_GAPS[keywords]
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
-@pytest.mark.parametrize("keywords", [*XGRAMMAR_GAPS, "if,then", "dependentRequired"])
+@pytest.mark.parametrize(
+    "keywords",
+    [*XGRAMMAR_GAPS, "if,then", "dependentRequired", "patternProperties"],
+)
 def test_what_the_servers_xgrammar_cannot_enforce_is_checked_after_decoding(
     vllm_server: VllmServer, keywords: str
 ) -> None:
