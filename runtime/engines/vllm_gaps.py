@@ -86,7 +86,17 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
         return Served(constraint)
     schema = constraint.schema()  # a fresh copy: the gaps are dropped from it in place
     gaps = []
+    annotated = False  # an annotation left out (no gap: nothing enforces one)
     for pointer, node in schema_nodes(schema):
+        if backend == "xgrammar":
+            for keyword in _ANNOTATIONS:
+                if keyword in node and _read_as_refused(node[keyword]):
+                    del node[keyword]
+                    annotated = True
+            for keyword in _DATA:
+                if keyword in node and _read_as_refused(node[keyword]):
+                    gaps.append(Gap(pointer, keyword, _READ_AS_SCHEMA))
+                    node.pop(keyword)
         # dropped before the walk descends, so nothing below a dropped keyword is reported
         for keyword, why in _gaps(schema, node, pointer, backend):
             gaps.append(Gap(pointer, keyword, why))
@@ -97,9 +107,44 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
                 # missing one as false: either way, without the patterns the object would be
                 # closed to the keys they allow ({} alone, or a 400 with minProperties)
                 node["additionalProperties"] = True
-    if not gaps:
+    if not gaps and not annotated:
         return Served(constraint)
     return Served(Constraint.json_schema(schema, kind=constraint.kind), tuple(gaps))
+
+
+# vLLM's feature check (has_xgrammar_unsupported_json_features) reads every object inside a
+# schema as a schema, values included: an example, a default, a const or an enum member that
+# looks like a refused one ({"type": "integer", "multipleOf": 3}) made the server refuse the
+# request. Annotations are left out (xgrammar ignores them); a const or enum is checked after.
+_ANNOTATIONS = ("default", "examples")
+_DATA = ("const", "enum")
+_READ_AS_SCHEMA = "a value the server's xgrammar check reads as a schema it refuses"
+
+
+def _read_as_refused(value: Any) -> bool:
+    """Whether vLLM's feature check finds a refused schema anywhere in ``value``."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+            continue
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type")
+        if (
+            (kind in ("integer", "number") and "multipleOf" in item)
+            or (kind == "array" and _ARRAY_REFUSED & item.keys())
+            or (kind == "string" and "format" in item and item["format"] not in XGRAMMAR_FORMATS)
+            or (kind == "object" and _OBJECT_REFUSED & item.keys())
+        ):
+            return True
+        pending.extend(item.values())
+    return False
+
+
+_ARRAY_REFUSED = frozenset({"uniqueItems", "contains", "minContains", "maxContains"})
+_OBJECT_REFUSED = frozenset({"patternProperties", "propertyNames"})
 
 
 def _gaps(

@@ -417,6 +417,47 @@ def test_what_the_servers_xgrammar_cannot_enforce_is_checked_after_decoding(
         jsonschema.validate(json.loads(generation.text), schema)
 
 
+def test_values_the_servers_check_reads_as_schemas_are_not_sent(vllm_server: VllmServer) -> None:
+    """vLLM's feature check reads every object in a schema as a schema, values included: an
+    example, a default, a const or an enum member shaped like one it refuses made it refuse
+    the request (a 400 naming nothing). Annotations are left out of what is sent (nothing
+    enforces them); a const or an enum is checked after decoding."""
+    refused_shape = {"type": "integer", "multipleOf": 3}
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 9,
+                "examples": [{"type": "string", "format": "idn-email"}],
+                "default": refused_shape,
+            },
+            "e": {"enum": [1, 2, {"type": "array", "uniqueItems": True}]},
+        },
+        "required": ["n", "e"],
+    }
+    plan = plan_chat(
+        ChatInput(
+            messages=[{"role": "user", "content": "Give a JSON object."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
+    )
+
+    async def go() -> Generation:
+        async with engine_for(vllm_server) as engine:
+            return await engine.generate(plan.messages, plan.constraint, SHORT)
+
+    generation = run(go())
+    assert generation.fallback == "post_hoc_check:enum"  # the annotations: nothing to check
+    try:
+        plan.parse(generation.text)
+    except StructuredOutputInvalid as exc:
+        assert exc.param == "response_format"
+    else:
+        jsonschema.validate(json.loads(generation.text), schema)
+
+
 @pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
 def test_a_regex_xgrammar_would_read_otherwise_is_refused_naming_the_escape(
     vllm_server: VllmServer, streaming: bool
