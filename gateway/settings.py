@@ -338,6 +338,12 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
             "--engine vllm needs --vllm-url and --model (the served name), or"
             f" {ENV_PREFIX}VLLM_URL and {ENV_PREFIX}MODEL"
         )
+    given = [name for name in _VLLM_ONLY if name in used and getattr(settings, name) is not None]
+    if "engine" in used and settings.engine != "vllm" and given:
+        raise SettingsError(  # a forgotten CALLPROOF_ENGINE=vllm served the bundled model
+            f"setting {given[0]!r} is for --engine vllm, and the engine is"
+            f" {settings.engine!r}: set 'engine' to vllm, or unset {given[0]!r}"
+        )
     if (
         {"engine", "vllm_backend", "model", "reasoning"} <= used
         and settings.engine == "vllm"
@@ -360,6 +366,10 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
             "setting 'vllm_url' carries a password and 'vllm_api_key' is set: the vLLM"
             " server takes one of them (its --api-key is the API key), remove the other"
         )
+
+
+# Settings only the vLLM engine reads, unset (None) by default.
+_VLLM_ONLY = ("vllm_url", "vllm_api_key", "weights_digest", "vllm_model_dir", "vllm_think_budget")
 
 
 def _thinking(settings: Settings) -> bool:

@@ -60,7 +60,7 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ({"vllm_url": "ftp://u:pw@x"}, {}, r"'vllm_url': 'ftp://u:\*\*\*@x' must be an http"),
         ({"vllm_url": "http://:8000"}, {}, "with a host"),
         (  # both are the Authorization header: every request was a 500 from aiohttp
-            {"vllm_url": "http://u:pw@vllm:8000"},
+            {"engine": "vllm", "model": "m", "vllm_url": "http://u:pw@vllm:8000"},
             {"CALLPROOF_VLLM_API_KEY": "k"},
             "'vllm_url' carries a password and 'vllm_api_key' is set",
         ),
@@ -75,6 +75,12 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
             {"CALLPROOF_VLLM_BACKEND": "guidance"},
             "is a thinking model",
         ),
+        (  # a forgotten CALLPROOF_ENGINE=vllm: the bundled model answered, without a word
+            {},
+            {"CALLPROOF_VLLM_URL": "http://vllm:8000"},
+            "'vllm_url' is for --engine vllm, and the engine is 'embedded'",
+        ),
+        ({"vllm_think_budget": "64"}, {}, "'vllm_think_budget' is for --engine vllm"),
         ({"db": "postgresql+psycopg://u@h:notaport/d"}, {}, "'db': .* port is not a number$"),
         ({"weights_digest": "nothex"}, {}, "must be a SHA-256 digest: 64 lowercase hex"),
         ({"weights_digest": "AB" * 32}, {}, "64 lowercase hex"),
@@ -132,10 +138,11 @@ def test_an_empty_yaml_value_is_refused_not_unset(tmp_path: Path, setting: str) 
 def test_database_and_vllm_urls_callproof_can_use_are_taken() -> None:
     for url in ("sqlite:////tmp/x.db", "postgresql+psycopg://u:pw@db.internal:5432/callproof"):
         assert load_settings({"db": url}, {}).db_url == url
-    assert (
-        load_settings({"vllm_url": "https://vllm:8000/v1"}, {}).vllm_url == "https://vllm:8000/v1"
-    )
-    assert load_settings({"weights_digest": "ab" * 32}, {}).weights_digest == "ab" * 32
+    vllm = {"engine": "vllm", "model": "m"}
+    url = "https://vllm:8000/v1"
+    assert load_settings({**vllm, "vllm_url": url}, {}).vllm_url == url
+    digest = load_settings({**vllm, "vllm_url": url, "weights_digest": "ab" * 32}, {})
+    assert digest.weights_digest == "ab" * 32
 
 
 def test_unknown_variables_are_named_with_the_setting_meant() -> None:
