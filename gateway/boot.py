@@ -61,11 +61,17 @@ def listening_socket(settings: Settings) -> socket.socket:
         ) from None
 
 
-def check_model_files(settings: Settings) -> None:
-    """An embedded --model that is not a model stops the start before anything is created
-    (it left a data directory, a ledger and a generated key behind); only the files' shapes
-    are read here, the weights load later."""
-    if settings.engine == "embedded" and settings.model is not None:
+def check_engine_inputs(settings: Settings) -> None:
+    """An embedded --model that is not a model, or a CALLPROOF_BACKENDS naming no backend
+    it can use, stops the start before anything is created (each left a data directory, a
+    ledger and a generated key behind); only the model files' shapes are read here, the
+    weights load later."""
+    if settings.engine != "embedded":
+        return
+    from runtime.backends.registry import backend_order
+
+    backend_order()
+    if settings.model is not None:
         from runtime.engines.embedded import resolve_model
 
         resolve_model(settings.model)

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.boot import (
         PortInUse,
-        check_model_files,
+        check_engine_inputs,
         default_signer,
         listening_socket,
         load_engine,
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 "embedded", 'the embedded engine (engine "embedded", the default; or --engine vllm)'
             )
         listener = listening_socket(settings)  # a port in use must create nothing
-        check_model_files(settings)
+        check_engine_inputs(settings)
         signer = named_signer(settings)  # before anything is created: it needs no database
         say_ledger(settings.db_url)  # before it is touched: a failure below names it too
         prepare_database(settings)

@@ -527,8 +527,7 @@ def test_serve_with_an_unknown_grammar_backend_names_the_variable(tmp_path: Path
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "CALLPROOF_BACKENDS names unknown grammar backend(s) ['nosuch']" in done.stderr
-    # the ledger it had already made is named, as every command names the one it used
-    assert f"callproof: ledger at sqlite:///{tmp_path / 'data' / 'ledger.db'}" in done.stderr
+    assert not (tmp_path / "data").exists()  # a ledger and a signing key were made first
 
 
 @pytest.mark.parametrize(
