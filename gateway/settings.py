@@ -295,6 +295,7 @@ def load_settings(
     env = os.environ if env is None else env
     names = _field_names()
     merged: dict[str, Any] = {}
+    overridden: list[tuple[str, Any]] = []  # values a later source replaces: checked too
     if config_file is None and ENV_PREFIX + "CONFIG" in env:
         if not env[ENV_PREFIX + "CONFIG"]:  # as with any other empty value: not the default
             raise SettingsError(f"{ENV_PREFIX}CONFIG is empty: unset it or name a config file")
@@ -305,13 +306,16 @@ def load_settings(
         if unknown:
             raise SettingsError(f"unknown setting(s) in {config_file}: {', '.join(unknown)}")
         merged.update(from_file)
-    for name in names:
-        if ENV_PREFIX + name.upper() in env:
-            merged[name] = env[ENV_PREFIX + name.upper()]
-    for name, value in (flags or {}).items():
-        if value is not None and name in names:
-            merged[name] = value
+    later = [(n, env[ENV_PREFIX + n.upper()]) for n in names if ENV_PREFIX + n.upper() in env]
+    later += [(n, v) for n, v in (flags or {}).items() if v is not None and n in names]
+    for name, value in later:  # the environment, then the flags
+        if name in merged:
+            overridden.append((name, merged[name]))
+        merged[name] = value
     used = set(names if only is None else only)
+    for name, value in overridden:  # a bad value anywhere stops the start, not only a winner
+        if name in used:
+            _coerce(name, value)
     settings = Settings(
         **{name: _coerce(name, value) for name, value in merged.items() if name in used}
     )

@@ -102,6 +102,18 @@ def test_a_key_cache_ttl_of_zero_turns_the_cache_off() -> None:
     assert load_settings({"key_cache_ttl_s": "0"}, {}).key_cache_ttl_s == 0
 
 
+def test_a_bad_value_is_refused_even_where_another_source_overrides_it(tmp_path: Path) -> None:
+    """A bad value anywhere stops the start (docs/configuration.md): one in the file that the
+    environment or a flag overrides was never read, and waited for the day it was not."""
+    config = tmp_path / "c.toml"
+    config.write_text("port = 0\n")
+    with pytest.raises(SettingsError, match="'port': 0"):
+        load_settings({}, {"CALLPROOF_PORT": "18110"}, config)
+    with pytest.raises(SettingsError, match="'port': 'x'"):
+        load_settings({"port": "18110"}, {"CALLPROOF_PORT": "x"})
+    assert load_settings({"port": "18111"}, {"CALLPROOF_PORT": "18110"}).port == 18111
+
+
 def test_a_config_file_number_of_the_wrong_kind_is_refused(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text("port = 8791.7\n")  # was truncated to 8791
