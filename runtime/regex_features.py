@@ -146,6 +146,17 @@ def group_depth(pattern: str) -> int:
     return deepest
 
 
+def group_construct(pattern: str) -> str | None:
+    """The first ``(?`` group that is not a plain ``(?:``: inline flags (``(?i)``,
+    ``(?s:``), a named group (``(?P<n>``), a comment (``(?#``) or a lookaround, as written
+    up to its fourth character; None if there is none."""
+    for i, ch, in_class in _unescaped(pattern):
+        opens = ch == "(" and not in_class and pattern.startswith("?", i + 1)
+        if opens and not pattern.startswith(":", i + 2):
+            return pattern[i : i + 4]
+    return None
+
+
 def _unescaped(pattern: str) -> Iterator[tuple[int, str, bool]]:
     """(position, character, inside a character class) of each character no backslash
     escapes. A class's opening ``[`` comes as outside it, its closing ``]`` as inside; the
@@ -208,6 +219,7 @@ def _bound(repeat: tuple[int, int, Any]) -> int:
 __all__ = [
     "ambiguous_class",
     "constraint_patterns",
+    "group_construct",
     "misread_construct",
     "regex_loops",
     "regex_nodes",

@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from runtime.regex_features import group_construct
 from runtime.schema_keywords import CHECKED_FORMATS, IGNORED_BY_ALL_BUT_LLGUIDANCE
 from runtime.schema_walk import integer_typed
 
@@ -48,18 +49,36 @@ LENGTHS = ("minLength", "maxLength")
 # Escapes Python's `re` reads as anchors, octal or named characters (and the `regex` module
 # and llguidance \p{..} as a Unicode property) and xgrammar's regex converter as the letter or
 # digit itself ("Escape sequence '\Z' is not recognized. The character itself will be
-# matched"); any other escape pair is skipped whole.
-_ESCAPE = re.compile(r"\\(?:([AZzNpP]|0[0-7]|[1-9])|.)", re.DOTALL)
+# matched"); a \x escape followed by a third hex digit, which xgrammar reads into the escape
+# (\x41B is U+041B to it, "AB" to Python); any other escape pair is skipped whole.
+_ESCAPE = re.compile(r"\\(?:([AZzNpP]|0[0-7]|[1-9])|x([0-9a-fA-F]{2})(?=[0-9a-fA-F])|.)", re.DOTALL)
 
 _RANGE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 
 
-def literal_escape(pattern: str) -> str | None:
-    """Why xgrammar would match this regex differently from Python (an escape it reads as
-    the character itself), or None."""
+def xgrammar_misreading(pattern: str) -> str | None:
+    """Why xgrammar would read this regex otherwise than Python, and how to write it so
+    both read it alike; or None. Its converter reads some escapes as the character itself
+    and a third hex digit into a \\x escape, and cannot parse a group's flags, name or
+    comment (a 400 quoting its C++ source)."""
     for match in _ESCAPE.finditer(pattern):
         if match.group(1):
-            return f"reads the escape \\{match.group(1)} in {pattern!r} literally"
+            return (
+                f"reads the escape \\{match.group(1)} in {pattern!r} literally: write it as a"
+                " character class or an anchor-free pattern (the regex is matched whole)"
+            )
+        if match.group(2):
+            digits = match.group(2)
+            return (
+                f"reads \\x{digits} and the hex digit after it in {pattern!r} as one escape:"
+                f" write \\u00{digits} instead"
+            )
+    construct = group_construct(pattern)
+    if construct is not None:
+        return (
+            f"cannot read the group beginning {construct!r} in {pattern!r} (flags, a name or a"
+            " comment): write it as (?:...), with cases or newlines spelled out"
+        )
     return None
 
 
@@ -81,9 +100,9 @@ def weakened(node: dict[str, Any], pointer: str) -> Iterator[tuple[str, str]]:
                 yield keyword, f"ignores minLength/maxLength beside a pattern or format at {at}"
     pattern = node.get("pattern")
     if isinstance(pattern, str):
-        escape = literal_escape(pattern)
-        if escape is not None:
-            yield "pattern", f"{escape} at {at}"
+        misread = xgrammar_misreading(pattern)
+        if misread is not None:
+            yield "pattern", f"{misread} at {at}"
     if node.get("format") in CHECKED_FORMATS - XGRAMMAR_FORMATS:
         yield "format", f"ignores format {node['format']!r} at {at} (reads it as any string)"
 

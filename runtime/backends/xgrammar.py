@@ -26,7 +26,7 @@ from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 from runtime.gbnf import is_gbnf
 from runtime.schema_walk import schema_nodes
-from runtime.xgrammar_gaps import UNENFORCED, literal_escape, weakened
+from runtime.xgrammar_gaps import UNENFORCED, weakened, xgrammar_misreading
 
 _LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
 
@@ -94,7 +94,7 @@ def _dropped(constraint: Constraint) -> str | None:
     """What xgrammar would compile into a weaker constraint than Python's reading of it (its
     warnings, probed with this version), or None."""
     if constraint.kind == "regex":
-        return literal_escape(constraint.source)
+        return xgrammar_misreading(constraint.source)
     if not constraint.is_json:
         return None
     for pointer, node in schema_nodes(constraint.schema()):

@@ -36,7 +36,7 @@ from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 from runtime.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, one_of_overlaps
 from runtime.schema_walk import schema_nodes
-from runtime.xgrammar_gaps import UNENFORCED, XGRAMMAR_FORMATS, literal_escape, weakened
+from runtime.xgrammar_gaps import UNENFORCED, XGRAMMAR_FORMATS, weakened, xgrammar_misreading
 
 # Keywords the server refuses more widely than xgrammar weakens them (every multipleOf, every
 # format outside XGRAMMAR_FORMATS): reported once each, as refused, not as weakened.
@@ -74,12 +74,10 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
     """``constraint`` as a server with structured-output ``backend`` ("xgrammar" or
     "guidance") can enforce it; BackendCannotCompile for a regex it would read differently."""
     if constraint.kind == "regex" and backend == "xgrammar":
-        why = literal_escape(constraint.source)
+        why = xgrammar_misreading(constraint.source)
         if why is not None:
             raise BackendCannotCompile(
-                f"the vLLM server's xgrammar backend {why}: write the escape as a character"
-                " class or an anchor-free pattern (the regex is matched whole), or serve with"
-                " the guidance backend",
+                f"the vLLM server's xgrammar backend {why} (or serve with the guidance backend)",
                 param=constraint.param,
             )
     if not constraint.is_json:

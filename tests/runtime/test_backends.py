@@ -487,6 +487,9 @@ def test_xgrammar_takes_a_one_of_whose_branches_are_disjoint():
         (Constraint.regex("\\A[0-9]+"), "reads the escape \\A"),
         (Constraint.regex("[\\101-\\132]{2}"), "reads the escape \\1"),
         (Constraint.regex("[\\p{Lu}][a-z]+"), "reads the escape \\p"),
+        (Constraint.regex("\\x41B"), "reads \\x41 and the hex digit after it"),
+        (Constraint.regex("(?i)abc"), "cannot read the group beginning '(?i)'"),
+        (Constraint.regex("(?P<y>[0-9]{4})"), "cannot read the group beginning '(?P<'"),
         (
             Constraint.json_schema({"type": "string", "pattern": "^\\P{N}+$"}),
             "reads the escape \\P",

@@ -18,6 +18,8 @@ from callproof.devvllm import VllmServer
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Generation, Sampling, TextDelta
 from runtime.engines.vllm import VllmEngine
+from runtime.engines.vllm_http import VllmHttp, sse_events
+from runtime.engines.vllm_request import request_body
 from runtime.errors import (
     BackendCannotCompile,
     EngineRejected,
@@ -313,15 +315,37 @@ def test_a_bad_request_is_rejected_with_vllms_message(vllm_server: VllmServer) -
 def test_a_request_refused_once_its_stream_began_is_the_same_4xx(vllm_server: VllmServer) -> None:
     """vLLM compiles a grammar after a stream's head: its refusal comes as an error event,
     which was a 503 engine_unavailable (the SDK retried a request that cannot succeed)
-    where the same request without streaming is vLLM's 400."""
-    constraint = Constraint.regex("(?i)abc")  # xgrammar: group modifier flags unsupported
+    where the same request without streaming is vLLM's 400. The engine now refuses this
+    regex itself, so the body is sent as is, through the engine's own transport."""
+    body = request_body(
+        ask("hi"),
+        Constraint.regex("(?i)abc"),  # xgrammar: group modifier flags unsupported
+        SHORT,
+        model=vllm_server.config.served_name,
+        backend="xgrammar",
+        stream=False,
+    )
 
     async def go(streaming: bool) -> None:
-        async with engine_for(vllm_server) as engine:
-            if streaming:
-                [_ async for _ in engine.stream(ask("hi"), constraint, SHORT)]
-            else:
-                await engine.generate(ask("hi"), constraint, SHORT)
+        http = VllmHttp(
+            vllm_server.url,
+            vllm_server.config.served_name,
+            api_key=None,
+            timeout=60,
+            connect_timeout=5,
+            request_timeout=120,
+            max_connections=2,
+        )
+        try:
+            sent = {**body, "stream": streaming}
+            async with http.request("POST", "/v1/chat/completions", sent) as response:
+                if streaming:
+                    async for _ in sse_events(response):
+                        pass
+                else:
+                    await response.read()
+        finally:
+            await http.aclose()
 
     for streaming in (False, True):
         with pytest.raises(EngineRejected) as info:
@@ -462,7 +486,8 @@ def test_values_the_servers_check_reads_as_schemas_are_not_sent(vllm_server: Vll
 def test_a_regex_xgrammar_would_read_otherwise_is_refused_naming_the_escape(
     vllm_server: VllmServer, streaming: bool
 ) -> None:
-    """vLLM answered \\p with a 400 naming no parameter (and matched \\Z as a letter)."""
+    """vLLM answered \\p with a 400 naming no parameter (and matched \\Z as a letter); it read
+    \\x41B as U+041B (always a 422 after decoding) and refused (?i) with its C++ source line."""
 
     async def go(pattern: str) -> None:
         async with engine_for(vllm_server) as engine:
@@ -472,7 +497,12 @@ def test_a_regex_xgrammar_would_read_otherwise_is_refused_naming_the_escape(
             else:
                 await engine.generate(ask("A word?"), constraint, sampling)
 
-    for pattern, escape in ((r"\p{L}{1,8}", "\\p"), (r"[a-z]{1,8}\Z", "\\Z")):
+    for pattern, escape in (
+        (r"\p{L}{1,8}", "\\p"),
+        (r"[a-z]{1,8}\Z", "\\Z"),
+        (r"\x41B", "write \\u0041"),
+        (r"(?i)abc", "cannot read the group beginning '(?i)'"),
+    ):
         with pytest.raises(BackendCannotCompile) as info:
             run(go(pattern))
         assert info.value.param == "regex" and escape in info.value.message
