@@ -83,18 +83,9 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
     if not constraint.is_json:
         return Served(constraint)
     schema = constraint.schema()  # a fresh copy: the gaps are dropped from it in place
-    gaps = []
-    annotated = False  # an annotation left out (no gap: nothing enforces one)
+    gaps: list[Gap] = []
+    rewritten = False  # changed where nothing is lost: no gap to record
     for pointer, node in schema_nodes(schema):
-        if backend == "xgrammar":
-            for keyword in _ANNOTATIONS:
-                if keyword in node and _read_as_refused(node[keyword]):
-                    del node[keyword]
-                    annotated = True
-            for keyword in _DATA:
-                if keyword in node and _read_as_refused(node[keyword]):
-                    gaps.append(Gap(pointer, keyword, _READ_AS_SCHEMA))
-                    node.pop(keyword)
         # dropped before the walk descends, so nothing below a dropped keyword is reported
         for keyword, why in _gaps(schema, node, pointer, backend):
             gaps.append(Gap(pointer, keyword, why))
@@ -105,9 +96,37 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
                 # missing one as false: either way, without the patterns the object would be
                 # closed to the keys they allow ({} alone, or a 400 with minProperties)
                 node["additionalProperties"] = True
-    if not gaps and not annotated:
+        if backend == "xgrammar":
+            rewritten |= _as_xgrammar_reads_it(node, pointer, gaps)
+    if not gaps and not rewritten:
         return Served(constraint)
     return Served(Constraint.json_schema(schema, kind=constraint.kind), tuple(gaps))
+
+
+def _as_xgrammar_reads_it(node: dict[str, Any], pointer: str, gaps: list[Gap]) -> bool:
+    """Rewrite ``node`` in place where vLLM's xgrammar backend would refuse or misread what
+    it says; a value left to the check after decoding joins ``gaps``. Whether anything else
+    changed (an annotation left out, a required key listed)."""
+    rewritten = False
+    for keyword in _ANNOTATIONS:  # nothing enforces one: left out, nothing to check
+        if keyword in node and _read_as_refused(node[keyword]):
+            del node[keyword]
+            rewritten = True
+    for keyword in _DATA:
+        if keyword in node and _read_as_refused(node[keyword]):
+            gaps.append(Gap(pointer, keyword, _READ_AS_SCHEMA))
+            del node[keyword]
+    # xgrammar leaves out a required key its properties do not list (only {} was written):
+    # listed, with the schema any other key's value must hold
+    required, properties = node.get("required"), node.get("properties", {})
+    extra = node.get("additionalProperties", True)
+    if isinstance(required, list) and isinstance(properties, dict) and extra is not False:
+        missing = [k for k in required if isinstance(k, str) and k not in properties]
+        if missing:
+            value = extra if isinstance(extra, dict) else {}
+            node["properties"] = {**properties, **{key: value for key in missing}}
+            rewritten = True
+    return rewritten
 
 
 # vLLM's feature check (has_xgrammar_unsupported_json_features) reads every object inside a

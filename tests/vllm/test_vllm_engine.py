@@ -482,6 +482,33 @@ def test_values_the_servers_check_reads_as_schemas_are_not_sent(vllm_server: Vll
         jsonschema.validate(json.loads(generation.text), schema)
 
 
+def test_a_required_key_its_properties_do_not_list_is_written(vllm_server: VllmServer) -> None:
+    """xgrammar left out a required key the schema's properties do not list: only {} was
+    written, a 422 every time, where the embedded engine writes {"count": 1}. The key is
+    listed in what is sent, holding what any other key's value must."""
+    schema = {
+        "type": "object",
+        "required": ["count"],
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
+    }
+    plan = plan_chat(
+        ChatInput(
+            messages=[{"role": "user", "content": "Give a JSON object with a count."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
+    )
+
+    async def go() -> Generation:
+        async with engine_for(vllm_server) as engine:
+            return await engine.generate(plan.messages, plan.constraint, SHORT)
+
+    generation = run(go())
+    assert generation.fallback is None  # nothing is left to the check: all of it is sent
+    value = plan.parse(generation.text).parsed
+    jsonschema.validate(value, schema)
+    assert isinstance(value["count"], int)
+
+
 @pytest.mark.parametrize("streaming", [False, True], ids=["generate", "stream"])
 def test_a_regex_xgrammar_would_read_otherwise_is_refused_naming_the_escape(
     vllm_server: VllmServer, streaming: bool
