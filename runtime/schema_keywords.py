@@ -100,6 +100,13 @@ def overlapping_one_of(schema: Any) -> str | None:
     return None
 
 
+# The string formats llguidance compiles (probed, llguidance 1.x); any other name, one Draft
+# 2020-12 defines or not, is its "Unknown format" error, which refuses the whole schema.
+LLGUIDANCE_FORMATS = frozenset(
+    {"date", "time", "date-time", "duration", "email", "hostname", "ipv4", "ipv6", "uri", "uuid"}
+)
+
+
 def one_of_overlaps(root: Any, node: dict[str, Any]) -> bool:
     """Whether this node of ``root`` has a ``oneOf`` not proven disjoint (overlapping_one_of)."""
     branches = node.get("oneOf")

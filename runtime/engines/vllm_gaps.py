@@ -34,7 +34,11 @@ from typing import Any
 from runtime.bounded_cache import size_bounded
 from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
-from runtime.schema_keywords import IGNORED_BY_ALL_BUT_LLGUIDANCE, one_of_overlaps
+from runtime.schema_keywords import (
+    IGNORED_BY_ALL_BUT_LLGUIDANCE,
+    LLGUIDANCE_FORMATS,
+    one_of_overlaps,
+)
 from runtime.schema_walk import schema_nodes
 from runtime.xgrammar_gaps import UNENFORCED, XGRAMMAR_FORMATS, weakened, xgrammar_misreading
 
@@ -89,7 +93,9 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
         # dropped before the walk descends, so nothing below a dropped keyword is reported
         for keyword, why in _gaps(schema, node, pointer, backend):
             gaps.append(Gap(pointer, keyword, why))
-            if keyword != "oneOf":
+            if keyword == "oneOf" and backend != "xgrammar":  # (xgrammar reads it as anyOf)
+                _as_any_of(node)
+            elif keyword != "oneOf":
                 node.pop(keyword, None)
             if keyword == "patternProperties":
                 # additionalProperties reads "keys no pattern matches", and xgrammar reads a
@@ -101,6 +107,16 @@ def served_constraint(constraint: Constraint, backend: str) -> Served:
     if not gaps and not rewritten:
         return Served(constraint)
     return Served(Constraint.json_schema(schema, kind=constraint.kind), tuple(gaps))
+
+
+def _as_any_of(node: dict[str, Any]) -> None:
+    """The node's oneOf sent as an anyOf: the same branches, held to one or more of them
+    (the check after decoding holds the output to exactly one)."""
+    branches = node.pop("oneOf")
+    if "anyOf" in node:
+        node["allOf"] = [*node.get("allOf", []), {"anyOf": branches}]
+    else:
+        node["anyOf"] = branches
 
 
 def _as_xgrammar_reads_it(node: dict[str, Any], pointer: str, gaps: list[Gap]) -> bool:
@@ -170,6 +186,10 @@ def _gaps(
     if backend != "xgrammar":  # guidance: llguidance refuses these itself
         for keyword in sorted(node.keys() & IGNORED_BY_ALL_BUT_LLGUIDANCE):
             yield keyword, "refused by the server's guidance backend"
+        if "format" in node and node["format"] not in LLGUIDANCE_FORMATS:
+            yield "format", "a format the server's guidance backend does not know"
+        if one_of_overlaps(root, node):  # what it cannot prove disjoint, it refuses
+            yield "oneOf", "refused by the server's guidance backend: its branches may overlap"
         return
     for keyword in sorted(node.keys() & UNENFORCED):
         yield keyword, "ignored or refused by the server's xgrammar backend"

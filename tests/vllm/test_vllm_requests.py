@@ -20,6 +20,7 @@ import xgrammar
 from runtime.constraint import Constraint
 from runtime.engines.base import ChatMessage, Generation, Sampling
 from runtime.engines.vllm import VllmEngine
+from runtime.engines.vllm_gaps import served_constraint
 from runtime.engines.vllm_http import json_object, status_error
 from runtime.engines.vllm_request import request_body, structured_outputs
 from runtime.errors import EngineConfigError, EngineRejected, EngineUnavailable
@@ -164,6 +165,44 @@ def test_structural_tags_are_refused_for_a_non_xgrammar_server() -> None:
             backend="guidance",
             stream=False,
         )
+
+
+@pytest.mark.parametrize(
+    ("part", "left_out"),
+    [
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "oneOf"),
+        *(({"type": "string", "format": f}, "format") for f in ("uri-reference", "idn-email")),
+        ({"type": "string", "format": "json-pointer", "maxLength": 9}, "format"),
+    ],
+)
+def test_what_the_guidance_backend_refuses_is_left_to_the_check(part: Any, left_out: str) -> None:
+    """vLLM's guidance backend is llguidance, which refuses a oneOf it cannot prove disjoint
+    and a format it does not know (a 400 naming neither place nor keyword). What is sent
+    compiles in llguidance; the output is checked against the whole schema after decoding."""
+    from llguidance import LLMatcher
+
+    schema = {"type": "object", "properties": {"v": part}, "required": ["v"]}
+    for constraint in (
+        Constraint.json_schema(schema),
+        Constraint.json_schema(
+            union_schema(
+                parse_tools_field(
+                    [{"type": "function", "function": {"name": "t", "parameters": schema}}]
+                ),
+                "required",
+                None,
+                False,
+            ),
+            kind="tools",
+        ),
+    ):
+
+        def refusal(sent: Constraint) -> str:
+            return LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(sent.schema()))
+
+        served = served_constraint(constraint, "guidance")
+        assert refusal(constraint) and not refusal(served.constraint), served
+        assert served.fallback == f"post_hoc_check:{left_out}"
 
 
 @pytest.mark.parametrize(
