@@ -53,6 +53,10 @@ LENGTHS = ("minLength", "maxLength")
 # (\x41B is U+041B to it, "AB" to Python); any other escape pair is skipped whole.
 _ESCAPE = re.compile(r"\\(?:([AZzNpP]|0[0-7]|[1-9])|x([0-9a-fA-F]{2})(?=[0-9a-fA-F])|.)", re.DOTALL)
 
+# Where xgrammar's C++ logged an error ("[08:44:51] /project/cpp/regex_converter.cc:83: "),
+# which begins its messages and says nothing to a client (vLLM passes it on in its own).
+LOG_LOCATION = re.compile(r"\[[0-9:]+\] \S+:\d+: ")
+
 _RANGE = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 
 

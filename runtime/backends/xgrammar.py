@@ -11,7 +11,6 @@ those cases first (runtime/xgrammar_gaps.py, shared with the vLLM engine).
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import torch
@@ -26,9 +25,7 @@ from runtime.constraint import Constraint
 from runtime.errors import BackendCannotCompile
 from runtime.gbnf import is_gbnf
 from runtime.schema_walk import schema_nodes
-from runtime.xgrammar_gaps import UNENFORCED, weakened, xgrammar_misreading
-
-_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:\d+: ")
+from runtime.xgrammar_gaps import LOG_LOCATION, UNENFORCED, weakened, xgrammar_misreading
 
 
 class XGrammarMatcher(MaskReadingMatcher):
@@ -106,4 +103,4 @@ def _dropped(constraint: Constraint) -> str | None:
 def _message(exc: Exception) -> str:
     """The reason alone: xgrammar prefixes its C++ log location ("[08:44:51]
     /project/cpp/regex_converter.cc:83: "), which says nothing to the client."""
-    return _LOG_PREFIX.sub("", str(exc).strip(), count=1)[:500]
+    return LOG_LOCATION.sub("", str(exc).strip(), count=1)[:500]

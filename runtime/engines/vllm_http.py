@@ -33,6 +33,7 @@ from runtime.errors import (
     EngineUnavailable,
     RuntimeInputError,
 )
+from runtime.xgrammar_gaps import LOG_LOCATION
 
 # The statuses that mean "this request is wrong" (the client can fix it). Any other 4xx from
 # vLLM (401/403: our key, 404: our model name, 429: overload) is the gateway's problem: 503.
@@ -233,7 +234,7 @@ def _error_message(raw: bytes) -> str:
         message = said["message"]
     else:
         message = json.dumps(data)
-    return message[:MAX_MESSAGE_CHARS]
+    return LOG_LOCATION.sub("", message)[:MAX_MESSAGE_CHARS]
 
 
 def json_object(raw: bytes) -> dict[str, Any]:

@@ -256,6 +256,14 @@ def test_a_server_fault_reaches_the_client_as_its_status_only() -> None:
     assert isinstance(status_error(400, b'{"error": {"message": "bad n"}}'), EngineRejected)
 
 
+def test_xgrammars_log_location_is_not_passed_on() -> None:
+    """vLLM passes on xgrammar's messages with the C++ file and line they were logged at."""
+    said = "Failed to transform json schema: [07:34:51] /project/cpp/json_schema.cc:4944: min > 0"
+    error = status_error(400, json.dumps({"error": {"message": said}}).encode())
+    assert isinstance(error, EngineRejected)
+    assert error.message == "Failed to transform json schema: min > 0"
+
+
 # ---------------------------------------------------------------- odd upstream answers
 # A small real HTTP server per test plays the upstream: what a proxy, a misconfigured URL or
 # a broken server in front of vLLM can send.
