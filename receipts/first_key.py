@@ -24,9 +24,10 @@ _FIRST_KEY_LOCK = 0x63616C6C6B657931  # "callkey1"
 def first_signing_key(url: str, generate: Callable[[], Signer]) -> Signer:
     """``generate()``'s key, registered as the ledger's first; KeyAlreadyListed when the
     ledger lists a key (another replica's, or one whose file went missing). Gateways
-    starting together take turns on Postgres (an advisory lock); a SQLite ledger has one
-    gateway."""
-    engine = create_engine(url)
+    starting together take turns: on Postgres an advisory lock, on SQLite the write lock
+    taken up front (the writer's BEGIN IMMEDIATE; a read then a write in a deferred
+    transaction fails "database is locked" at once when another gateway wrote in between)."""
+    engine = create_engine(url, writer=True)
     try:
         with transaction(engine, "cannot register a signing key") as conn:
             if conn.dialect.name == "postgresql":

@@ -789,16 +789,18 @@ def test_replicas_of_one_ledger_with_no_key_named_do_not_each_make_one(
 
 
 def test_gateways_sharing_a_data_directory_share_the_key_one_of_them_made(
-    tmp_path: Path, fresh_postgres_url: str
+    tmp_path: Path, db_url: str
 ) -> None:
-    """Two gateways on one data directory and one Postgres ledger, starting together: the
-    one that waited for the other's key used to stop, the key it would have loaded listed."""
+    """Gateways on one data directory and one ledger, starting together: on Postgres the one
+    that waited for the other's key used to stop, the key it would have loaded listed; on
+    SQLite the one that had read the empty key list before the other's key was written
+    could not write its own (database is locked) and stopped."""
     from concurrent.futures import ThreadPoolExecutor
 
     from gateway.boot import default_signer, prepare_database
     from gateway.settings import Settings
 
-    settings = Settings(data_dir=tmp_path / "shared", db=fresh_postgres_url)
+    settings = Settings(data_dir=tmp_path / "shared", db=db_url)
     prepare_database(settings)
     with ThreadPoolExecutor(3) as pool:
         keys = {signer.key_id for signer in pool.map(default_signer, [settings] * 3)}
