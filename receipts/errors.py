@@ -85,3 +85,8 @@ class VerifierInputError(ReceiptsError):
     """A verifier's own input is unusable, so there is nothing to verify (exit 2): no file at
     the bundle's path, pinned keys that hold no public key, a file that is not even gzip.
     What is wrong inside a bundle (not a tar.gz, an unsafe member) is a failed report."""
+
+
+class OverwritesLedger(ReceiptsError):
+    """An output path names the SQLite ledger's own file (or its -wal or -shm): writing it
+    would replace the database gateways have open under them (exit 2, nothing written)."""

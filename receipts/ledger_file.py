@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
-from receipts.errors import LedgerUnavailable
+from receipts.errors import LedgerUnavailable, OverwritesLedger
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -70,11 +70,27 @@ class LedgerFile:
         return stat.st_dev, stat.st_ino
 
 
+def refuse_ledger_output(path: Path, dest: Path) -> None:
+    """OverwritesLedger when ``dest`` is the SQLite ledger at ``path`` or one of its -wal and
+    -shm files, by name or as the same file (a hard or symbolic link): `ledger backup -o`
+    the live file replaced it, and the gateway using it answered 503 until a restart."""
+    for own in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        same = dest.resolve() == own.resolve()
+        if not same and dest.exists() and own.exists():
+            same = os.path.samefile(dest, own)
+        if same:
+            raise OverwritesLedger(
+                f"{dest} is the ledger's own file {own}: writing it would replace the database"
+                " under the gateways using it; write to another file"
+            )
+
+
 def backup(path: Path, dest: Path) -> None:
     """A consistent copy of the SQLite ledger at ``path`` in ``dest`` (mode 0600, written in
     full or not at all), taken while gateways write to it. SQLite's online backup copies one
     snapshot, receipts still in the ``-wal`` file included: a copy of the ledger file alone
     misses every receipt committed since the last WAL checkpoint."""
+    refuse_ledger_output(path, dest)
     partial = dest.with_name(f".{dest.name}.partial")
     os.close(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
     os.chmod(partial, 0o600)  # one left by an earlier run keeps its mode through O_CREAT

@@ -141,6 +141,7 @@ def _export(args: argparse.Namespace) -> int:
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger import Ledger
+    from receipts.ledger_file import refuse_ledger_output, sqlite_file
     from receipts.signing import load_or_create_signer
 
     if args.since and args.until and args.since > args.until:
@@ -148,6 +149,8 @@ def _export(args: argparse.Namespace) -> int:
     try:
         settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "signing_key_file"))
         url = _db_url(settings)
+        if (ledger_file := sqlite_file(url)) is not None:
+            refuse_ledger_output(ledger_file, args.output)  # it was truncated to the bundle
         with Ledger(url, None) as reader:
             tenant = args.tenant or _only_chain(reader.chains())
             if args.signing_key:
@@ -279,7 +282,7 @@ def _backup(args: argparse.Namespace) -> int:
     import sqlite3
 
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
-    from receipts.errors import LedgerUnavailable
+    from receipts.errors import LedgerUnavailable, OverwritesLedger
     from receipts.ledger_file import backup, sqlite_file
 
     try:
@@ -295,7 +298,7 @@ def _backup(args: argparse.Namespace) -> int:
         return fail(UNAVAILABLE, exc)
     except sqlite3.Error as exc:
         return fail(UNAVAILABLE, f"the backup of {path} failed: {exc}")
-    except (SettingsError, OSError) as exc:
+    except (SettingsError, OverwritesLedger, OSError) as exc:
         return fail(BAD_INPUT, exc)
     print(f"wrote {args.output}")
     return OK

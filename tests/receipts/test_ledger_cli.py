@@ -147,6 +147,33 @@ def test_ledger_backup_copies_what_the_wal_holds_while_a_writer_runs(
     assert code == 0 and report["checked"] == 13, out
 
 
+def test_backup_and_export_refuse_to_write_over_the_ledger_itself(
+    fresh_sqlite_url: str, tmp_path: Path, capsys
+) -> None:
+    """`ledger backup -o data/ledger.db` replaced the live file (a running gateway then
+    answered 503 until restarted) and `export -o` it truncated the ledger to a bundle: the
+    ledger's file, its -wal and -shm, by any name (a hard or symbolic link), are refused."""
+    import os
+
+    db = Path(fresh_sqlite_url.removeprefix("sqlite:///"))
+    assert run(capsys, "ledger", "migrate", "--db", fresh_sqlite_url)[0] == 0
+    hard, soft = tmp_path / "hard.db", tmp_path / "soft.db"
+    os.link(db, hard)
+    soft.symlink_to(db)
+    with ledger(fresh_sqlite_url) as led:
+        fill(led, 3)
+        inode = db.stat().st_ino
+        for target in (db, hard, soft, Path(f"{db}-wal"), tmp_path / "." / db.name):
+            for command in (["ledger", "backup"], ["export", "--tenant", "acme"]):
+                argv = [*command, "--db", fresh_sqlite_url, "-o", str(target)]
+                code, out, err = run(capsys, *argv)
+                assert code == 2 and "is the ledger's own file" in err and not out, (argv, err)
+        assert db.stat().st_ino == inode
+        fill(led, 1)  # the gateway's ledger still writes
+    code, out, _ = run(capsys, "ledger", "verify", "--db", fresh_sqlite_url, "--json")
+    assert code == 0 and json.loads(out)["checked"] == 4, out
+
+
 def test_export_names_a_signing_key_file_that_holds_no_key(filled, tmp_path: Path, capsys) -> None:
     url, _, _ = filled
     garbage = tmp_path / "half.pem"
