@@ -160,10 +160,16 @@ def load_or_create_signer(path: str | os.PathLike[str], *, create: bool = True) 
 
 def signer_from_env(var: str = "CALLPROOF_SIGNING_KEY") -> Signer | None:
     """The signer whose PEM private key is the text of environment variable `var`, or None
-    when it is unset or empty (the caller then falls back to a key file)."""
-    pem = os.environ.get(var, "").strip()
-    if not pem:
+    when it is unset (the caller then falls back to a key file). Set but empty is refused: a
+    secret mount that failed must not give the gateway a new signing identity."""
+    if var not in os.environ:
         return None
+    pem = os.environ[var].strip()
+    if not pem:
+        raise SigningKeyError(
+            f"${var} is set but empty: give it the PEM private key, or unset it to sign with"
+            " signing_key_file or <data_dir>/signing-key.pem"
+        )
     try:
         return Signer.from_pem(pem)
     except SigningKeyError as exc:

@@ -506,6 +506,21 @@ def test_serve_names_the_signing_key_file_that_holds_no_key(tmp_path: Path, wher
     ), done.stderr
 
 
+def test_serve_refuses_an_empty_signing_key_variable(tmp_path: Path) -> None:
+    """An empty CALLPROOF_SIGNING_KEY (a secret mount that failed) was read as unset: the
+    gateway generated a key of its own, a new signing identity. Exit 2, one line, nothing
+    created."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+    done = serve_once(
+        "--data-dir", str(tmp_path / "data"), env={**env, "CALLPROOF_SIGNING_KEY": ""}
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        "callproof serve: cannot start: $CALLPROOF_SIGNING_KEY is set but empty"
+    ), done.stderr
+    assert not (tmp_path / "data").exists()
+
+
 def test_serve_refuses_a_vllm_engine_without_its_url_before_creating_anything(
     tmp_path: Path,
 ) -> None:

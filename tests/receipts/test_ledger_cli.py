@@ -183,6 +183,17 @@ def test_export_names_a_signing_key_file_that_holds_no_key(filled, tmp_path: Pat
     assert code == 2 and f"signing key file {garbage}:" in err, err
 
 
+def test_export_refuses_an_empty_signing_key_variable(
+    filled, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As serve does: it signed with the default key file instead, as if none were named."""
+    url, _, _ = filled
+    monkeypatch.setenv("CALLPROOF_SIGNING_KEY", "")
+    argv = ["export", "--db", url, "--tenant", "acme", "-o", str(tmp_path / "b.tgz")]
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "$CALLPROOF_SIGNING_KEY is set but empty" in err, err
+
+
 def test_export_of_a_time_range(filled, tmp_path: Path, capsys) -> None:
     url, _, key = filled
     with ledger(url) as led:

@@ -79,6 +79,10 @@ def test_bad_key_material_is_a_typed_error(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setenv("CALLPROOF_SIGNING_KEY", "not a key")
     with pytest.raises(SigningKeyError, match="CALLPROOF_SIGNING_KEY"):
         signer_from_env()
+    for empty in ("", " \n"):  # a secret mount that failed: not the key file's key instead
+        monkeypatch.setenv("CALLPROOF_SIGNING_KEY", empty)
+        with pytest.raises(SigningKeyError, match=r"\$CALLPROOF_SIGNING_KEY is set but empty"):
+            signer_from_env()
     with pytest.raises(SigningKeyError):
         KeyRing().add_pem("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
 
