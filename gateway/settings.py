@@ -99,9 +99,13 @@ _RANGES: dict[str, tuple[float, float]] = {
 
 def _check_database_url(raw: str) -> None:
     """SQLite or Postgres through psycopg, the drivers callproof ships: any other URL would
-    fail later as a missing driver, or as an unavailable database (exit 3, an outage)."""
+    fail later as a missing driver, or as an unavailable database (exit 3, an outage). An
+    in-memory SQLite database is gone with its connection: each command found it empty
+    (`ledger migrate` said "revision None", `keys create` "no such table")."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
+
+    from receipts.ledger_file import sqlite_file
 
     try:
         url = make_url(raw)
@@ -115,6 +119,11 @@ def _check_database_url(raw: str) -> None:
         raise ValueError(
             "is not a database URL callproof can use: sqlite:///PATH or"
             " postgresql+psycopg://USER@HOST/DB"
+        )
+    if url.drivername == "sqlite" and sqlite_file(raw) is None:
+        raise ValueError(
+            "is an in-memory SQLite database, gone with each connection: a ledger must be a"
+            " file (sqlite:///PATH) or a server (postgresql+psycopg://USER@HOST/DB)"
         )
     if url.drivername == "postgresql+psycopg" and importlib.util.find_spec("psycopg") is None:
         raise ValueError(

@@ -82,6 +82,10 @@ def test_yaml_file_named_by_the_environment(tmp_path: Path) -> None:
         ),
         ({"vllm_think_budget": "64"}, {}, "'vllm_think_budget' is for --engine vllm"),
         ({"db": "postgresql+psycopg://u@h:notaport/d"}, {}, "'db': .* port is not a number$"),
+        # each command found an empty database: `ledger migrate` exit 0 at "revision None"
+        ({"db": "sqlite://"}, {}, "'db': 'sqlite://' is an in-memory SQLite database"),
+        ({"db": "sqlite:///:memory:"}, {}, "in-memory .* must be a file .* or a server"),
+        ({}, {"CALLPROOF_DB": "sqlite:///file:x?mode=memory&uri=true"}, "in-memory"),
         ({"weights_digest": "nothex"}, {}, "must be a SHA-256 digest: 64 lowercase hex"),
         ({"weights_digest": "AB" * 32}, {}, "64 lowercase hex"),
     ],
