@@ -60,11 +60,11 @@ def _with_store(
 
     try:  # the database and the log level: serve's other settings are not checked here
         settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "log_level"))
+        say_ledger(settings.db_url)  # before it is touched: a failure below names it too
         if migrate:
             prepare_database(settings)
         else:
             _check_readable(settings.db_url)
-        say_ledger(settings.db_url)
         store = KeyStore.open(settings.db_url)
         configure_logging(settings.log_level)  # serve's JSON lines, for the key changes' trail
         try:

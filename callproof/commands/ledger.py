@@ -108,9 +108,9 @@ def _add_db(parser: argparse.ArgumentParser) -> None:
 
 
 def _db_url(settings: Settings) -> str:
-    """The ledger URL, named on stderr; an existing, migrated one only (reading must not
-    create an empty SQLite file, and tables that are not there are a setup step missed, not
-    an outage)."""
+    """The ledger URL, named on stderr before it is touched (a failure below names it too);
+    an existing, migrated one only (reading must not create an empty SQLite file, and tables
+    that are not there are a setup step missed, not an outage)."""
     import sqlalchemy as sa
 
     from gateway.boot import database_state, newer_database, say_ledger
@@ -121,6 +121,7 @@ def _db_url(settings: Settings) -> str:
     from runtime.urls import hide_password
 
     url = settings.db_url
+    say_ledger(url)
     try:
         state, revision = database_state(url)
     except sa.exc.SQLAlchemyError as exc:
@@ -133,7 +134,6 @@ def _db_url(settings: Settings) -> str:
         )
     if state == "newer":  # "behind" has the ledger's tables: an older one reads as it was
         raise SettingsError(newer_database(url, revision))
-    say_ledger(url)
     return url
 
 

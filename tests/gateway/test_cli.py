@@ -144,6 +144,39 @@ def test_every_command_that_reads_settings_names_typos_and_the_database_it_used(
         assert done.stderr.count(ignoring) == 1 and used in done.stderr, (done.args, done.stderr)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["keys", "list"],
+        ["keys", "create", "--role", "agent", "--tenant", "acme"],
+        ["keys", "revoke", "key_0123456789abcdef"],
+        ["ledger", "verify"],
+        ["ledger", "backup", "-o", "{tmp}/copy.db"],
+        ["ledger", "migrate"],
+        ["export", "-o", "{tmp}/b.tar.gz"],
+    ],
+)
+def test_a_command_that_fails_on_its_database_names_it_first(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The `ledger at` line came only once the database had answered: a command that failed
+    on it (unreachable, or no ledger in a missing data directory) did not say which it was."""
+    from callproof.cli import main
+
+    argv = [part.format(tmp=tmp_path) for part in command]
+    for where in (
+        ["--db", "postgresql+psycopg://nobody@127.0.0.1:1/none"],
+        ["--data-dir", str(tmp_path / "missing")],
+    ):
+        if argv[1] in ("create", "migrate") and where[0] == "--data-dir":
+            continue  # they make the data directory: no failure to name
+        code = main([*argv, *where])
+        err = capsys.readouterr().err
+        named = "127.0.0.1:1/none" if where[0] == "--db" else str(tmp_path / "missing")
+        assert code in (2, 3) and err.startswith("callproof: ledger at "), err
+        assert named in err.splitlines()[0], err
+
+
 def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
     fresh_sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
