@@ -20,7 +20,7 @@ from gateway.settings import Settings, SettingsError
 from receipts.errors import KeyAlreadyListed, SigningKeyError
 from receipts.first_key import first_signing_key
 from receipts.ledger import Ledger
-from receipts.ledger_file import sqlite_file
+from receipts.ledger_file import check_sqlite_file, sqlite_file
 from receipts.signing import Signer, load_or_create_signer, signer_from_env
 from runtime.engines.base import Engine
 from runtime.urls import hide_password
@@ -89,6 +89,7 @@ def prepare_database(settings: Settings) -> None:
     if ledger_file is not None:
         if settings.db is None:
             _private_data_dir(settings)
+        check_sqlite_file(ledger_file)
         _create_private_file(ledger_file, setting)
         _warn_if_shared(ledger_file)
     upgrade(settings.db_url)
@@ -143,12 +144,14 @@ def database_state(url: str) -> tuple[DatabaseState, str | None]:
     revision: "behind" is an older revision of this release's (a later table missing),
     "newer" one it does not know (a newer release migrated it). Found without creating it
     (looking must not make an empty SQLite file); one that does not answer raises
-    SQLAlchemyError."""
+    SQLAlchemyError, a SQLite file that is no database NotALedgerFile."""
     from migrations.runner import current, known_revisions
 
     ledger_file = sqlite_file(url)
-    if ledger_file is not None and not ledger_file.exists():
-        return "absent", None
+    if ledger_file is not None:
+        if not ledger_file.exists():
+            return "absent", None
+        check_sqlite_file(ledger_file)
     revision = current(url)
     revisions = known_revisions()
     if revision is None:

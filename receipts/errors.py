@@ -90,3 +90,8 @@ class VerifierInputError(ReceiptsError):
 class OverwritesLedger(ReceiptsError):
     """An output path names the SQLite ledger's own file (or its -wal or -shm): writing it
     would replace the database gateways have open under them (exit 2, nothing written)."""
+
+
+class NotALedgerFile(ReceiptsError):
+    """The path a SQLite ledger URL names holds something that is no SQLite database (a
+    damaged or foreign file): bad input an operator fixes (exit 2), not an outage to retry."""

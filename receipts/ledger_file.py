@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.engine import make_url
 
-from receipts.errors import LedgerUnavailable, OverwritesLedger
+from receipts.errors import LedgerUnavailable, NotALedgerFile, OverwritesLedger
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -34,6 +34,27 @@ def sqlite_file(url: str) -> Path | None:
             return None
         return Path(uri.path)
     return Path(database)
+
+
+# The first 16 bytes of every SQLite database file (its file format, section 1.3).
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def check_sqlite_file(path: Path) -> None:
+    """NotALedgerFile when ``path`` holds bytes that are no SQLite database (an empty file is
+    one not written yet): SQLite's "file is not a database" came as an unavailable database,
+    exit 3, which scripts retry, and named no file. One this user cannot read is left to
+    SQLite's open, whose failure says what to fix."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(len(SQLITE_HEADER))
+    except (FileNotFoundError, PermissionError):
+        return
+    if head and head != SQLITE_HEADER:
+        raise NotALedgerFile(
+            f"{path} is not a SQLite database (it does not start with SQLite's header): restore"
+            " the ledger from a backup, or name the right file"
+        )
 
 
 class LedgerFile:

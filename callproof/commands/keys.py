@@ -57,6 +57,7 @@ def _with_store(
     from gateway.logs import configure_logging
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError
+    from receipts.errors import NotALedgerFile
 
     try:  # the database and the log level: serve's other settings are not checked here
         settings = settings_from_args(args, only=(*DATABASE_SETTINGS, "log_level"))
@@ -73,7 +74,7 @@ def _with_store(
             store.close()
     except BrokenPipeError:  # an OSError, but stdout's reader gone is cli.main's to report
         raise
-    except (SettingsError, MigrationError, InvalidKeyField, OSError) as exc:
+    except (SettingsError, MigrationError, InvalidKeyField, NotALedgerFile, OSError) as exc:
         code, message = 2, str(exc)
     except (KeyStoreUnavailable, sa.exc.SQLAlchemyError) as exc:
         code, message = 3, str(exc).strip().splitlines()[0]

@@ -282,7 +282,7 @@ def _backup(args: argparse.Namespace) -> int:
     import sqlite3
 
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
-    from receipts.errors import LedgerUnavailable, OverwritesLedger
+    from receipts.errors import LedgerUnavailable, ReceiptsError
     from receipts.ledger_file import backup, sqlite_file
 
     try:
@@ -298,7 +298,7 @@ def _backup(args: argparse.Namespace) -> int:
         return fail(UNAVAILABLE, exc)
     except sqlite3.Error as exc:
         return fail(UNAVAILABLE, f"the backup of {path} failed: {exc}")
-    except (SettingsError, OverwritesLedger, OSError) as exc:
+    except (ReceiptsError, SettingsError, OSError) as exc:
         return fail(BAD_INPUT, exc)
     print(f"wrote {args.output}")
     return OK
@@ -310,6 +310,7 @@ def _migrate(args: argparse.Namespace) -> int:
     from gateway.boot import prepare_database, say_ledger
     from gateway.settings import DATABASE_SETTINGS, SettingsError, settings_from_args
     from migrations.runner import MigrationError, current
+    from receipts.errors import NotALedgerFile
     from receipts.store import short_error
 
     try:
@@ -317,7 +318,7 @@ def _migrate(args: argparse.Namespace) -> int:
         say_ledger(settings.db_url)  # before it is touched: a failure below names it too
         prepare_database(settings)  # as serve does: a new SQLite file is made private first
         revision = current(settings.db_url)
-    except (SettingsError, MigrationError, OSError) as exc:
+    except (SettingsError, MigrationError, NotALedgerFile, OSError) as exc:
         return fail(BAD_INPUT, exc)
     except sa.exc.SQLAlchemyError as exc:
         return fail(UNAVAILABLE, f"the database is unavailable: {short_error(exc)}")

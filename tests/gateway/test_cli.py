@@ -144,18 +144,19 @@ def test_every_command_that_reads_settings_names_typos_and_the_database_it_used(
         assert done.stderr.count(ignoring) == 1 and used in done.stderr, (done.args, done.stderr)
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        ["keys", "list"],
-        ["keys", "create", "--role", "agent", "--tenant", "acme"],
-        ["keys", "revoke", "key_0123456789abcdef"],
-        ["ledger", "verify"],
-        ["ledger", "backup", "-o", "{tmp}/copy.db"],
-        ["ledger", "migrate"],
-        ["export", "-o", "{tmp}/b.tar.gz"],
-    ],
-)
+# Every command but serve that opens the ledger database ({tmp}: the test's directory).
+DATABASE_COMMANDS = [
+    ["keys", "list"],
+    ["keys", "create", "--role", "agent", "--tenant", "acme"],
+    ["keys", "revoke", "key_0123456789abcdef"],
+    ["ledger", "verify"],
+    ["ledger", "backup", "-o", "{tmp}/copy.db"],
+    ["ledger", "migrate"],
+    ["export", "-o", "{tmp}/b.tar.gz"],
+]
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS)
 def test_a_command_that_fails_on_its_database_names_it_first(
     tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -175,6 +176,32 @@ def test_a_command_that_fails_on_its_database_names_it_first(
         named = "127.0.0.1:1/none" if where[0] == "--db" else str(tmp_path / "missing")
         assert code in (2, 3) and err.startswith("callproof: ledger at "), err
         assert named in err.splitlines()[0], err
+
+
+def test_a_ledger_file_that_is_no_database_is_bad_input_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Random bytes where data/ledger.db was: every command exited 3, the unavailable
+    database scripts retry, with "(sqlite3.DatabaseError) file is not a database" and no
+    file named. Exit 2, naming the file, and it is left as it was."""
+    from callproof.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    ledger_file = data / "ledger.db"
+    junk = os.urandom(5000)
+    ledger_file.write_bytes(junk)
+    ledger_file.chmod(0o600)
+    for command in DATABASE_COMMANDS:
+        argv = [part.format(tmp=tmp_path) for part in command]
+        code = main([*argv, "--data-dir", str(data)])
+        said = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(said) == 2, (argv, said)
+        assert f"{ledger_file} is not a SQLite database" in said[1], (argv, said)
+    done = serve_once("--data-dir", str(data))
+    assert done.returncode == 2, done.stderr
+    assert f"cannot start: {ledger_file} is not a SQLite database" in done.stderr, done.stderr
+    assert ledger_file.read_bytes() == junk
 
 
 def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
