@@ -41,11 +41,17 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def check_sqlite_file(path: Path) -> None:
-    """NotALedgerFile when ``path`` holds bytes that are no SQLite database (an empty file is
-    one not written yet): SQLite's "file is not a database" came as an unavailable database,
-    exit 3, which scripts retry, and named no file. One this user cannot read is left to
+    """NotALedgerFile when ``path`` is a directory, or holds bytes that are no SQLite database
+    (an empty file is one not written yet): SQLite's "file is not a database" came as an
+    unavailable database, exit 3, which scripts retry, and named no file; a directory was
+    "Is a directory (give this user write access ...)". One this user cannot read is left to
     SQLite's open, whose failure says what to fix."""
     try:
+        if path.is_dir():
+            raise NotALedgerFile(
+                f"{path} is a directory, not a SQLite database file: move it away, or name"
+                " the ledger's file (setting 'db', sqlite:///PATH)"
+            )
         with path.open("rb") as fh:
             head = fh.read(len(SQLITE_HEADER))
     except (FileNotFoundError, PermissionError):

@@ -204,6 +204,26 @@ def test_a_ledger_file_that_is_no_database_is_bad_input_naming_it(
     assert ledger_file.read_bytes() == junk
 
 
+def test_a_ledger_path_that_is_a_directory_is_named_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was "Is a directory (give this user write access to data)" from the commands that
+    create the ledger, an unavailable database (exit 3) from those that read it."""
+    from callproof.cli import main
+
+    data = tmp_path / "data"
+    (data / "ledger.db").mkdir(parents=True)
+    data.chmod(0o700)
+    says = f"{data / 'ledger.db'} is a directory, not a SQLite database file"
+    for command in DATABASE_COMMANDS:
+        argv = [part.format(tmp=tmp_path) for part in command]
+        code = main([*argv, "--data-dir", str(data)])
+        err = capsys.readouterr().err
+        assert code == 2 and says in err and "write access" not in err, (argv, err)
+    done = serve_once("--data-dir", str(data))
+    assert done.returncode == 2 and f"cannot start: {says}" in done.stderr, done.stderr
+
+
 def test_ledger_verify_of_a_database_without_chains_is_not_a_success(
     fresh_sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
