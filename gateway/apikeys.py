@@ -10,7 +10,7 @@ import hashlib
 import logging
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -125,8 +125,17 @@ class KeyStore:
     def close(self) -> None:
         self._engine.dispose()
 
-    def create(self, role: str, tenant: str, name: str | None = None) -> tuple[ApiKey, str]:
-        """A new key and its secret; the secret is not stored and cannot be shown again."""
+    def create(
+        self,
+        role: str,
+        tenant: str,
+        name: str | None = None,
+        *,
+        show: Callable[[str], None] | None = None,
+    ) -> tuple[ApiKey, str]:
+        """A new key and its secret; the secret is not stored and cannot be shown again.
+        ``show`` is given the secret before the key is committed: one it fails to show (it
+        raises) is not made."""
         if role not in ROLES:
             raise InvalidKeyField(f"role must be one of {', '.join(ROLES)}, not {role!r}", "role")
         if not re.fullmatch(TENANT.pattern, tenant):
@@ -153,6 +162,8 @@ class KeyStore:
                     created_at=key.created_at,
                 )
             )
+            if show is not None:
+                show(secret)
         return key, secret
 
     def list(self) -> list[ApiKey]:

@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -241,14 +242,27 @@ def _warn_if_shared(path: Path) -> None:
         log.warning("%s is open to other users (mode %o): chmod go-rwx it", path, mode)
 
 
-def first_run_admin_key(keys: KeyStore) -> str | None:
-    """On first run (no admin key has ever existed) create one and return its secret, else
-    None. Not when every admin key was revoked: then whoever can restart the service (or
-    read its stdout) would get a fresh admin key; an operator makes one with the CLI."""
+class AdminKeyNotShown(Exception):
+    """The first run's admin key could not be shown (stdout's reader had gone), so it was not
+    made: kept unseen, it would be the only admin key there is, and no later start offers
+    another."""
+
+
+def first_run_admin_key(keys: KeyStore, show: Callable[[str], None]) -> bool:
+    """On first run (no admin key has ever existed) create one, its secret given to ``show``
+    before it is committed, and return True; else False. Not when every admin key was
+    revoked: then whoever can restart the service (or read its stdout) would get a fresh
+    admin key; an operator makes one with the CLI."""
     if keys.has_admin(active=False):
-        return None
-    _, secret = keys.create("admin", "admin", name="first-run admin")
-    return secret
+        return False
+    try:
+        keys.create("admin", "admin", name="first-run admin", show=show)
+    except OSError as exc:  # a closed pipe, a full disk: what ``show`` writes to failed
+        raise AdminKeyNotShown(
+            f"the first-run admin key could not be shown on stdout ({exc.strerror or exc}),"
+            " so none was made: the next start makes one and shows it"
+        ) from None
+    return True
 
 
 def load_engine(settings: Settings) -> Engine:

@@ -72,9 +72,11 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
+    from callproof.cli import READER_GONE
     from callproof.extras import require
     from gateway.app import create_app
     from gateway.boot import (
+        AdminKeyNotShown,
         PortInUse,
         check_engine_inputs,
         default_signer,
@@ -138,10 +140,16 @@ def run(args: argparse.Namespace) -> int:
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None)
         server = _announcing_server_class()(config)
         server.run(sockets=[listener])
+        code = 0 if server.started else 3  # 3: the app did not start (uvicorn logged why)
+    except AdminKeyNotShown as exc:  # stdout's reader gone: what `cli` exits with for it
+        code = _cannot_start(exc, READER_GONE)
+    except BrokenPipeError:  # later: the "listening on" line
+        print("callproof serve: stopped: stdout's reader has gone", file=sys.stderr)
+        code = READER_GONE
     finally:
         listener.close()
         asyncio.run(resources.aclose())
-    _exit_now(0 if server.started else 3)  # 3: the app did not start (uvicorn logged why)
+    _exit_now(code)
 
 
 def _announce(resources: Resources, signer: Signer) -> None:
@@ -160,17 +168,20 @@ def _announce(resources: Resources, signer: Signer) -> None:
             file=sys.stderr,
             flush=True,
         )
-    secret = first_run_admin_key(resources.keys)
-    if secret is not None:
-        print("First run: created an admin API key. It is shown only this once:", flush=True)
-        print(secret, flush=True)
-    elif not resources.keys.has_admin(active=True):
+    if first_run_admin_key(resources.keys, _show_admin_key):
+        return
+    if not resources.keys.has_admin(active=True):
         print(
             "callproof: every admin key is revoked; make one with"
             " `callproof keys create --role admin --tenant admin`",
             file=sys.stderr,
             flush=True,
         )
+
+
+def _show_admin_key(secret: str) -> None:
+    print("First run: created an admin API key. It is shown only this once:", flush=True)
+    print(secret, flush=True)
 
 
 def _exit_now(code: int) -> NoReturn:

@@ -3,6 +3,7 @@ and what the first run creates: the admin key, once; a data directory only its o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -457,14 +458,80 @@ def test_an_admin_key_is_minted_on_the_first_run_only(fresh_sqlite_url: str) -> 
     upgrade(fresh_sqlite_url)
     store = KeyStore.open(fresh_sqlite_url)
     try:
-        secret = first_run_admin_key(store)
-        assert secret is not None and store.lookup(secret).role == "admin"
-        assert first_run_admin_key(store) is None  # a restart
+        shown: list[str] = []
+        assert first_run_admin_key(store, shown.append)
+        (secret,) = shown
+        assert store.lookup(secret).role == "admin"
+        assert not first_run_admin_key(store, shown.append)  # a restart
         store.revoke(store.lookup(secret).id)
         assert not store.has_admin(active=True) and store.has_admin(active=False)
-        assert first_run_admin_key(store) is None
+        assert not first_run_admin_key(store, shown.append) and shown == [secret]
     finally:
         store.close()
+
+
+def test_a_first_run_admin_key_that_could_not_be_shown_is_not_made(
+    fresh_sqlite_url: str,
+) -> None:
+    """`serve | head -c 20`: printing the secret failed (a broken pipe) after the key was
+    made, so the only admin key was one nobody saw, and no later start offered another."""
+    from gateway.boot import AdminKeyNotShown, first_run_admin_key
+
+    def reader_gone(secret: str) -> None:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    upgrade(fresh_sqlite_url)
+    store = KeyStore.open(fresh_sqlite_url)
+    try:
+        with pytest.raises(AdminKeyNotShown, match=r"\(Broken pipe\), so none was made"):
+            first_run_admin_key(store, reader_gone)
+        assert store.list() == []
+        shown: list[str] = []
+        assert first_run_admin_key(store, shown.append)  # the next start
+        assert store.lookup(shown[0]).role == "admin"
+    finally:
+        store.close()
+
+
+@pytest.mark.model
+def test_serve_whose_stdout_reader_has_gone_at_first_run_says_so_and_makes_no_key(
+    tmp_path: Path,
+) -> None:
+    """It exited 141 with no message, the admin key made and never shown, and stderr (the
+    JSON log stream) ended in the interpreter's "nanobind: leaked" lines; so did a later
+    start whose "listening on" line found no reader."""
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLPROOF_")}
+
+    def serve_unread() -> list[str]:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "callproof", "serve", "--data-dir", str(data),
+             "--port", str(free_port())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )  # fmt: skip
+        server.stdout.close()  # the reader has gone before the first line
+        try:
+            _, err = server.communicate(timeout=180)
+        finally:
+            if server.poll() is None:
+                server.kill()
+        said = [line for line in err.decode().splitlines() if not line.startswith("{")]
+        assert server.returncode == 141 and not any("nanobind" in s for s in said), said
+        return said
+
+    said = serve_unread()
+    assert said[-1].startswith(
+        "callproof serve: cannot start: the first-run admin key could not be shown"
+    ), said
+    store = KeyStore.open(f"sqlite:///{data / 'ledger.db'}")
+    try:
+        assert store.list() == []
+        store.create("admin", "admin")  # a later start has no admin key to show
+    finally:
+        store.close()
+    assert serve_unread()[-1] == "callproof serve: stopped: stdout's reader has gone"
 
 
 def test_a_data_directory_open_to_others_is_reported(
