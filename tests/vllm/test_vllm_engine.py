@@ -407,6 +407,34 @@ def gap_schema(keywords: str) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": list(properties)}
 
 
+def answer_in_schema(
+    vllm_server: VllmServer, schema: dict[str, Any], prompt: str = "Give a JSON object."
+) -> tuple[Plan, Generation]:
+    """The plan of a response_format request held to ``schema``, and the server's answer."""
+    plan = plan_chat(
+        ChatInput(
+            messages=[{"role": "user", "content": prompt}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
+    )
+
+    async def go() -> Generation:
+        async with engine_for(vllm_server) as engine:
+            return await engine.generate(plan.messages, plan.constraint, SHORT)
+
+    return plan, run(go())
+
+
+def holds_or_fails_closed(plan: Plan, generation: Generation, schema: dict[str, Any]) -> None:
+    """The output holds the whole schema, or its check is the 422 naming response_format."""
+    try:
+        plan.parse(generation.text)
+    except StructuredOutputInvalid as exc:
+        assert exc.param == "response_format"
+    else:
+        jsonschema.validate(json.loads(generation.text), schema)
+
+
 @pytest.mark.parametrize(
     "keywords",
     [*XGRAMMAR_GAPS, "if,then", "dependentRequired", "patternProperties"],
@@ -419,26 +447,10 @@ def test_what_the_servers_xgrammar_cannot_enforce_is_checked_after_decoding(
     sent and checked after decoding: the output either holds the whole schema or fails closed
     with the 422's error; the generation (so the receipt) names the path and the keywords."""
     schema = gap_schema(keywords)
-    plan = plan_chat(
-        ChatInput(
-            messages=[{"role": "user", "content": "Give a JSON object."}],
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
-        )
-    )
-
-    async def go() -> Generation:
-        async with engine_for(vllm_server) as engine:
-            return await engine.generate(plan.messages, plan.constraint, SHORT)
-
-    generation = run(go())
+    plan, generation = answer_in_schema(vllm_server, schema)
     assert generation.backend == "xgrammar"
     assert generation.fallback == f"post_hoc_check:{keywords}"
-    try:
-        plan.parse(generation.text)
-    except StructuredOutputInvalid as exc:
-        assert exc.param == "response_format"
-    else:
-        jsonschema.validate(json.loads(generation.text), schema)
+    holds_or_fails_closed(plan, generation, schema)
 
 
 def test_values_the_servers_check_reads_as_schemas_are_not_sent(vllm_server: VllmServer) -> None:
@@ -461,25 +473,9 @@ def test_values_the_servers_check_reads_as_schemas_are_not_sent(vllm_server: Vll
         },
         "required": ["n", "e"],
     }
-    plan = plan_chat(
-        ChatInput(
-            messages=[{"role": "user", "content": "Give a JSON object."}],
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
-        )
-    )
-
-    async def go() -> Generation:
-        async with engine_for(vllm_server) as engine:
-            return await engine.generate(plan.messages, plan.constraint, SHORT)
-
-    generation = run(go())
+    plan, generation = answer_in_schema(vllm_server, schema)
     assert generation.fallback == "post_hoc_check:enum"  # the annotations: nothing to check
-    try:
-        plan.parse(generation.text)
-    except StructuredOutputInvalid as exc:
-        assert exc.param == "response_format"
-    else:
-        jsonschema.validate(json.loads(generation.text), schema)
+    holds_or_fails_closed(plan, generation, schema)
 
 
 def test_a_required_key_its_properties_do_not_list_is_written(vllm_server: VllmServer) -> None:
@@ -491,18 +487,7 @@ def test_a_required_key_its_properties_do_not_list_is_written(vllm_server: VllmS
         "required": ["count"],
         "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9},
     }
-    plan = plan_chat(
-        ChatInput(
-            messages=[{"role": "user", "content": "Give a JSON object with a count."}],
-            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
-        )
-    )
-
-    async def go() -> Generation:
-        async with engine_for(vllm_server) as engine:
-            return await engine.generate(plan.messages, plan.constraint, SHORT)
-
-    generation = run(go())
+    plan, generation = answer_in_schema(vllm_server, schema, "Give a JSON object with a count.")
     assert generation.fallback is None  # nothing is left to the check: all of it is sent
     value = plan.parse(generation.text).parsed
     jsonschema.validate(value, schema)
