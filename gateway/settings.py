@@ -455,7 +455,7 @@ HELP = {
     "max_schema_depth": "deeper schemas are a 400",
     "max_regex_length": "longer regexes are a 400",
     "max_regex_repeat": "more copies asked by counted repetitions (regexes and grammars) is a 400",
-    "max_regex_loops": "more unbounded repetitions in one regex (or schema pattern) is a 400",
+    "max_regex_loops": "more unbounded repetitions side by side in a regex is a 400",
     "max_grammar_bytes": "larger grammars are a 400",
     "max_grammar_depth": "grammars whose rule references nest deeper are a 400",
     "checkpoint_every": "sign a checkpoint every N receipts of a chain",

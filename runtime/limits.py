@@ -37,9 +37,10 @@ class Limits:
     max_tools: int = 64
     max_regex_length: int = 1024
     max_regex_repeat: int = 1000  # copies all counted repetitions ask for, summed (nested multiply)
-    # Unbounded repetitions (*, +, {n,}) in one regex (a schema's patterns, each): side by
-    # side, they cost xgrammar's compile quadratic time (.* x 64: 0.1 s; x 256: 1.6 s; x 499:
-    # 6 s, on a vLLM server every agent shares, where llguidance's fuel bound is not applied).
+    # Unbounded repetitions (*, +, {n,}) side by side in one regex (a schema's patterns,
+    # each): nothing between them, they cost xgrammar's compile quadratic time (.* x 64:
+    # 0.1 s; x 256: 1.6 s; x 499: 6 s, on a vLLM server every agent shares, where llguidance's
+    # fuel bound is not applied).
     max_regex_loops: int = 64
     max_grammar_bytes: int = 64 * 1024
     # Rule references followed from the start rule, each weighted by the ( and [ around it:
@@ -192,9 +193,9 @@ def check_regex(pattern: str, limits: Limits = DEFAULT_LIMITS, param: str = "reg
     loops = regex_loops(pattern)
     if loops > limits.max_regex_loops:
         raise ConstraintTooComplex(
-            f"regex {pattern[:80]!r} holds {loops} unbounded repetitions (*, + or {{n,}}, each"
-            f" counted as often as the repetitions around it repeat it); max_regex_loops is"
-            f" {limits.max_regex_loops}: side by side they make compiling it slow",
+            f"regex {pattern[:80]!r} puts {loops} unbounded repetitions (*, + or {{n,}}) side"
+            f" by side; max_regex_loops is {limits.max_regex_loops}: with nothing between"
+            " them, compiling it is slow; part them with what the text holds between",
             param=param,
         )
     copies = repeated_copies(pattern)

@@ -32,14 +32,51 @@ def repeated_copies(pattern: str) -> int:
 
 
 def regex_loops(pattern: str) -> int:
-    """How many unbounded repetitions (``*``, ``+``, ``{n,}``) ``pattern`` holds, each
-    counted as often as the counted repetitions around it repeat it (``(a*b+){3}`` is 6).
-    0 when Python cannot parse it (validation says why)."""
-    return sum(
-        copies
-        for op, argument, copies in regex_nodes(pattern)
-        if op in REPEATS and argument[1] == re_constants.MAXREPEAT
-    )
+    """The most unbounded repetitions (``*``, ``+``, ``{n,}``) ``pattern`` puts side by side,
+    nothing between them: ``.*.*`` is 2, ``(?:.*){64}`` is 64, ``(?:.*,){200}`` is 1 (a comma
+    parts them). Side by side, each can take what the next would, and xgrammar's compile
+    time grows with the square of their number. 0 when Python cannot parse it."""
+    parsed = _parsed(pattern)
+    return 0 if parsed is None else _loop_runs(parsed)[1]
+
+
+def _loop_runs(items: Any) -> tuple[int | None, int]:
+    """(chain, longest) of a parsed sequence: ``chain`` the loops side by side it is made of
+    when it holds nothing else (None when it does), ``longest`` the most side by side
+    anywhere in it."""
+    chain: int | None = 0
+    run = longest = 0
+    for op, argument in items:
+        piece, inner = _loop_piece(op, argument)
+        longest = max(longest, inner)
+        if piece is None:
+            chain, run = None, 0
+        else:
+            run += piece
+            chain = None if chain is None else chain + piece
+            longest = max(longest, run)
+    return chain, longest
+
+
+def _loop_piece(op: Any, argument: Any) -> tuple[int | None, int]:
+    """(chain, longest) of one parsed node, as _loop_runs gives them for a sequence."""
+    if op in REPEATS:
+        _, high, body = argument
+        chain, longest = _loop_runs(body)
+        if high == re_constants.MAXREPEAT:
+            return 1 + (chain or 0), max(longest, 1 + (chain or 0))
+        copies = None if chain is None else chain * high
+        return copies, max(longest, copies or 0)
+    if op is re_constants.SUBPATTERN:
+        return _loop_runs(argument[-1])
+    if op is re_constants.BRANCH:
+        runs = [_loop_runs(branch) for branch in argument[1]]
+        chains = [chain for chain, _ in runs]
+        chain = None if None in chains else max(chains, default=0)
+        return chain, max((longest for _, longest in runs), default=0)
+    if op is re_constants.AT:  # an anchor holds no character: it parts nothing
+        return 0, 0
+    return None, 0
 
 
 def constraint_patterns(constraint: Constraint) -> list[str]:

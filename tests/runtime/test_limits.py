@@ -26,13 +26,14 @@ def _lexed(grammar: Constraint) -> Any:
     return lex_grammar(to_lark(grammar.source))
 
 
-# A schema's patterns are each held to the regex limits: 3 unbounded repetitions in one.
+# A schema's patterns are each held to the regex limits: 2 unbounded repetitions side by
+# side in the first (x+y*), none in the second (the dash and the slash part them).
 PATTERNS = Constraint.json_schema(
     {
         "type": "object",
         "properties": {
             "a": {"type": "string", "pattern": "^x+y*$"},
-            "b": {"type": "string", "pattern": "^[a-z]+-[0-9]+/.*$"},
+            "b": {"type": "string", "pattern": "^[a-z]+-[0-9]+/[a-z]*$"},
         },
     }
 )
@@ -46,8 +47,8 @@ CASES: list[tuple[str, Callable[[Limits], None], int]] = [
     ),
     ("max_regex_length", lambda lim: check_regex("abcd", lim), 4),
     ("max_regex_repeat", lambda lim: check_regex("a{5}", lim), repeated_copies("a{5}")),
-    ("max_regex_loops", lambda lim: check_regex("(?:ab*){2}c+", lim), regex_loops("(?:ab*){2}c+")),
-    ("max_regex_loops", lambda lim: check_constraint(PATTERNS, lim), 3),
+    ("max_regex_loops", lambda lim: check_regex("a*b+c{2,}d", lim), regex_loops("a*b+c{2,}d")),
+    ("max_regex_loops", lambda lim: check_constraint(PATTERNS, lim), 2),
     ("max_grammar_bytes", lambda lim: check_constraint(GRAMMAR, lim), len(GRAMMAR.source.encode())),
     (
         "max_grammar_depth",
@@ -74,6 +75,25 @@ def test_every_limit_is_an_inclusive_maximum(
     check(Limits(**{limit: measure}))
     with pytest.raises(ConstraintTooComplex, match=limit):
         check(Limits(**{limit: measure - 1}))
+
+
+@pytest.mark.parametrize(
+    ("pattern", "side_by_side"),
+    [
+        (".*" * 499 + "b", 499),  # xgrammar: 6 s to compile
+        ("(?:.*){64}b", 64),
+        ("a*b*" * 32, 64),
+        ("^[a-z]+(?: [a-z]+){0,99}$", 1),  # up to 100 words: a space parts them (0.01 s)
+        ("^(?:[a-z0-9-]+\\.){1,126}[a-z]{2,}$", 1),
+        ("^(?:[^,]*,){99}[^,]*$", 1),
+        ("(?:a*|b*)c*", 2),
+    ],
+)
+def test_loops_are_counted_where_they_stand_side_by_side(pattern: str, side_by_side: int) -> None:
+    """Only loops with nothing between them make xgrammar's compile slow (each can take what
+    the next would); counted per copy of the repetition around them, ordinary patterns
+    were refused (100 words, a host name of 126 labels)."""
+    assert regex_loops(pattern) == side_by_side
 
 
 def test_a_schema_too_deep_to_decode_is_too_complex() -> None:
