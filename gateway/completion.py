@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -41,6 +41,7 @@ from runtime.output_parsing import ParsedResponse
 from runtime.planning import ChatInput, Plan, plan_chat
 from runtime.streaming import parse_output
 
+T = TypeVar("T")
 log = logging.getLogger("callproof.gateway")
 _SEED_BOUND = 2**31  # a seed every engine accepts
 Link = dict[str, str | None]  # a tool message's call id and the receipt that issued it
@@ -197,8 +198,11 @@ class Completions:
             raise withheld(exc, prepared) from None
         self.count_tokens(generation)
         try:
-            parsed = parse_output(
-                plan, generation.text, cut=generation.cut, enforced_by=generation.backend
+            parsed = await off_loop_for_grammar(
+                plan,
+                lambda: parse_output(
+                    plan, generation.text, cut=generation.cut, enforced_by=generation.backend
+                ),
             )
             return generation, parsed
         except StructuredOutputInvalid as exc:
@@ -335,6 +339,15 @@ def let_go(links: asyncio.Future[list[Link]]) -> None:
     its error marked as seen if it failed unawaited (asyncio would log it as lost)."""
     if not links.cancel() and not links.cancelled():
         links.exception()
+
+
+async def off_loop_for_grammar(plan: Plan, parse: Callable[[], T]) -> T:
+    """``parse()``, the output's parse: in a worker thread for grammar output, which
+    llguidance's parser may read again a byte at a time (runtime.grammar_check); a large
+    grammar would hold the event loop, and every other request with it."""
+    if plan.mode == "ebnf":
+        return await asyncio.to_thread(parse)
+    return parse()
 
 
 def cut_short(

@@ -26,6 +26,7 @@ from gateway.completion import (
     PreparedChat,
     cut_short,
     let_go,
+    off_loop_for_grammar,
     receipt_ref,
     usage_of,
     withheld,
@@ -122,7 +123,10 @@ async def stream_completion(
             raise EngineFault("the engine's stream ended without its final result")
         completions.count_tokens(generation)
         try:
-            rest, parsed = decoder.finish(cut=generation.cut, enforced_by=generation.backend)
+            rest, parsed = await off_loop_for_grammar(
+                prepared.plan,
+                lambda: decoder.finish(cut=generation.cut, enforced_by=generation.backend),
+            )
         except StructuredOutputInvalid as exc:
             raise withheld(cut_short(exc, generation, prepared), prepared) from None
         chunks = _live(writer, rest, held)

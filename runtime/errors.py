@@ -97,6 +97,12 @@ class StructuredOutputInvalid(RuntimeInputError):
         self.pointer = pointer
 
 
+class OutputLeftGrammar(StructuredOutputInvalid):
+    """Output that left its grammar, where a reading of it is possible (runtime.grammar_check):
+    a 422 even when max_tokens or a stop string cut it, since no more text could have made
+    it the grammar's (other output cut short is returned as far as it went)."""
+
+
 class EngineError(RuntimeError):
     """The decoding runtime failed or cannot start; each subclass carries the HTTP status and
     error code the gateway answers with (503 unless it says otherwise)."""

@@ -23,6 +23,7 @@ from runtime.errors import (
     ConflictingConstraints,
     InvalidGrammar,
     InvalidRegex,
+    OutputLeftGrammar,
     RuntimeInputError,
     StructuredOutputInvalid,
 )
@@ -113,7 +114,9 @@ class Plan:
         """
         reasoning, body = split_thinking(text)
         if self.mode == "ebnf" and enforced_by in GRAMMAR_READERS:
-            self._check_grammar_output(body, cut=cut)
+            # the grammar held from the first token unless a reasoning region came first
+            reasoned = self.enforcement is not None and self.enforcement.reasoning
+            self._check_grammar_output(body if reasoned else text, cut=cut)
         result = self._parse_body(body, ids or CallIds())
         if reasoning is not None:
             result = dataclasses.replace(result, reasoning=reasoning)
@@ -121,12 +124,14 @@ class Plan:
             result = dataclasses.replace(result, complete=False)
         return result
 
-    def _check_grammar_output(self, body: str, *, cut: bool) -> None:
+    def _check_grammar_output(self, written: str, *, cut: bool) -> None:
         assert self.constraint is not None
-        problem = grammar_mismatch(self.constraint.source, body, cut=cut)
+        # a character the token limit cut in two is decoded as U+FFFD: not the model's text
+        text = written.rstrip("\ufffd") if cut else written
+        problem = grammar_mismatch(self.constraint.source, text, cut=cut)
         if problem:
-            raise StructuredOutputInvalid(
-                problem, schema=None, raw_output=body, pointer="", param="grammar"
+            raise OutputLeftGrammar(
+                problem, schema=None, raw_output=written, pointer="", param="grammar"
             )
 
     @property

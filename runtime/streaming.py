@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runtime.call_ids import CallIds
-from runtime.errors import StructuredOutputInvalid
+from runtime.errors import OutputLeftGrammar, StructuredOutputInvalid
 from runtime.output_parsing import ParsedResponse
 from runtime.planning import Plan
 from runtime.thinking import THINK_CLOSE, THINK_OPEN, split_thinking
@@ -85,7 +85,7 @@ def parse_output(
     try:
         return plan.parse(text, cut=cut, enforced_by=enforced_by)
     except StructuredOutputInvalid as exc:
-        if not cut:
+        if not cut or isinstance(exc, OutputLeftGrammar):
             raise
         error = exc
     decoder = EnvelopeStreamDecoder(plan)
@@ -151,8 +151,10 @@ class EnvelopeStreamDecoder:
         text = "".join(self._text)
         try:
             result = self._plan.parse(text, self._ids, cut=cut, enforced_by=enforced_by)
-        except StructuredOutputInvalid:
-            partial = self._cut_text(text) if cut else None
+        except StructuredOutputInvalid as exc:
+            partial = (
+                self._cut_text(text) if cut and not isinstance(exc, OutputLeftGrammar) else None
+            )
             if partial is None:
                 raise
             return events, partial

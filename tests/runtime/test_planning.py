@@ -21,6 +21,7 @@ from runtime.errors import (
     InvalidGrammar,
     InvalidRegex,
     InvalidSchema,
+    OutputLeftGrammar,
     RuntimeInputError,
     StructuredOutputInvalid,
     UnknownTool,
@@ -345,14 +346,31 @@ def test_grammar_output_is_read_again_where_llguidance_enforced_it() -> None:
         assert info.value.param == "grammar" and info.value.raw_output == "hello"
     assert g.parse("hello", enforced_by="xgrammar").content == "hello"
     assert g.parse("hello", enforced_by="guidance", cut=True).complete is False
-    with pytest.raises(StructuredOutputInvalid, match="from character 4"):
-        g.parse("hellO!", enforced_by="guidance", cut=True)  # cut: a beginning, still checked
+    assert g.parse("hello wor\ufffd", enforced_by="guidance", cut=True).complete is False
+    # cut short, output that left the grammar is still a 422, however it is parsed: no more
+    # text could have made it the grammar's (it was returned as cut off, receipted)
+    from runtime.streaming import EnvelopeStreamDecoder, parse_output
+
+    decoder = EnvelopeStreamDecoder(g)
+    decoder.feed("hellO!")
+    for parse in (
+        lambda: g.parse("hellO!", enforced_by="guidance", cut=True),
+        lambda: parse_output(g, "hellO!", cut=True, enforced_by="guidance"),
+        lambda: decoder.finish(cut=True, enforced_by="guidance"),
+    ):
+        with pytest.raises(OutputLeftGrammar, match="from character 4"):
+            parse()
     singing = plan(grammar='start: /[a-z]+/ "ing"')
     assert singing.parse("singing", enforced_by="xgrammar").content == "singing"
     with pytest.raises(StructuredOutputInvalid):
         singing.parse("singing", enforced_by="llguidance")
     thinking = plan(grammar='start: "yes" | "no"', model="Qwen3-8B")
     assert thinking.parse("<think>hm</think>yes", enforced_by="guidance").content == "yes"
+    # a model that does not think: the grammar held from the first token, <think> included
+    tagged = plan(grammar='start: "<think>" /[a-z]+/ "</think>" ("yes" | "no")')
+    tagged.parse("<think>hm</think>yes", enforced_by="llguidance")
+    with pytest.raises(OutputLeftGrammar):
+        tagged.parse("yes", enforced_by="llguidance")
 
 
 def test_grammar_output_is_not_read_again_where_bytes_are_not_its_tokens() -> None:
