@@ -27,7 +27,9 @@ def first_signing_key(url: str, generate: Callable[[], Signer]) -> Signer:
     starting together take turns: on Postgres an advisory lock, on SQLite the write lock
     taken up front (the writer's BEGIN IMMEDIATE; a read then a write in a deferred
     transaction fails "database is locked" at once when another gateway wrote in between)."""
-    engine = create_engine(url, writer=True)
+    # SQLite: the writer's engine, for its BEGIN IMMEDIATE; Postgres: a plain one, since the
+    # writer's 5 s lock_timeout would end a wait behind other starting gateways
+    engine = create_engine(url, writer=url.startswith("sqlite"))
     try:
         with transaction(engine, "cannot register a signing key") as conn:
             if conn.dialect.name == "postgresql":
