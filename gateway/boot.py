@@ -243,9 +243,14 @@ def _warn_if_shared(path: Path) -> None:
 
 
 class AdminKeyNotShown(Exception):
-    """The first run's admin key could not be shown (stdout's reader had gone), so it was not
-    made: kept unseen, it would be the only admin key there is, and no later start offers
-    another."""
+    """The first run's admin key could not be shown (stdout's reader had gone, or stdout is
+    closed or failed), so it was not made: kept unseen, it would be the only admin key there
+    is, and no later start offers another. ``reader_gone``: a broken pipe, which the CLI
+    exits 141 for (else 2)."""
+
+    def __init__(self, message: str, *, reader_gone: bool) -> None:
+        super().__init__(message)
+        self.reader_gone = reader_gone
 
 
 def first_run_admin_key(keys: KeyStore, show: Callable[[str], None]) -> bool:
@@ -260,7 +265,8 @@ def first_run_admin_key(keys: KeyStore, show: Callable[[str], None]) -> bool:
     except OSError as exc:  # a closed pipe, a full disk: what ``show`` writes to failed
         raise AdminKeyNotShown(
             f"the first-run admin key could not be shown on stdout ({exc.strerror or exc}),"
-            " so none was made: the next start makes one and shows it"
+            " so none was made: the next start makes one and shows it",
+            reader_gone=isinstance(exc, BrokenPipeError),
         ) from None
     return True
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import os
@@ -142,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         server.run(sockets=[listener])
         code = 0 if server.started else 3  # 3: the app did not start (uvicorn logged why)
     except AdminKeyNotShown as exc:  # stdout's reader gone: what `cli` exits with for it
-        code = _cannot_start(exc, READER_GONE)
+        code = _cannot_start(exc, READER_GONE if exc.reader_gone else 2)
     except BrokenPipeError:  # later: the "listening on" line
         print("callproof serve: stopped: stdout's reader has gone", file=sys.stderr)
         code = READER_GONE
@@ -180,6 +181,8 @@ def _announce(resources: Resources, signer: Signer) -> None:
 
 
 def _show_admin_key(secret: str) -> None:
+    if sys.stdout is None:  # stdout closed (`>&-`): print would drop the secret unsaid
+        raise OSError(errno.EBADF, "stdout is closed")
     print("First run: created an admin API key. It is shown only this once:", flush=True)
     print(secret, flush=True)
 

@@ -483,14 +483,31 @@ def test_a_first_run_admin_key_that_could_not_be_shown_is_not_made(
     upgrade(fresh_sqlite_url)
     store = KeyStore.open(fresh_sqlite_url)
     try:
-        with pytest.raises(AdminKeyNotShown, match=r"\(Broken pipe\), so none was made"):
+        with pytest.raises(AdminKeyNotShown, match=r"\(Broken pipe\), so none was made") as gone:
             first_run_admin_key(store, reader_gone)
-        assert store.list() == []
+        assert gone.value.reader_gone and store.list() == []
+
+        def disk_full(secret: str) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with pytest.raises(AdminKeyNotShown, match="No space left") as full:
+            first_run_admin_key(store, disk_full)
+        assert not full.value.reader_gone and store.list() == []  # serve exits 2, not 141
         shown: list[str] = []
         assert first_run_admin_key(store, shown.append)  # the next start
         assert store.lookup(shown[0]).role == "admin"
     finally:
         store.close()
+
+
+def test_a_closed_stdout_does_not_take_the_first_run_admin_key(monkeypatch) -> None:
+    """With fd 1 closed (`serve >&-`) sys.stdout is None and print says nothing: the key
+    would be made and never shown."""
+    from callproof.commands.serve import _show_admin_key
+
+    monkeypatch.setattr(sys, "stdout", None)
+    with pytest.raises(OSError, match="stdout is closed"):
+        _show_admin_key("cp_secret")
 
 
 @pytest.mark.model
