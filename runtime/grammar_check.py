@@ -33,8 +33,11 @@ GRAMMAR_READERS = frozenset({"llguidance", "guidance"})
 # A rule with attributes: its name, then "[" (Lark writes a rule's template arguments in {}).
 _RULE_ATTRIBUTES = re.compile(r"^\s*[?!]?[A-Za-z_]\w*\s*\[", re.MULTILINE)
 # llguidance's resource limits, as its errors word them ("Too many items (limit 50000)",
-# "Current row has 2002 items; max is 2000", "fuel exhausted").
-_LIMIT = re.compile(r"too many|too big|too large|\bmax is\b|\bfuel\b|\blimits?\b", re.IGNORECASE)
+# "Current row has 2002 items; max is 2000", "lexer fuel exhausted"): bounds on what a
+# compile or a step may cost, not a feature it lacks.
+LLGUIDANCE_LIMIT = re.compile(
+    r"too many|too big|too large|\bmax is\b|\bfuel\b|\blimits?\b", re.IGNORECASE
+)
 
 
 class _ByteVocabulary:
@@ -89,7 +92,7 @@ def grammar_mismatch(grammar: str, text: str, *, cut: bool = False) -> str | Non
 
 def _raise_if_limit(error: str) -> None:
     first = error.strip().splitlines()[0] if error.strip() else error
-    if _LIMIT.search(first):
+    if LLGUIDANCE_LIMIT.search(first):
         raise ConstraintTooComplex(
             f"the grammar is too costly to check its output against (llguidance: {first[:300]});"
             " make it smaller (fewer repetitions side by side)",
@@ -118,4 +121,4 @@ def _compiled(grammar: str) -> Any:
     return matcher
 
 
-__all__ = ["GRAMMAR_READERS", "grammar_mismatch"]
+__all__ = ["GRAMMAR_READERS", "LLGUIDANCE_LIMIT", "grammar_mismatch"]

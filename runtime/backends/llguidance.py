@@ -29,11 +29,11 @@ from runtime.backends.base import (
 from runtime.constraint import STRICT_JSON_OPTIONS, Constraint
 from runtime.errors import BackendCannotCompile, ConstraintTooComplex, RuntimeInputError
 from runtime.gbnf import to_lark
+from runtime.grammar_check import LLGUIDANCE_LIMIT
 from runtime.grammar_lex import with_json_options
 
 # llguidance's words for its resource limits: parser items and expressions while decoding;
 # lexer fuel, lexer states and grammar size while compiling.
-_RESOURCE_LIMIT = re.compile(r"too many|too big|too large|\bfuel\b|\blimits?\b", re.IGNORECASE)
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -65,7 +65,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         if not self._m.is_error():
             return None
         error = self._m.get_error().splitlines()[0]
-        return error[:300] if _RESOURCE_LIMIT.search(error) else None
+        return error[:300] if LLGUIDANCE_LIMIT.search(error) else None
 
 
 def _refusal(error: str, constraint: Constraint) -> RuntimeInputError:
@@ -74,7 +74,7 @@ def _refusal(error: str, constraint: Constraint) -> RuntimeInputError:
     what a compile may cost and the others have no such bound (xgrammar took 6 s, and more
     under load, for the 999 characters of `.*` x 499 + `b` that llguidance refused in 30 ms)."""
     error = error.strip()
-    if _RESOURCE_LIMIT.search(error):
+    if LLGUIDANCE_LIMIT.search(error):
         return ConstraintTooComplex(
             f"the {constraint.param} is too costly to compile (llguidance: {error[:300]});"
             " simplify it (fewer unbounded repetitions such as `.*` side by side)",
