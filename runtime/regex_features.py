@@ -141,6 +141,23 @@ def regex_problem(pattern: str) -> str | None:
     escape = form.range_end(re_parser.parse(form.text)) if form.written else None
     if escape is not None:
         return f"has the property escape {escape!r} as the end of a range, which it cannot be"
+    bound = _open_lower_bound(pattern)
+    if bound is not None:  # llguidance and xgrammar refuse it, naming their parsers' insides
+        return (
+            f"writes the repetition {bound}, which Python reads as {{0,{bound[2:-1]}}} and the"
+            f" decoders' regex engines do not read: write {{0,{bound[2:-1]}}}"
+        )
+    return None
+
+
+_OPEN_LOWER_BOUND = re.compile(r"\{,[0-9]+\}")
+
+
+def _open_lower_bound(pattern: str) -> str | None:
+    """The first ``{,n}`` repetition outside a character class, or None."""
+    for i, ch, in_class in _unescaped(pattern):
+        if ch == "{" and not in_class and (found := _OPEN_LOWER_BOUND.match(pattern, i)):
+            return found.group()
     return None
 
 

@@ -423,6 +423,15 @@ def test_invalid_regex_and_grammar() -> None:
         plan(grammar="   ")
 
 
+def test_a_repetition_with_no_lower_bound_is_refused_saying_how_to_write_it() -> None:
+    """Python reads a{,3} as a{0,3}; llguidance and xgrammar do not parse it, and their
+    refusals named their parsers' insides (vLLM's a 400 quoting xgrammar's C++ file)."""
+    with pytest.raises(InvalidRegex, match=r"\{,3\}, .* write \{0,3\}") as err:
+        plan(regex="[a-z]{,3}")
+    assert err.value.param == "regex"
+    assert plan(regex="a\\{,3}|[{,3}]").constraint is not None  # an escaped brace, a class
+
+
 POSSESSIVE = {
     "type": "object",
     "properties": {"a": {"type": "string", "pattern": "^[0-9]{1,2}+[0-9]$"}},
