@@ -90,11 +90,17 @@ def grammar_mismatch(grammar: str, text: str, *, cut: bool = False) -> str | Non
     return None
 
 
+def limit_line(error: str) -> str | None:
+    """The first line of llguidance's ``error`` (at most 300 characters) when it names one
+    of its resource limits, else None."""
+    first = error.strip().split("\n", 1)[0]
+    return first[:300] if LLGUIDANCE_LIMIT.search(first) else None
+
+
 def _raise_if_limit(error: str) -> None:
-    first = error.strip().splitlines()[0] if error.strip() else error
-    if LLGUIDANCE_LIMIT.search(first):
+    if (limit := limit_line(error)) is not None:
         raise ConstraintTooComplex(
-            f"the grammar is too costly to check its output against (llguidance: {first[:300]});"
+            f"the grammar is too costly to check its output against (llguidance: {limit});"
             " make it smaller (fewer repetitions side by side)",
             param="grammar",
         )
@@ -121,4 +127,4 @@ def _compiled(grammar: str) -> Any:
     return matcher
 
 
-__all__ = ["GRAMMAR_READERS", "LLGUIDANCE_LIMIT", "grammar_mismatch"]
+__all__ = ["GRAMMAR_READERS", "LLGUIDANCE_LIMIT", "grammar_mismatch", "limit_line"]

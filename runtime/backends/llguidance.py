@@ -29,11 +29,8 @@ from runtime.backends.base import (
 from runtime.constraint import STRICT_JSON_OPTIONS, Constraint
 from runtime.errors import BackendCannotCompile, ConstraintTooComplex, RuntimeInputError
 from runtime.gbnf import to_lark
-from runtime.grammar_check import LLGUIDANCE_LIMIT
+from runtime.grammar_check import LLGUIDANCE_LIMIT, limit_line
 from runtime.grammar_lex import with_json_options
-
-# llguidance's words for its resource limits: parser items and expressions while decoding;
-# lexer fuel, lexer states and grammar size while compiling.
 
 
 class LLGuidanceMatcher(GrammarMatcher):
@@ -64,8 +61,7 @@ class LLGuidanceMatcher(GrammarMatcher):
         ("token ... doesn't satisfy the grammar"): that one is a masking bug, not a limit."""
         if not self._m.is_error():
             return None
-        error = self._m.get_error().splitlines()[0]
-        return error[:300] if LLGUIDANCE_LIMIT.search(error) else None
+        return limit_line(self._m.get_error())
 
 
 def _refusal(error: str, constraint: Constraint) -> RuntimeInputError:
