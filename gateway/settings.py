@@ -23,7 +23,7 @@ from typing import Any, Literal, get_args, get_type_hints
 from urllib.parse import urlsplit
 
 from runtime.limits import DEFAULT_LIMITS, Limits
-from runtime.renderers import detect_reasoning
+from runtime.renderers import thinks
 from runtime.urls import hide_password
 
 ENV_PREFIX = "CALLPROOF_"
@@ -361,7 +361,7 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
         {"engine", "vllm_backend", "model", "reasoning"} <= used
         and settings.engine == "vllm"
         and settings.vllm_backend == "guidance"
-        and _thinking(settings)
+        and thinks(settings.model, settings.reasoning)
     ):  # every constrained request was a 503 after a start that said ready
         raise SettingsError(
             f"model {settings.model!r} is a thinking model (setting 'reasoning'), whose"
@@ -383,12 +383,6 @@ def _check_combinations(settings: Settings, used: set[str]) -> None:
 
 # Settings only the vLLM engine reads, unset (None) by default.
 _VLLM_ONLY = ("vllm_url", "vllm_api_key", "weights_digest", "vllm_model_dir", "vllm_think_budget")
-
-
-def _thinking(settings: Settings) -> bool:
-    if settings.reasoning is not None:
-        return settings.reasoning
-    return bool(settings.model) and detect_reasoning(settings.model)
 
 
 # CALLPROOF_ variables that are not settings but are read elsewhere (docs/configuration.md).

@@ -41,8 +41,8 @@ from runtime.regex_features import regex_problem, unenforceable_regex_feature
 from runtime.renderers import (
     ToolPrompt,
     detect_family,
-    detect_reasoning,
     get_renderer,
+    thinks,
 )
 from runtime.renderers.base import json_answer_note
 from runtime.schema_check import validate
@@ -216,7 +216,7 @@ def plan_chat(
     response_format = parse_response_format(chat.response_format, limits)
     _check_one_constraint(chat, response_format)
     renderer = get_renderer(family or detect_family(chat.model))
-    thinking = detect_reasoning(chat.model) if reasoning is None else reasoning
+    thinking = thinks(chat.model, reasoning)
     answered = tuple(dict.fromkeys(m.tool_call_id for m in history if m.tool_call_id))
     if chat.tools is not None:
         tools = parse_tools_field(chat.tools, limits)

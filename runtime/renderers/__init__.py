@@ -41,6 +41,11 @@ def detect_reasoning(model_name: str) -> bool:
     return bool(_REASONING_PATTERN.search(model_name.lower().rstrip("/").rsplit("/", 1)[-1]))
 
 
+def thinks(model_name: str | None, reasoning: bool | None) -> bool:
+    """Whether the model is a thinking model: ``reasoning`` when set, else its name says."""
+    return detect_reasoning(model_name or "") if reasoning is None else reasoning
+
+
 def detect_family(model_name: str) -> str:
     """ "qwen" | "llama" | "hermes" | "generic" from a model name, path or family name."""
     name = model_name.lower().rstrip("/").rsplit("/", 1)[-1]
@@ -67,4 +72,5 @@ __all__ = [
     "detect_reasoning",
     "get_renderer",
     "json_answer_note",
+    "thinks",
 ]
